@@ -1,0 +1,43 @@
+"""Checkpoints: a folder with `model.safetensors` (weights only, never pickle) and `config.json`.
+
+The folder is written under a temporary name and renamed, and config.json records the SHA-256 of
+the weights, so a checkpoint that was altered after training is refused on load.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.storage import atomic_path, file_sha256
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, config: dict) -> str:
+    """Write the checkpoint folder atomically; returns the weights' fingerprint."""
+    with atomic_path(path) as tmp:
+        tmp.mkdir(parents=True)
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / "model.safetensors"))
+        digest = file_sha256(tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json.dumps({**config, "weights_sha256": digest}, indent=2, default=str))
+    return digest
+
+
+def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+    path = Path(path)
+    weights, cfg_file = path / "model.safetensors", path / "config.json"
+    if not weights.exists() or not cfg_file.exists():
+        raise CheckpointError(f"{path} is not a checkpoint (needs model.safetensors and config.json); "
+                              f"materialize the asset that writes it")
+    config = json.loads(cfg_file.read_text())
+    digest = file_sha256(weights)
+    if config.get("weights_sha256") != digest:
+        raise CheckpointError(f"{weights}: SHA-256 {digest[:16]}… does not match the {str(config.get('weights_sha256'))[:16]}… "
+                              f"recorded in config.json; the file was changed after training. Re-materialize it")
+    return load_file(str(weights)), config

@@ -1,0 +1,146 @@
+"""The temporal hold-out: a scenario model and its baselines scored on the same entities at a test
+cut-off later than anything the model trained on.
+
+Protocol (RelBench-style): test cut-off T; validation cut-off T - window (its labels end at T);
+training cut-offs every `step` before that. Features from events <= cut-off, labels from
+(cut-off, cut-off + window]; churn only for entities active before the cut-off.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.cache import Cache
+from models.features import DAY, FeatureSpec, chunk_at
+from models.metrics import auroc, average_precision, macro_auroc, mae, normalized_gini, ranking_metrics, rmse
+from models.network import Model
+from models.targets import compute_target, eligible
+from models.train import TaskSpec, chunk_plan, day_floor, label_history, scores, task_inputs
+
+
+@dataclass(frozen=True)
+class Protocol:
+    test_cutoff: int
+    val_cutoff: int
+    train_cutoffs: tuple[int, ...]
+
+
+def protocol(test_cutoff: int, window_days: int, n_train: int, first_ts: int, min_history_days: int = 28,
+             step_days: int | None = None) -> Protocol:
+    step = (step_days or window_days) * DAY
+    test = day_floor(test_cutoff)
+    val = test - window_days * DAY
+    earliest = day_floor(first_ts) + min_history_days * DAY
+    train = tuple(sorted(c for c in (val - window_days * DAY - i * step for i in range(n_train)) if c >= earliest))
+    if not train:
+        raise ValueError(f"no training cut-off fits before the validation cut-off {np.datetime64(val, 's')}: "
+                         f"the data needs at least {min_history_days + 2 * window_days} days of history before the "
+                         f"test cut-off {np.datetime64(test, 's')}")
+    return Protocol(test, val, train)
+
+
+def baseline_scores(task: TaskSpec, chunk, x_hist: np.ndarray | None, popularity: np.ndarray | None,
+                    past_window: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Heuristics a practitioner would try first, from the same history the model sees."""
+    if task.task == "binary":
+        begins = np.r_[0, np.flatnonzero(np.diff(chunk.local)) + 1]
+        last_age = chunk.age_days[np.r_[begins[1:] - 1, len(chunk.local) - 1]]
+        count90 = np.bincount(chunk.local, chunk.age_days <= 90, minlength=chunk.n)
+        return {"recency": last_age, "frequency": -count90.astype(np.float32)}
+    if task.task == "multilabel":
+        return {"past frequency": x_hist[:, :, 1], "popularity": np.broadcast_to(popularity, x_hist.shape[:2])}
+    if task.task == "recommendation":
+        return {"popularity": np.broadcast_to(popularity, x_hist.shape[:2]),
+                "past frequency": x_hist[:, :, 1] + 1e-3 * popularity / max(popularity.max(), 1e-9)}
+    if task.task == "regression":
+        return {"previous window": past_window}
+    raise ValueError(task.task)
+
+
+def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, *,
+             constant: float | None = None, chunk_entities: int = 4096, device: str = "cpu") -> dict:
+    """Metrics of the model and of each baseline on the entities eligible at `cutoff`."""
+    entity_table = cache.entity_table()
+    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
+    target = task.target
+    popularity = recent_popularity(cache, target, cutoff) if task.uses_label_history else None
+    ys, preds, base = [], [], {}
+    ranking: dict[str, list] = {}
+    for s, lo, hi in chunk_plan(cache, chunk_entities):
+        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
+        if chunk.n == 0:
+            continue
+        keep = eligible(chunk, target)
+        x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
+        y = compute_target(chunk, target, vocab_sizes.get(target.column))[keep]
+        p = scores(model, task.task, x[keep], None if h is None else h[keep], device=device)
+        past = _previous_window(chunk, target) if task.task == "regression" else None
+        b = baseline_scores(task, chunk, None if h is None else h, popularity, past)
+        b = {k: np.asarray(v)[keep] for k, v in b.items()}
+        if task.task == "recommendation":  # rank per chunk: [n, catalog] matrices never pile up
+            for name, sc in [("model", p), *b.items()]:
+                ranking.setdefault(name, []).append((ranking_metrics(y, sc, task.k), int((y.sum(1) > 0).sum())))
+        else:
+            ys.append(y)
+            preds.append(p)
+            for k, v in b.items():
+                base.setdefault(k, []).append(v)
+    if task.task == "recommendation":
+        results = {name: _weighted(parts) for name, parts in ranking.items()}
+        n = sum(w for _, w in ranking["model"]) if ranking else 0
+        return {"model": results.pop("model", {}), "baselines": results, "entities": n}
+    y = np.concatenate(ys) if ys else np.zeros(0)
+    model_scores = np.concatenate(preds) if preds else np.zeros(0)
+    baselines = {k: np.concatenate(v) for k, v in base.items()}
+    if task.task == "regression" and constant is not None:
+        baselines["training mean"] = np.full(len(y), constant, np.float32)
+    return {"model": task_metrics(task.task, y, model_scores),
+            "baselines": {k: task_metrics(task.task, y, v) for k, v in baselines.items()},
+            "entities": int(len(y)), "positive_rate": float(np.mean(y)) if len(y) else float("nan")}
+
+
+def task_metrics(task: str, y: np.ndarray, score: np.ndarray) -> dict[str, float]:
+    if task == "binary":
+        return {"auroc": auroc(y, score), "average_precision": average_precision(y, score)}
+    if task == "multilabel":
+        return {"macro_auroc": macro_auroc(y, score)}
+    if task == "regression":
+        return {"mae": mae(y, score), "rmse": rmse(y, score), "normalized_gini": normalized_gini(y, score)}
+    raise ValueError(task)
+
+
+HEADLINE = {"binary": "auroc", "multilabel": "macro_auroc", "regression": "mae", "recommendation": "ndcg@{k}"}
+LOWER_IS_BETTER = {"mae", "rmse"}
+
+
+def headline(task: TaskSpec) -> str:
+    return HEADLINE[task.task].format(k=task.k)
+
+
+def _weighted(parts: list[tuple[dict, int]]) -> dict[str, float]:
+    total = sum(w for _, w in parts)
+    keys = parts[0][0].keys() if parts else []
+    return {k: float(sum(m[k] * w for m, w in parts if w) / total) if total else float("nan") for k in keys}
+
+
+def recent_popularity(cache: Cache, target, cutoff: int, days: int = 30) -> np.ndarray:
+    """How often each label was touched by anyone in the `days` before the cut-off."""
+    vocab = cache.columns[target.column]["vocab_size"]
+    counts = np.zeros(vocab + 1, np.float64)
+    for i in range(cache.shard_count):
+        sh = cache.shard(i)
+        recent = (sh.ts <= cutoff) & (sh.ts > cutoff - days * DAY)
+        counts += np.bincount(sh.columns[target.column][recent], minlength=vocab + 1)
+    return counts[np.asarray(target.labels, np.int64)].astype(np.float32)
+
+
+def _previous_window(chunk, target) -> np.ndarray:
+    """The same sum or count over the window that ended at the cut-off."""
+    inside = chunk.age_days < target.window_days
+    if target.kind == "count":
+        return np.bincount(chunk.local, inside, minlength=chunk.n).astype(np.float32)
+    v = np.nan_to_num(chunk.shard.columns[target.column][chunk.rows].astype(np.float64))
+    return np.bincount(chunk.local, np.where(inside, v, 0.0), minlength=chunk.n).astype(np.float32)
+
+
+__all__ = ["Protocol", "protocol", "evaluate", "task_metrics", "headline", "LOWER_IS_BETTER", "label_history"]

@@ -1,0 +1,85 @@
+"""Hold-out metrics, in NumPy so that models, baselines and benchmarks share one implementation."""
+
+import numpy as np
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks with ties averaged."""
+    order = np.argsort(x, kind="mergesort")
+    sorted_x = x[order]
+    ranks = np.empty(len(x), np.float64)
+    bounds = np.r_[0, np.flatnonzero(np.diff(sorted_x)) + 1, len(x)]
+    avg = (bounds[:-1] + bounds[1:] + 1) / 2.0
+    ranks[order] = np.repeat(avg, np.diff(bounds))
+    return ranks
+
+
+def auroc(y: np.ndarray, score: np.ndarray) -> float:
+    y = np.asarray(y).astype(bool)
+    pos, neg = y.sum(), (~y).sum()
+    if pos == 0 or neg == 0:
+        return float("nan")
+    r = _ranks(np.asarray(score, np.float64))
+    return float((r[y].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def average_precision(y: np.ndarray, score: np.ndarray) -> float:
+    y = np.asarray(y).astype(bool)
+    if y.sum() == 0:
+        return float("nan")
+    order = np.argsort(-np.asarray(score, np.float64), kind="mergesort")
+    hits = y[order]
+    precision = np.cumsum(hits) / np.arange(1, len(hits) + 1)
+    return float(precision[hits].mean())
+
+
+def macro_auroc(y: np.ndarray, score: np.ndarray, min_positives: int = 5) -> float:
+    """Mean AUROC over labels with enough positives (and negatives) to measure."""
+    values = [auroc(y[:, j], score[:, j]) for j in range(y.shape[1])
+              if min_positives <= y[:, j].sum() <= len(y) - min_positives]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def mae(y, pred) -> float:
+    return float(np.mean(np.abs(np.asarray(y, np.float64) - pred)))
+
+
+def rmse(y, pred) -> float:
+    return float(np.sqrt(np.mean((np.asarray(y, np.float64) - pred) ** 2)))
+
+
+def normalized_gini(y, pred) -> float:
+    """Gini of the prediction's ordering over the perfect ordering's (1 = perfect, 0 = random)."""
+    def gini(actual, order_by):
+        actual = np.asarray(actual, np.float64)[np.argsort(-np.asarray(order_by), kind="mergesort")]
+        total = actual.sum()
+        if total == 0:
+            return 0.0
+        return float((np.cumsum(actual) / total).sum() / len(actual) - (len(actual) + 1) / (2 * len(actual)))
+    best = gini(y, y)
+    return gini(y, pred) / best if best else float("nan")
+
+
+def top_k(score: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k best columns per row, best first."""
+    k = min(k, score.shape[1])
+    part = np.argpartition(-score, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(score, part, 1), axis=1, kind="mergesort")
+    return np.take_along_axis(part, order, 1)
+
+
+def ranking_metrics(relevant: np.ndarray, score: np.ndarray, k: int) -> dict[str, float]:
+    """HR@k, NDCG@k and MAP@k over the full catalog; rows without any relevant item are skipped."""
+    keep = relevant.sum(1) > 0
+    relevant, score = relevant[keep] > 0, score[keep]
+    if len(relevant) == 0:
+        return {f"hr@{k}": float("nan"), f"ndcg@{k}": float("nan"), f"map@{k}": float("nan")}
+    top = top_k(score, k)
+    hits = np.take_along_axis(relevant, top, 1).astype(np.float64)
+    discount = 1.0 / np.log2(np.arange(2, top.shape[1] + 2))
+    n_rel = relevant.sum(1)
+    ideal = np.array([discount[: min(r, top.shape[1])].sum() for r in n_rel])
+    precision_at = np.cumsum(hits, 1) / np.arange(1, top.shape[1] + 1)
+    ap = (precision_at * hits).sum(1) / np.minimum(n_rel, top.shape[1])
+    return {f"hr@{k}": float((hits.sum(1) > 0).mean()), f"ndcg@{k}": float(((hits * discount).sum(1) / ideal).mean()),
+            f"map@{k}": float(ap.mean())}

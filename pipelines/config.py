@@ -1,0 +1,346 @@
+"""The project config: one YAML file parsed into typed objects.
+
+Errors name the file, the key path and what was expected. Secrets are never written in the file:
+`${VAR}` (or `${VAR:-default}`) is replaced from the environment before parsing. Relative paths
+resolve against the config file's folder, so a project folder can be moved as a whole.
+"""
+
+import os
+import re
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+
+DEFAULT_CONFIG = "examples/demo.yaml"
+CONFIG_ENV = "HABITUS_CONFIG"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_DURATION = re.compile(r"^\s*(\d+)\s*([dw])\s*$")
+
+
+class ConfigError(ValueError):
+    """A project config that cannot be used; the message says where and what to do."""
+
+
+def parse_duration(text: str) -> timedelta:
+    """'14d' or '2w' -> timedelta. Windows are whole days: the model's clock is daily cut-offs."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError(f"expected a duration such as '14d' or '2w', got {text!r}")
+    n, unit = int(m.group(1)), m.group(2)
+    return timedelta(days=n * (7 if unit == "w" else 1))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Duration = Annotated[str, Field(pattern=_DURATION.pattern)]
+
+
+# --------------------------------------------------------------------------- connections
+
+
+class DuckDBConnection(_Strict):
+    type: Literal["duckdb"]
+    path: str = Field(description="DuckDB database file")
+
+
+class ParquetConnection(_Strict):
+    type: Literal["parquet"]
+    path: str = Field(description="folder holding <table>.parquet files or <table>/ folders")
+
+
+class WarehouseConnection(_Strict):
+    """Connectors beyond the embedded default; parameters are passed to the driver as given."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    type: Literal["snowflake", "bigquery", "clickhouse", "synapse", "databricks", "hive"]
+
+
+Connection = Annotated[Union[DuckDBConnection, ParquetConnection, WarehouseConnection], Field(discriminator="type")]
+
+
+# --------------------------------------------------------------------------- sources
+
+ColumnType = Literal["categorical", "numeric", "timestamp"]
+
+
+class Source(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    role: Literal["events", "entity_attributes", "attributes"]
+    connection: str
+    table: str
+    timestamp: str | None = None
+    key: str | None = Field(None, description="join key of an `attributes` table (a column of the events)")
+    columns: list[str] = Field(default_factory=list, description="columns to use; empty = all")
+    types: dict[str, ColumnType] = Field(default_factory=dict, description="override inferred column types")
+    partition: Literal["monthly", "daily"] = "monthly"
+    start: date | None = Field(None, description="first partition of an events source")
+
+    @model_validator(mode="after")
+    def _role_needs(self):
+        if self.role == "events" and (self.timestamp is None or self.start is None):
+            raise ValueError("an events source needs `timestamp` (its time column) and `start` (first partition date)")
+        if self.role == "attributes" and self.key is None:
+            raise ValueError("an attributes source needs `key`: the event column it joins on")
+        if len(set(self.columns)) != len(self.columns):
+            dup = sorted({c for c in self.columns if self.columns.count(c) > 1})
+            raise ValueError(f"columns named more than once: {dup}")
+        return self
+
+
+# --------------------------------------------------------------------------- models
+
+
+class FoundationSettings(_Strict):
+    horizon: Duration = "14d"
+    cutoff_every: Duration = "7d"
+    hidden: int = Field(256, ge=8)
+    layers: int = Field(2, ge=1)
+    epochs: int = Field(4, ge=1)
+    batch_size: int = Field(512, ge=8)
+    learning_rate: float = Field(2e-3, gt=0)
+    buckets: int = Field(256, ge=8, description="histogram width per categorical column")
+    seed: int = 0
+
+
+class NoEventTarget(_Strict):
+    no_event: str
+    within: Duration
+    active_within: Duration = "90d"
+
+
+class AnyEventTarget(_Strict):
+    any_event: str
+    by: str
+    within: Duration
+    top: int = Field(50, ge=1)
+
+
+class SumTarget(_Strict):
+    sum: str = Field(description="<events source>.<numeric column>, or <events source> to count events")
+    within: Duration
+
+
+class ItemsTarget(_Strict):
+    items: str = Field(description="<events source>.<categorical column>")
+    within: Duration
+
+
+class PythonTarget(_Strict):
+    python: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="module:function")
+    within: Duration
+
+
+_TARGET_KEYS = {NoEventTarget: "no_event", AnyEventTarget: "any_event", SumTarget: "sum", ItemsTarget: "items",
+                PythonTarget: "python"}
+
+
+def _target_kind(v) -> str | None:
+    if isinstance(v, dict):
+        return next((k for k in _TARGET_KEYS.values() if k in v), None)
+    return _TARGET_KEYS.get(type(v))
+
+
+# One clear error for a target of unknown shape instead of one per possible shape.
+Target = Annotated[
+    Union[tuple(Annotated[cls, Tag(key)] for cls, key in _TARGET_KEYS.items())],
+    Discriminator(_target_kind, custom_error_type="target_kind",
+                  custom_error_message="a target needs one of the keys no_event, any_event, sum, items, python"),
+]
+
+
+class Scenario(_Strict):
+    task: Literal["binary", "multilabel", "regression", "recommendation"]
+    target: Target
+    epochs: int = Field(6, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)
+    train_cutoffs: int = Field(4, ge=1, description="training cut-offs before the validation cut-off")
+    top_k: int = Field(10, ge=1, description="k of the ranking metrics (recommendation)")
+
+    @model_validator(mode="after")
+    def _target_fits_task(self):
+        allowed = {
+            "binary": (NoEventTarget, PythonTarget),
+            "multilabel": (AnyEventTarget,),
+            "regression": (SumTarget, PythonTarget),
+            "recommendation": (ItemsTarget,),
+        }[self.task]
+        if not isinstance(self.target, allowed):
+            kinds = " or ".join(sorted(_TARGET_KEYS[k] for k in allowed))
+            raise ValueError(f"task {self.task!r} takes a target with {kinds}")
+        return self
+
+
+class Sink(_Strict):
+    connection: str
+    table: str
+
+
+class PredictionSettings(_Strict):
+    scenarios: list[str] = Field(default_factory=list, description="empty = every scenario")
+    top_k: int = Field(20, ge=1)
+    start: date | None = Field(None, description="first daily partition; default: the first events source's start")
+    sink: Sink | None = None
+
+
+class Project(_Strict):
+    workspace: str
+    output: str | None = None
+    connections: dict[str, Connection]
+    entity: str
+    sources: list[Source] = Field(min_length=1)
+    foundation: FoundationSettings = FoundationSettings()
+    scenarios: dict[str, Scenario] = Field(default_factory=dict)
+    predictions: PredictionSettings = PredictionSettings()
+    test_cutoff: date | None = Field(None, description="hold-out cut-off; default: data end minus the longest window")
+
+    @field_validator("workspace")
+    @classmethod
+    def _posix_workspace(cls, v: str) -> str:
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", v):
+            raise ValueError(
+                f"the workspace must be a POSIX path on a real filesystem (cache and checkpoints are memory-mapped "
+                f"and renamed into place), got {v!r}; mount object storage or use `output: {v}` to upload artifacts "
+                f"after training"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _references(self):
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"source names must be unique, got {names}")
+        for i, s in enumerate(self.sources):
+            if s.connection not in self.connections:
+                raise ValueError(f"sources[{i}] ({s.name}): connection {s.connection!r} is not among "
+                                 f"connections {sorted(self.connections)}")
+        if not self.events_sources:
+            raise ValueError("at least one source needs role: events")
+        for name, sc in self.scenarios.items():
+            self._check_target(name, sc)
+        for name in self.predictions.scenarios:
+            if name not in self.scenarios:
+                raise ValueError(f"predictions.scenarios: {name!r} is not a scenario; scenarios are {sorted(self.scenarios)}")
+        if self.predictions.sink and self.predictions.sink.connection not in self.connections:
+            raise ValueError(f"predictions.sink.connection {self.predictions.sink.connection!r} is not among "
+                             f"connections {sorted(self.connections)}")
+        return self
+
+    def _check_target(self, name: str, sc: Scenario) -> None:
+        t = sc.target
+        events = {s.name for s in self.events_sources}
+        ref = getattr(t, "no_event", None) or getattr(t, "any_event", None) or getattr(t, "sum", None) or getattr(t, "items", None)
+        if ref is None:
+            return
+        source = ref.split(".", 1)[0]
+        if source not in events:
+            raise ValueError(f"scenarios.{name}.target: {source!r} is not an events source; events sources are {sorted(events)}")
+
+    # ------------------------------------------------------------------ derived views
+
+    @property
+    def events_sources(self) -> list[Source]:
+        return [s for s in self.sources if s.role == "events"]
+
+    def source(self, name: str) -> Source:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def prediction_scenarios(self) -> list[str]:
+        return list(self.predictions.scenarios or self.scenarios)
+
+    @property
+    def workspace_path(self) -> Path:
+        return Path(self.workspace)
+
+    def public_dict(self) -> dict:
+        """The config as saved next to artifacts: connection parameters (possible secrets) left out."""
+        d = self.model_dump(mode="json")
+        d["connections"] = {k: {"type": v["type"]} for k, v in d["connections"].items()}
+        return d
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _substitute_env(text: str, path: Path) -> str:
+    def repl(m: re.Match) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        line = text.count("\n", 0, m.start()) + 1
+        raise ConfigError(f"{path}:{line}: environment variable {name} is not set (referenced as ${{{name}}}); "
+                          f"export it or write ${{{name}:-default}}")
+
+    return _ENV_REF.sub(repl, text)
+
+
+def _readable_loc(loc: tuple) -> str:
+    """Drop the union tags pydantic puts in error locations (connection type, target kind)."""
+    parts = list(loc)
+    drop = set()
+    if len(parts) > 2 and parts[0] == "connections":
+        drop.add(2)
+    drop |= {i + 1 for i, p in enumerate(parts) if p == "target" and i + 2 < len(parts)}
+    text = ""
+    for i, p in enumerate(parts):
+        if i not in drop:
+            text += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return text.lstrip(".")
+
+
+def _format_errors(path: Path, err: ValidationError) -> str:
+    lines = [f"{path}: invalid project config ({err.error_count()} problem(s)):"]
+    for e in err.errors():
+        loc = _readable_loc(e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check its spelling and the README's config reference)"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        lines.append(f"  - {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def _resolve(base: Path, p: str) -> str:
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", p) or os.path.isabs(p):
+        return p
+    return str((base / p).resolve())
+
+
+def load_project(path: str | os.PathLike | None = None) -> Project:
+    """Read, substitute `${ENV}`, validate. `path` defaults to $HABITUS_CONFIG, then examples/demo.yaml."""
+    path = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    if not path.is_file():
+        raise ConfigError(f"project config {path} not found (set {CONFIG_ENV} to your project's YAML file)")
+    text = _substitute_env(path.read_text(), path)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys (workspace, connections, entity, sources, ...)")
+    try:
+        project = Project.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(path, e)) from None
+    base = path.resolve().parent
+    update: dict = {"workspace": _resolve(base, project.workspace)}
+    if project.output and "://" not in project.output:
+        update["output"] = _resolve(base, project.output)
+    conns = {}
+    for name, c in project.connections.items():
+        if isinstance(c, (DuckDBConnection, ParquetConnection)):
+            c = c.model_copy(update={"path": _resolve(base, c.path)})
+        conns[name] = c
+    update["connections"] = conns
+    return project.model_copy(update=update)
