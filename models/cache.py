@@ -14,6 +14,7 @@ uncompressed so that reading them is a memory map, not a copy.
 The fingerprint covers the inputs' content and the encoding settings: same inputs, same cache.
 """
 
+import functools
 import math
 import shutil
 import time
@@ -373,10 +374,13 @@ class Cache:
     def vocab(self, column: str) -> pa.Table:
         return pq.read_table(self.path / "vocab" / f"{column}.parquet")
 
+    @functools.cached_property
+    def _entity_values(self) -> pa.Array:
+        return pq.read_table(self.path / "vocab" / "__entity.parquet").column("value").combine_chunks()
+
     def entity_ids(self, ids: np.ndarray) -> pa.Array:
         """Entity index -> the entity id as the warehouse wrote it."""
-        values = pq.read_table(self.path / "vocab" / "__entity.parquet").column("value")
-        out = values.take(pa.array(ids))
+        out = self._entity_values.take(pa.array(ids))
         target = _parse_type(self.manifest["entity_type"])
         return out.cast(target) if target is not None else out
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 DEFAULT_CONFIG = "examples/demo.yaml"
 CONFIG_ENV = "HABITUS_CONFIG"
@@ -37,7 +37,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-Duration = Annotated[str, Field(pattern=_DURATION.pattern)]
+def _to_days(v) -> int:
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
+    days = parse_duration(v).days
+    if days <= 0:
+        raise ValueError(f"expected a positive duration such as '14d', got {v!r}")
+    return days
+
+
+# Durations are written '14d' / '2w' and held as whole days.
+Duration = Annotated[int, BeforeValidator(_to_days)]
 
 
 # --------------------------------------------------------------------------- connections
@@ -96,8 +106,8 @@ class Source(_Strict):
 
 
 class FoundationSettings(_Strict):
-    horizon: Duration = "14d"
-    cutoff_every: Duration = "7d"
+    horizon: Duration = 14
+    cutoff_every: Duration = 7
     hidden: int = Field(256, ge=8)
     layers: int = Field(2, ge=1)
     epochs: int = Field(4, ge=1)
@@ -110,7 +120,7 @@ class FoundationSettings(_Strict):
 class NoEventTarget(_Strict):
     no_event: str
     within: Duration
-    active_within: Duration = "90d"
+    active_within: Duration = 90
 
 
 class AnyEventTarget(_Strict):
@@ -130,13 +140,7 @@ class ItemsTarget(_Strict):
     within: Duration
 
 
-class PythonTarget(_Strict):
-    python: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="module:function")
-    within: Duration
-
-
-_TARGET_KEYS = {NoEventTarget: "no_event", AnyEventTarget: "any_event", SumTarget: "sum", ItemsTarget: "items",
-                PythonTarget: "python"}
+_TARGET_KEYS = {NoEventTarget: "no_event", AnyEventTarget: "any_event", SumTarget: "sum", ItemsTarget: "items"}
 
 
 def _target_kind(v) -> str | None:
@@ -149,7 +153,7 @@ def _target_kind(v) -> str | None:
 Target = Annotated[
     Union[tuple(Annotated[cls, Tag(key)] for cls, key in _TARGET_KEYS.items())],
     Discriminator(_target_kind, custom_error_type="target_kind",
-                  custom_error_message="a target needs one of the keys no_event, any_event, sum, items, python"),
+                  custom_error_message="a target needs one of the keys no_event, any_event, sum, items"),
 ]
 
 
@@ -164,9 +168,9 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _target_fits_task(self):
         allowed = {
-            "binary": (NoEventTarget, PythonTarget),
+            "binary": (NoEventTarget,),
             "multilabel": (AnyEventTarget,),
-            "regression": (SumTarget, PythonTarget),
+            "regression": (SumTarget,),
             "recommendation": (ItemsTarget,),
         }[self.task]
         if not isinstance(self.target, allowed):

@@ -1,0 +1,97 @@
+"""cache: the extracted sources encoded for the model (see models.cache), rebuilt only when its
+inputs change, so every scenario trained on one foundation model reads the same cache."""
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import dagster as dg
+import pyarrow.parquet as pq
+
+from assets.sources import source_key
+from models.cache import Cache, CacheSpec, TableInput, build_cache, infer_column_type
+from models.storage import folder_bytes, read_json, write_json
+from resources.workspace import Workspace
+
+CACHE_KEY = dg.AssetKey("cache")
+# the volume below which models are unreliable (the product's data guidelines)
+MIN_ENTITIES, MIN_EVENTS_PER_MONTH, MIN_HISTORY_DAYS = 10_000, 100_000, 90
+
+
+def table_input(project, source, workspace: Workspace) -> TableInput:
+    files = sorted(str(p) for p in workspace.sources(source.name).glob("*.parquet"))
+    if not files:
+        raise dg.Failure(f"source/{source.name} has no extracted partitions in {workspace.sources(source.name)}; "
+                         f"materialize it first")
+    schema = pq.read_schema(files[0])
+    skip = {project.entity, source.timestamp, source.key}
+    cols = [c for c in (source.columns or schema.names) if c not in skip]
+    types = {c: source.types.get(c) or infer_column_type(schema.field(c).type, c) for c in cols}
+    if source.role == "events":  # a time column inside events is a number of seconds, not a category
+        types = {c: ("numeric" if t == "timestamp" else t) for c, t in types.items()}
+    return TableInput(source.name, files, types, timestamp=source.timestamp, key=source.key)
+
+
+def cache_spec(project, workspace: Workspace) -> CacheSpec:
+    by_role = {role: [table_input(project, s, workspace) for s in project.sources if s.role == role]
+               for role in ("events", "entity_attributes", "attributes")}
+    return CacheSpec(project.entity, by_role["events"], by_role["entity_attributes"], by_role["attributes"])
+
+
+def current_cache(workspace: Workspace) -> Cache:
+    pointer = workspace.cache_root / "current.json"
+    if not pointer.exists():
+        raise dg.Failure(f"no cache in {workspace.cache_root}; materialize `cache` first")
+    return Cache(workspace.cache_root / read_json(pointer)["folder"])
+
+
+def guideline_warnings(manifest: dict) -> list[str]:
+    days = (manifest["time_range"][1] - manifest["time_range"][0]) / 86_400
+    per_month = manifest["n_events"] / max(days / 30.44, 1e-9)
+    notes = []
+    if manifest["n_entities"] < MIN_ENTITIES:
+        notes.append(f"{manifest['n_entities']:,} entities (guideline: at least {MIN_ENTITIES:,})")
+    if per_month < MIN_EVENTS_PER_MONTH:
+        notes.append(f"{per_month:,.0f} events a month (guideline: at least {MIN_EVENTS_PER_MONTH:,})")
+    if days < MIN_HISTORY_DAYS:
+        notes.append(f"{days:.0f} days of history (guideline: at least 3 months; 1 year for infrequent domains)")
+    return notes
+
+
+def build_cache_asset(project) -> dg.AssetsDefinition:
+    @dg.asset(key=CACHE_KEY, deps=[source_key(s.name) for s in project.sources], group_name="training",
+              kinds={"duckdb", "arrow"}, description="Encoded, entity-sorted, sharded events + vocabularies")
+    def cache(context: dg.AssetExecutionContext, workspace: Workspace) -> dg.MaterializeResult:
+        started = time.time()
+        spec = cache_spec(project, workspace)
+        source_bytes = sum(Path(f).stat().st_size for t in spec.events + spec.entity_attributes + spec.attributes
+                           for f in t.files)
+        space = workspace.ensure_space(source_bytes * 3, "the cache")  # encoded Arrow is larger than zstd Parquet
+        reused = (workspace.cache_root / spec.fingerprint()[:16] / "manifest.json").exists()
+        folder = build_cache(spec, workspace.cache_root, log=context.log.info)
+        write_json(workspace.cache_root / "current.json",
+                   {"folder": folder.name, "at": datetime.now(timezone.utc).isoformat()})
+        manifest = read_json(folder / "manifest.json")
+        notes = guideline_warnings(manifest)
+        for note in notes:
+            context.log.warning(f"below the data guidelines: {note}; models trained on this may be unreliable")
+        t0, t1 = (datetime.fromtimestamp(t, timezone.utc).isoformat() for t in manifest["time_range"])
+        return dg.MaterializeResult(metadata={
+            "fingerprint": manifest["fingerprint"][:16],
+            "events": dg.MetadataValue.int(manifest["n_events"]),
+            "entities": dg.MetadataValue.int(manifest["n_entities"]),
+            "shards": dg.MetadataValue.int(len(manifest["shards"])),
+            "bytes": dg.MetadataValue.int(folder_bytes(folder)),
+            "source_bytes": dg.MetadataValue.int(source_bytes),
+            "time_range": f"{t0} .. {t1}",
+            "columns": dg.MetadataValue.json(manifest["columns"]),
+            "join_coverage": dg.MetadataValue.json(manifest["join_coverage"]),
+            "dropped_rows": dg.MetadataValue.json(manifest["dropped"]),
+            "below_guidelines": dg.MetadataValue.json(notes),
+            "reused": dg.MetadataValue.bool(reused),
+            "free_space": dg.MetadataValue.json(space),
+            "path": dg.MetadataValue.path(str(folder)),
+            "seconds": dg.MetadataValue.float(round(time.time() - started, 3)),
+        })
+
+    return cache

@@ -1,0 +1,70 @@
+"""foundation_model: the self-supervised model of behaviour, trained on the cache."""
+
+import calendar
+
+import dagster as dg
+
+from assets.cache import CACHE_KEY, current_cache
+from assets.plots import loss_curves
+from models.checkpoint import save_checkpoint
+from models.features import DAY
+from models.train import FoundationConfig, config_dict, day_floor, train_foundation
+from resources.executor import TrainingExecutor
+from resources.workspace import Workspace
+
+FOUNDATION_KEY = dg.AssetKey("foundation_model")
+
+
+def test_cutoff(project, cache) -> int:
+    """The hold-out cut-off: the config's, or the latest one whose longest window still fits the data."""
+    if project.test_cutoff is not None:
+        return calendar.timegm(project.test_cutoff.timetuple())
+    longest = max([project.foundation.horizon] + [sc.target.within for sc in project.scenarios.values()])
+    return day_floor(cache.time_range[1]) + DAY - longest * DAY
+
+
+def foundation_config(project) -> FoundationConfig:
+    f = project.foundation
+    return FoundationConfig(horizon_days=f.horizon, cutoff_every_days=f.cutoff_every,
+                            hidden=f.hidden, layers=f.layers, epochs=f.epochs, batch_size=f.batch_size,
+                            learning_rate=f.learning_rate, buckets=f.buckets, seed=f.seed)
+
+
+def build_foundation_asset(project) -> dg.AssetsDefinition:
+    @dg.asset(key=FOUNDATION_KEY, deps=[CACHE_KEY], group_name="training", kinds={"pytorch", "safetensors"},
+              description="Self-supervised model: predicts each entity's next window from its history")
+    def foundation_model(context: dg.AssetExecutionContext, workspace: Workspace,
+                         executor: TrainingExecutor) -> dg.MaterializeResult:
+        cache = current_cache(workspace)
+        device = executor.setup()
+        cfg = foundation_config(project)
+        cutoff = test_cutoff(project, cache)
+        last_cutoff = cutoff - cfg.horizon_days * DAY  # its targets end where the hold-out begins
+        result = train_foundation(cache, cfg, last_cutoff, device=device, log=context.log.info)
+        info = result.info
+        digest = save_checkpoint(workspace.foundation, result.model, {
+            "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,
+            "feature_spec": info["feature_spec"], "net": info["net"], "targets_width": info["targets_width"],
+            "data_window": {"first_cutoff": info["cutoffs"][0], "last_cutoff": info["cutoffs"][-1],
+                            "last_target_time": info["last_target_time"]},
+            "curves": result.curves, "training": {k: info[k] for k in ("events_seen", "entities_seen", "seconds",
+                                                                        "steps", "device")},
+        })
+        plot = loss_curves(result.curves, workspace.foundation.parent / "foundation_loss.png", "foundation model")
+        return dg.MaterializeResult(metadata={
+            "fingerprint": digest[:16],
+            "cache_fingerprint": cache.fingerprint[:16],
+            "final_train_loss": dg.MetadataValue.float(result.curves["train_loss"][-1]),
+            "final_validation_loss": dg.MetadataValue.float(result.curves["val_loss"][-1]),
+            "loss_curves": dg.MetadataValue.md(plot),
+            "cutoffs": dg.MetadataValue.int(len(info["cutoffs"])),
+            "data_window": f"{info['cutoffs'][0]} .. {info['last_target_time']}",
+            "entities_per_second": dg.MetadataValue.float(round(info["entities_seen"] / max(info["seconds"], 1e-9), 1)),
+            "events_per_second": dg.MetadataValue.float(round(info["events_seen"] / max(info["seconds"], 1e-9), 1)),
+            "parameters": dg.MetadataValue.int(sum(p.numel() for p in result.model.parameters())),
+            "device": info["device"],
+            "seconds": dg.MetadataValue.float(info["seconds"]),
+            "path": dg.MetadataValue.path(str(workspace.foundation)),
+        })
+
+    return foundation_model

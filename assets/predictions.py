@@ -1,0 +1,101 @@
+"""predictions/<name>: daily scores of every eligible entity, as of the end of the partition's day,
+to `predictions/<name>/<day>.parquet` and, when a sink is configured, back to the warehouse."""
+
+import os
+import time
+from datetime import datetime, timedelta, timezone
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from assets.cache import current_cache
+from assets.scenarios import scenario_key
+from assets.sources import connection_key
+from models.checkpoint import load_checkpoint
+from models.predict import load_model, predict
+from resources.executor import TrainingExecutor
+from resources.workspace import Workspace
+
+
+def predictions_key(name: str) -> dg.AssetKey:
+    return dg.AssetKey(["predictions", name])
+
+
+def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefinition:
+    sink = project.predictions.sink
+    resource_keys = {"workspace", "executor"} | ({connection_key(sink.connection)} if sink else set())
+
+    @dg.asset(key=predictions_key(name), deps=[scenario_key(name)], partitions_def=partitions_def,
+              required_resource_keys=resource_keys, group_name="predictions", kinds={"parquet"},
+              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
+              description=f"Daily scores of scenario {name!r}")
+    def _predictions(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        started = time.time()
+        workspace: Workspace = context.resources.workspace
+        executor: TrainingExecutor = context.resources.executor
+        device = executor.setup()
+        cache = current_cache(workspace)
+        state, config = load_checkpoint(workspace.scenario(name))
+        if config["cache_fingerprint"] != cache.fingerprint:
+            raise dg.Failure(f"the cache changed since scenario {name!r} was trained (its vocabularies may differ); "
+                             f"materialize foundation_model and scenario/{name} again before predicting")
+        model, spec, task = load_model(state, config)
+        day = context.partition_key
+        as_of = datetime.fromisoformat(day).replace(tzinfo=timezone.utc) + timedelta(days=1)
+        cutoff = int(as_of.timestamp())
+        if cutoff > cache.time_range[1] + 86_400:
+            context.log.warning(f"scoring as of {as_of.isoformat()}, after the newest event in the cache "
+                                f"({datetime.fromtimestamp(cache.time_range[1], timezone.utc).isoformat()}): "
+                                f"extract newer partitions for fresh scores")
+        batches = predict(model, cache, spec, task, cutoff, k=project.predictions.top_k,
+                          label_names=config.get("label_values") or None, device=device)
+        entity_col = project.entity
+        fingerprint = config["weights_sha256"][:16]
+
+        def decoded():
+            for b in batches:
+                ids = cache.entity_ids(b.column("entity_index").to_numpy())
+                cols = {entity_col: ids}
+                cols.update({c: b.column(c) for c in b.schema.names if c != "entity_index"})
+                cols["model_fingerprint"] = pa.array([fingerprint] * len(b))
+                cols["as_of"] = pa.array([as_of.replace(tzinfo=None)] * len(b), pa.timestamp("s"))
+                yield pa.record_batch(cols)
+
+        folder = workspace.predictions(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{day}.parquet"
+        tmp = folder / f".{day}.parquet.tmp-{os.getpid()}"
+        rows, writer = 0, None
+        try:
+            for b in decoded():
+                writer = writer or pq.ParquetWriter(tmp, b.schema, compression="zstd")
+                writer.write_batch(b)
+                rows += len(b)
+            if writer is None:
+                raise dg.Failure(f"no entity is eligible for scenario {name!r} as of {as_of.isoformat()}: the cache "
+                                 f"holds no history before that time")
+            writer.close()
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        written_back = 0
+        if sink is not None:
+            table = pq.read_table(path)
+            warehouse = getattr(context.resources, connection_key(sink.connection))
+            written_back = warehouse.write(f"{sink.table}_{name}", table.to_batches(), table.schema,
+                                           replace=("as_of", as_of.replace(tzinfo=None)))
+        seconds = time.time() - started
+        return dg.MaterializeResult(metadata={
+            "rows": dg.MetadataValue.int(rows),
+            "as_of": as_of.isoformat(),
+            "model_fingerprint": fingerprint,
+            "bytes": dg.MetadataValue.int(path.stat().st_size),
+            "entities_per_second": dg.MetadataValue.float(round(rows / max(seconds, 1e-9), 1)),
+            "written_to_warehouse": dg.MetadataValue.int(written_back),
+            "seconds": dg.MetadataValue.float(round(seconds, 3)),
+            "path": dg.MetadataValue.path(str(path)),
+        })
+
+    return _predictions

@@ -1,0 +1,129 @@
+"""scenario/<name>: a task model fine-tuned from the foundation checkpoint, with its hold-out
+metrics next to the baselines computed on the same entities in the same run."""
+
+import math
+
+import dagster as dg
+import numpy as np
+
+from assets.cache import current_cache
+from assets.foundation import FOUNDATION_KEY, test_cutoff
+from assets.plots import loss_curves
+from models.checkpoint import load_checkpoint, save_checkpoint
+from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
+from models.features import FeatureSpec
+from models.targets import TargetSpec
+from models.train import FinetuneConfig, TaskSpec, config_dict, finetune, top_values
+from resources.executor import TrainingExecutor
+from resources.workspace import Workspace
+
+
+def scenario_key(name: str) -> dg.AssetKey:
+    return dg.AssetKey(["scenario", name])
+
+
+def _column(name: str, ref: str, cache, kind: str) -> str:
+    column = ref.split(".", 1)[1] if "." in ref else None
+    if column is None or column not in cache.columns or cache.columns[column]["type"] != kind:
+        have = sorted(c for c, m in cache.columns.items() if m["type"] == kind)
+        raise dg.Failure(f"scenarios.{name}.target: {ref!r} must name a {kind} column of the events as "
+                         f"<source>.<column>; {kind} columns in the cache: {have}")
+    return column
+
+
+def task_spec(name: str, scenario, cache, cutoff: int) -> TaskSpec:
+    """The scenario's config -> a TaskSpec; label sets are chosen from history before the hold-out."""
+    t = scenario.target
+    if scenario.task == "binary":
+        target = TargetSpec("no_event", t.within, active_days=t.active_within)
+    elif scenario.task == "multilabel":
+        if t.by not in cache.columns or cache.columns[t.by]["type"] != "categorical":
+            raise dg.Failure(f"scenarios.{name}.target.by: {t.by!r} is not a categorical column of the events or "
+                             f"their attributes; choose one of {sorted(c for c, m in cache.columns.items() if m['type'] == 'categorical')}")
+        target = TargetSpec("any_event", t.within, t.by, top_values(cache, t.by, cutoff, t.top))
+    elif scenario.task == "regression":
+        target = (TargetSpec("sum", t.within, _column(name, t.sum, cache, "numeric")) if "." in t.sum
+                  else TargetSpec("count", t.within))
+    else:
+        column = _column(name, t.items, cache, "categorical")
+        target = TargetSpec("items", t.within, column, tuple(range(1, cache.columns[column]["vocab_size"] + 1)))
+    return TaskSpec(scenario.task, target, scenario.top_k)
+
+
+def metrics_markdown(task: TaskSpec, report: dict) -> str:
+    rows = [("model", report["model"])] + list(report["baselines"].items())
+    keys = list(report["model"])
+    lines = ["| | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(f"{m.get(k, float('nan')):.4f}" for k in keys) + " |" for name, m in rows]
+    return "\n".join(lines)
+
+
+def beats_baselines(task: TaskSpec, report: dict) -> bool:
+    key = headline(task)
+    model = report["model"].get(key, float("nan"))
+    others = [m.get(key, float("nan")) for m in report["baselines"].values()]
+    others = [o for o in others if not math.isnan(o)]
+    if math.isnan(model) or not others:
+        return False
+    return model < min(others) if key in LOWER_IS_BETTER else model > max(others)
+
+
+def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
+    @dg.asset(key=scenario_key(name), deps=[FOUNDATION_KEY], group_name="scenarios", kinds={"pytorch", "safetensors"},
+              description=f"{scenario.task} scenario fine-tuned from the foundation model")
+    def _scenario(context: dg.AssetExecutionContext, workspace: Workspace,
+                  executor: TrainingExecutor) -> dg.MaterializeResult:
+        cache = current_cache(workspace)
+        device = executor.setup()
+        state, foundation = load_checkpoint(workspace.foundation)
+        if foundation["cache_fingerprint"] != cache.fingerprint:
+            raise dg.Failure("the cache changed since the foundation model was trained; materialize "
+                             "foundation_model again before its scenarios")
+        cutoff = test_cutoff(project, cache)
+        task = task_spec(name, scenario, cache, cutoff)
+        plan = protocol(cutoff, task.target.window_days, scenario.train_cutoffs, cache.time_range[0])
+        cfg = FinetuneConfig(epochs=scenario.epochs, learning_rate=scenario.learning_rate)
+        result = finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
+                          device=device, log=context.log.info)
+        spec = FeatureSpec.from_dict(foundation["feature_spec"])
+        report = evaluate(result.model, cache, spec, task, plan.test_cutoff,
+                          constant=result.info["val_target_mean"], device=device)
+        key = headline(task)
+        better = beats_baselines(task, report)
+        context.log.info(f"{name}: {key} {report['model'].get(key, float('nan')):.4f} on {report['entities']:,} "
+                         f"entities; baselines " + ", ".join(f"{b} {m.get(key, float('nan')):.4f}"
+                                                           for b, m in report["baselines"].items()))
+        label_values = []
+        if task.target.column and task.task == "multilabel":
+            vocab = cache.vocab(task.target.column).column("value").to_pylist()
+            label_values = [vocab[i - 1] for i in task.target.labels]
+        path = workspace.scenario(name)
+        digest = save_checkpoint(path, result.model, {
+            "kind": "scenario", "scenario": name, "task": task.to_dict(), "label_values": label_values,
+            "feature_spec": foundation["feature_spec"], "net": foundation["net"],
+            "foundation_sha256": foundation["weights_sha256"], "cache_fingerprint": cache.fingerprint,
+            "protocol": {"test_cutoff": _iso(plan.test_cutoff), "val_cutoff": result.info["val_cutoff"],
+                         "train_cutoffs": result.info["train_cutoffs"]},
+            "metrics": report, "headline": key, "beats_baselines": better, "finetune": config_dict(cfg),
+            "curves": result.curves, "training": result.info,
+        })
+        plot = loss_curves(result.curves, path.parent / f"{name}_loss.png", f"scenario {name}")
+        return dg.MaterializeResult(metadata={
+            "fingerprint": digest[:16],
+            "foundation_fingerprint": foundation["weights_sha256"][:16],
+            key: dg.MetadataValue.float(report["model"].get(key, float("nan"))),
+            "metrics": dg.MetadataValue.md(metrics_markdown(task, report)),
+            "beats_baselines": dg.MetadataValue.bool(better),
+            "holdout_entities": dg.MetadataValue.int(report["entities"]),
+            "test_cutoff": _iso(plan.test_cutoff),
+            "loss_curves": dg.MetadataValue.md(plot),
+            "best_epoch": dg.MetadataValue.int(result.info["best_epoch"]),
+            "seconds": dg.MetadataValue.float(result.info["seconds"]),
+            "path": dg.MetadataValue.path(str(path)),
+        })
+
+    return _scenario
+
+
+def _iso(ts: int) -> str:
+    return np.datetime_as_string(np.datetime64(int(ts), "s")) + "Z"

@@ -1,0 +1,54 @@
+"""Batch inference: score every eligible entity as of a cut-off, chunk by chunk (memory stays flat)."""
+
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from models.cache import Cache
+from models.features import FeatureSpec, chunk_at
+from models.metrics import top_k
+from models.network import Model
+from models.targets import eligible
+from models.train import TaskSpec, chunk_plan, scores, task_inputs
+
+
+def load_model(state: dict, config: dict) -> tuple[Model, FeatureSpec, TaskSpec]:
+    from models.network import NetConfig
+
+    spec = FeatureSpec.from_dict(config["feature_spec"])
+    task = TaskSpec.from_dict(config["task"])
+    model = Model(NetConfig(**config["net"]), task.outputs, spec.channels if task.uses_label_history else 0)
+    model.load_state_dict(state)
+    model.eval()
+    return model, spec, task
+
+
+def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, *, k: int = 20,
+            label_names: list | None = None, chunk_entities: int = 8192, device: str = "cpu") -> Iterator[pa.RecordBatch]:
+    """Record batches of (entity index, score) or (entity index, top-k labels, top-k scores)."""
+    entity_table = cache.entity_table()
+    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
+    names = None
+    if task.uses_label_history:
+        if label_names is None:  # items: the column's own vocabulary, in label order
+            vocab = cache.vocab(task.target.column).column("value").to_numpy(zero_copy_only=False)
+            label_names = [vocab[i - 1] for i in task.target.labels]
+        names = np.asarray(label_names, dtype=object)
+    for s, lo, hi in chunk_plan(cache, chunk_entities):
+        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
+        keep = eligible(chunk, task.target)
+        if chunk.n == 0 or not keep.any():
+            continue
+        x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
+        out = scores(model, task.task, x[keep], None if h is None else h[keep], device=device)
+        ents = pa.array(chunk.entities[keep].astype(np.int64))
+        if names is None:
+            yield pa.record_batch({"entity_index": ents, "score": pa.array(out.astype(np.float32))})
+        else:
+            best = top_k(out, k)
+            n, kk = best.shape
+            offsets = pa.array(np.arange(0, n * kk + 1, kk, dtype=np.int32))
+            labels = pa.ListArray.from_arrays(offsets, pa.array(names[best.ravel()].astype(str)))
+            values = pa.ListArray.from_arrays(offsets, pa.array(np.take_along_axis(out, best, 1).ravel().astype(np.float32)))
+            yield pa.record_batch({"entity_index": ents, "labels": labels, "scores": values})

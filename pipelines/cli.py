@@ -1,0 +1,149 @@
+"""`habitus`: the command line.
+
+    habitus demo          generate the demo warehouse (if missing) and materialize every asset
+    habitus materialize   materialize every asset of the project ($HABITUS_CONFIG or --config)
+    habitus report        print each scenario's hold-out metrics next to its baselines
+    habitus demo-data     write the generated retail warehouse into a DuckDB file
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pipelines.config import ConfigError, load_project
+
+
+def _instance():
+    import dagster as dg
+
+    home = os.environ.get("DAGSTER_HOME")
+    if home:
+        Path(home).mkdir(parents=True, exist_ok=True)
+        return dg.DagsterInstance.get()
+    return dg.DagsterInstance.ephemeral()
+
+
+def materialize_all(project, *, log=print) -> dict:
+    """Extract every partition, build the cache, train, fine-tune, and score the newest day."""
+    import dagster as dg
+    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+    from assets.cache import current_cache
+    from assets.predictions import predictions_key
+    from assets.sources import source_key
+    from pipelines.definitions import build_assets, build_resources
+
+    assets, resources, instance = build_assets(project), build_resources(project), _instance()
+    timings = {}
+
+    def run(selection, what, **kw):
+        started = time.time()
+        log(f"materializing {what} ...")
+        dg.materialize(assets, selection=selection, resources=resources, instance=instance, **kw)
+        timings[what] = round(time.time() - started, 1)
+        log(f"  done in {timings[what]}s")
+
+    for s in project.events_sources:
+        keys = next(a for a in assets if a.key == source_key(s.name)).partitions_def.get_partition_keys()
+        run([source_key(s.name)], f"source/{s.name} ({len(keys)} partitions)",
+            tags={ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]})
+    unpartitioned = [source_key(s.name) for s in project.sources if s.role != "events"]
+    unpartitioned += [dg.AssetKey("cache"), dg.AssetKey("foundation_model")]
+    unpartitioned += [dg.AssetKey(["scenario", n]) for n in project.scenarios]
+    run(unpartitioned, "cache, foundation model and scenarios")
+    cache = current_cache(resources["workspace"])
+    day = datetime.fromtimestamp(cache.time_range[1], timezone.utc).date().isoformat()
+    if project.prediction_scenarios:
+        run([predictions_key(n) for n in project.prediction_scenarios], f"predictions for {day}", partition_key=day)
+    return {"timings": timings, "prediction_day": day}
+
+
+def report(project, prediction_day: str | None = None) -> str:
+    """The table a person reads first: each scenario's hold-out metric next to its baselines."""
+    from resources.workspace import Workspace
+
+    ws = Workspace(root=project.workspace)
+    lines = [f"{'scenario':<18} {'task':<15} {'metric':<12} {'model':>8} {'best baseline':>14}  {'(which)':<18} "
+             f"{'beats':<6} {'entities':>9}"]
+    for name in project.scenarios:
+        cfg_file = ws.scenario(name) / "config.json"
+        if not cfg_file.exists():
+            lines.append(f"{name:<18} (not trained yet)")
+            continue
+        cfg = json.loads(cfg_file.read_text())
+        key, m = cfg["headline"], cfg["metrics"]
+        lower = key in ("mae", "rmse")
+        base = {b: v.get(key, math.nan) for b, v in m["baselines"].items() if not math.isnan(v.get(key, math.nan))}
+        best = (min if lower else max)(base, key=base.get) if base else "-"
+        lines.append(f"{name:<18} {cfg['task']['task']:<15} {key:<12} {m['model'].get(key, math.nan):>8.4f} "
+                     f"{base.get(best, math.nan):>14.4f}  {best:<18} {'yes' if cfg['beats_baselines'] else 'no':<6} "
+                     f"{m['entities']:>9,}")
+    lines.append(f"\nhold-out: test cut-off {_first_protocol(ws, project)}; features before it, targets after it")
+    for name in project.prediction_scenarios:
+        folder = ws.predictions(name)
+        files = sorted(folder.glob("*.parquet")) if folder.exists() else []
+        chosen = [f for f in files if prediction_day and f.stem == prediction_day] or files[-1:]
+        if chosen:
+            import pyarrow.parquet as pq
+
+            lines.append(f"predictions/{name}: {chosen[0]} ({pq.read_metadata(chosen[0]).num_rows:,} rows)")
+    return "\n".join(lines)
+
+
+def _first_protocol(ws, project) -> str:
+    for name in project.scenarios:
+        f = ws.scenario(name) / "config.json"
+        if f.exists():
+            return json.loads(f.read_text())["protocol"]["test_cutoff"]
+    return "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="habitus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("demo", "materialize", "report"):
+        p = sub.add_parser(name)
+        p.add_argument("--config", help="project YAML (default: $HABITUS_CONFIG or examples/demo.yaml)")
+        if name == "demo":
+            p.add_argument("--customers", type=int, default=20_000)
+            p.add_argument("--regenerate", action="store_true", help="write the demo warehouse again")
+    sub.add_parser("demo-data", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "demo-data":
+        from pipelines.demo_data import main as demo_data
+
+        return demo_data(rest) or 0
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.config:  # the code location (pipelines.definitions) reads the same file
+        os.environ["HABITUS_CONFIG"] = str(Path(args.config).resolve())
+    try:
+        project = load_project(args.config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.command == "report":
+        print(report(project))
+        return 0
+    if args.command == "demo":
+        from pipelines.demo_data import generate_demo_warehouse
+
+        path = Path(project.connections["warehouse"].path)
+        if args.regenerate or not path.exists():
+            started = time.time()
+            counts = generate_demo_warehouse(path, customers=args.customers)
+            print(f"demo warehouse {path}: {counts} in {time.time() - started:.1f}s")
+    started = time.time()
+    result = materialize_all(project)
+    print(f"\nall assets materialized in {time.time() - started:.0f}s\n")
+    print(report(project, result["prediction_day"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""DuckDB: the embedded default warehouse (a local database file)."""
+
+from datetime import datetime
+from typing import Iterable, Iterator
+
+import dagster as dg
+import pyarrow as pa
+
+from resources.sql import delete_sql, range_sql, select_sql, table_expr
+
+
+class WarehouseError(ValueError):
+    pass
+
+
+class DuckDBWarehouse(dg.ConfigurableResource):
+    """Reads tables with projection and time filter pushed down; writes predictions back."""
+
+    path: str
+
+    def _connect(self, read_only: bool = True):
+        import duckdb
+        import os
+
+        if read_only and not os.path.exists(self.path):
+            raise WarehouseError(f"DuckDB database {self.path} does not exist; check the connection's `path` "
+                                 f"(for the demo run `habitus demo-data`)")
+        return duckdb.connect(self.path, read_only=read_only)
+
+    def schema(self, table: str) -> pa.Schema:
+        con = self._connect()
+        try:
+            return con.sql(select_sql("duckdb", table) + " LIMIT 0").to_arrow_table().schema
+        except Exception as e:  # duckdb.CatalogException and friends
+            if "does not exist" in str(e):
+                raise WarehouseError(f"table {table!r} does not exist in DuckDB database {self.path}") from None
+            raise
+        finally:
+            con.close()
+
+    def time_range(self, table: str, time_column: str) -> tuple[datetime | None, datetime | None]:
+        con = self._connect()
+        try:
+            return tuple(con.sql(range_sql("duckdb", table, time_column)).fetchall()[0])
+        finally:
+            con.close()
+
+    def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
+             start: datetime | None = None, end: datetime | None = None,
+             batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
+        con = self._connect()
+        try:
+            yield from con.sql(select_sql("duckdb", table, columns, time_column, start, end)).to_arrow_reader(batch_rows)
+        finally:
+            con.close()
+
+    def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
+              replace: tuple[str, object] | None = None) -> int:
+        """Append `batches` to `table` (created if missing), first deleting rows where
+        replace[0] == replace[1], all in one transaction: a re-run replaces, never duplicates."""
+        con = self._connect(read_only=False)
+        reader = pa.RecordBatchReader.from_batches(schema, batches)
+        try:
+            con.sql("BEGIN TRANSACTION")
+            con.register("__incoming", reader)
+            target = table_expr(table).sql(dialect="duckdb")
+            con.sql(f"CREATE TABLE IF NOT EXISTS {target} AS SELECT * FROM __incoming LIMIT 0")
+            if replace is not None:
+                con.sql(delete_sql("duckdb", table, *replace))
+            before = con.sql(f"SELECT count(*) FROM {target}").fetchall()[0][0]
+            con.sql(f"INSERT INTO {target} BY NAME SELECT * FROM __incoming")
+            after = con.sql(f"SELECT count(*) FROM {target}").fetchall()[0][0]
+            con.sql("COMMIT")
+            return int(after - before)
+        except Exception:
+            con.sql("ROLLBACK")
+            raise
+        finally:
+            con.close()
