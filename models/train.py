@@ -275,6 +275,13 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
             model.head.linear.bias.copy_(torch.as_tensor(np.log(p / (1 - p)), dtype=torch.float32).reshape(-1))
         elif task.task == "regression":
             model.head.linear.bias.fill_(float(np.log1p(np.clip(y_val, 0, None)).mean()))
+        else:  # recommendation: start from popularity
+            model.head.linear.bias.copy_(torch.as_tensor(np.log(y_val.mean(0) + 1e-6), dtype=torch.float32))
+        if task.uses_label_history:
+            # start as "popularity + the entity's own history of each label" (the strong baselines),
+            # so training only has to learn what the trunk adds on top
+            model.head.linear.weight.zero_()
+            model.head.skip.weight.fill_(2.0)
     params = [{"params": model.trunk.parameters(), "lr": cfg.learning_rate * 0.3},
               {"params": model.head.parameters(), "lr": cfg.learning_rate}]
     opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay)
