@@ -1,0 +1,95 @@
+"""Shared helpers for the models tests: tiny Parquet sources in a temporary folder, cached with
+models.cache.build_cache.
+
+Test modules get them through the `sources` / `module_sources` fixtures (a `Sources` object), so
+nothing has to import this file by name.
+"""
+
+import calendar
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from models.cache import Cache, CacheSpec, TableInput, build_cache
+
+DAY = 86_400
+T0 = calendar.timegm((2026, 1, 1, 0, 0, 0))  # a midnight (UTC): every test's time origin
+
+EVENT_COLUMNS = {"product_id": "categorical", "price": "numeric"}
+
+
+class Sources:
+    """Writes small Parquet files under `root/sources` and builds caches from them under `root/cache`."""
+
+    DAY = DAY
+    T0 = T0
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        (self.root / "sources").mkdir(parents=True, exist_ok=True)
+
+    def at(self, days: float, hours: float = 0.0, seconds: int = 0) -> int:
+        """Epoch seconds, `days` (+ hours, seconds) after T0."""
+        return int(T0 + round(days * DAY + hours * 3600) + seconds)
+
+    @staticmethod
+    def stamps(seconds) -> pa.Array:
+        """Epoch seconds (None = null) -> a naive timestamp[s] column."""
+        return pa.array([None if s is None else int(s) for s in seconds], pa.timestamp("s"))
+
+    def write(self, name: str, **columns) -> str:
+        """Write one Parquet file from columns (lists, numpy arrays or Arrow arrays); returns its path."""
+        path = self.root / "sources" / f"{name}.parquet"
+        pq.write_table(pa.table(columns), path)
+        return str(path)
+
+    def write_events(self, name: str, customer, ts, product=None, price=None) -> str:
+        cols = {"customer_id": pa.array(customer, pa.string()), "ts": self.stamps(ts)}
+        if product is not None:
+            cols["product_id"] = pa.array(product, pa.string())
+        if price is not None:
+            cols["price"] = pa.array(price, pa.float64())
+        return self.write(name, **cols)
+
+    @staticmethod
+    def events(*files: str, columns: dict | None = None, name: str = "purchases") -> TableInput:
+        return TableInput(name, list(files), dict(EVENT_COLUMNS if columns is None else columns), timestamp="ts")
+
+    def spec(self, events, entity_attributes=(), attributes=(), shard_events: int = 4_000_000) -> CacheSpec:
+        events = [events] if isinstance(events, TableInput) else list(events)
+        return CacheSpec("customer_id", events, list(entity_attributes), list(attributes), shard_events)
+
+    def build(self, events, entity_attributes=(), attributes=(), shard_events: int = 4_000_000,
+              root: str = "cache") -> Cache:
+        spec = self.spec(events, entity_attributes, attributes, shard_events)
+        return Cache(build_cache(spec, self.root / root, log=lambda _: None))
+
+
+def shard_frame(cache: Cache) -> dict[str, np.ndarray]:
+    """All events of a cache, shards concatenated, plus the shard index of every row."""
+    parts = [cache.shard(i) for i in range(cache.shard_count)]
+    out = {"shard": np.concatenate([np.full(len(p.ts), i) for i, p in enumerate(parts)]),
+           "entity": np.concatenate([p.entity for p in parts]),
+           "ts": np.concatenate([p.ts for p in parts])}
+    for c in cache.columns:
+        out[c] = np.concatenate([p.columns[c] for p in parts])
+    return out
+
+
+@pytest.fixture
+def sources(tmp_path) -> Sources:
+    return Sources(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_sources(tmp_path_factory) -> Sources:
+    return Sources(tmp_path_factory.mktemp("sources"))
+
+
+@pytest.fixture
+def frame():
+    """`frame(cache)`: the cache's events as flat numpy columns (see `shard_frame`)."""
+    return shard_frame
