@@ -1,0 +1,155 @@
+"""Tests for the source/<name> assets: materialized with Dagster against a small generated DuckDB."""
+
+from datetime import datetime
+
+import dagster as dg
+import duckdb
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from assets.sources import build_source_asset, source_key
+from pipelines.config import load_project
+from pipelines.definitions import build_resources
+from pipelines.demo_data import generate_demo_warehouse
+from pipelines.partitions import events_partitions
+
+MARCH, APRIL = datetime(2026, 3, 1), datetime(2026, 4, 1)
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory):
+    path = tmp_path_factory.mktemp("warehouse") / "demo.duckdb"
+    generate_demo_warehouse(path, customers=200, products=100)
+    return path
+
+
+def _project(tmp_path, warehouse, **purchases):
+    source = {"name": "purchases", "role": "events", "connection": "warehouse", "table": "purchases",
+              "timestamp": "ts", "columns": ["product_id", "price"], "partition": "monthly", "start": "2026-03-01"}
+    source.update(purchases)
+    cfg = {
+        "workspace": "ws",  # relative: resolves into tmp_path
+        "connections": {"warehouse": {"type": "duckdb", "path": str(warehouse)}},
+        "entity": "customer_id",
+        "sources": [source,
+                    {"name": "products", "role": "attributes", "connection": "warehouse", "table": "products",
+                     "key": "product_id", "columns": ["brand", "category"]},
+                    {"name": "customers", "role": "entity_attributes", "connection": "warehouse",
+                     "table": "customers", "columns": ["age", "segment"]}],
+    }
+    path = tmp_path / "project.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return load_project(path)
+
+
+def _materialize(project, name="purchases", partition_key="2026-03-01", raise_on_error=True):
+    source = project.source(name)
+    partitions = events_partitions(source) if source.role == "events" else None
+    asset = build_source_asset(project, source, partitions)
+    result = dg.materialize([asset], resources=build_resources(project),
+                            partition_key=partition_key if partitions else None, raise_on_error=raise_on_error)
+    return asset, result
+
+
+def _failure_text(result) -> str:
+    parts = []
+    for event in result.get_step_failure_events():
+        error = event.step_failure_data.error
+        while error is not None:
+            parts.append(error.message)
+            error = error.cause
+    return "\n".join(parts)
+
+
+def _warehouse_count(warehouse, start, end) -> int:
+    con = duckdb.connect(str(warehouse), read_only=True)
+    try:
+        return con.execute("SELECT count(*) FROM purchases WHERE ts >= ? AND ts < ?", [start, end]).fetchall()[0][0]
+    finally:
+        con.close()
+
+
+def test_partition_file_has_only_the_month_and_the_columns(tmp_path, warehouse):
+    project = _project(tmp_path, warehouse)
+    asset, result = _materialize(project)
+    assert result.success
+    path = tmp_path / "ws" / "sources" / "purchases" / "2026-03-01.parquet"
+    assert path.is_file()
+    table = pq.read_table(path)
+    assert table.column_names == ["customer_id", "ts", "product_id", "price"]
+    assert table.num_rows == _warehouse_count(warehouse, MARCH, APRIL) > 0
+    assert pc.min(table.column("ts")).as_py() >= MARCH
+    assert pc.max(table.column("ts")).as_py() < APRIL
+    # only this partition was written, and no temporary file is left behind
+    assert sorted(p.name for p in path.parent.iterdir()) == ["2026-03-01.parquet"]
+
+    [materialization] = result.asset_materializations_for_node(asset.op.name)
+    assert materialization.asset_key == source_key("purchases")
+    assert materialization.partition == "2026-03-01"
+    meta = materialization.metadata
+    assert meta["rows"].value == table.num_rows
+    assert meta["columns"].data == ["customer_id", "ts", "product_id", "price"]
+    assert meta["bytes"].value == path.stat().st_size
+    assert meta["path"].value == str(path.parent)
+
+
+def test_rematerializing_replaces_the_partition(tmp_path, warehouse):
+    project = _project(tmp_path, warehouse)
+    path = tmp_path / "ws" / "sources" / "purchases" / "2026-03-01.parquet"
+    _, first = _materialize(project)
+    rows = pq.read_metadata(path).num_rows
+    before = pq.read_table(path)
+    path.write_bytes(b"garbage from an interrupted run")
+    asset, second = _materialize(project)
+    assert second.success
+    after = pq.read_table(path)
+    assert after.num_rows == rows == _warehouse_count(warehouse, MARCH, APRIL)
+    assert after.equals(before)  # same rows, no duplicates
+    keys = after.select(["customer_id", "ts", "product_id"]).group_by(["customer_id", "ts", "product_id"]).aggregate([])
+    assert keys.num_rows == after.num_rows
+    assert second.asset_materializations_for_node(asset.op.name)[0].metadata["rows"].value == rows
+
+
+def test_other_partitions_are_left_alone(tmp_path, warehouse):
+    project = _project(tmp_path, warehouse)
+    folder = tmp_path / "ws" / "sources" / "purchases"
+    _materialize(project, partition_key="2026-03-01")
+    march = pq.read_table(folder / "2026-03-01.parquet")
+    _, result = _materialize(project, partition_key="2026-04-01")
+    assert result.success
+    april = pq.read_table(folder / "2026-04-01.parquet")
+    assert april.num_rows == _warehouse_count(warehouse, APRIL, datetime(2026, 5, 1))
+    assert pc.min(april.column("ts")).as_py() >= APRIL
+    assert pq.read_table(folder / "2026-03-01.parquet").equals(march)
+
+
+def test_attribute_sources_are_extracted_whole(tmp_path, warehouse):
+    project = _project(tmp_path, warehouse)
+    _, result = _materialize(project, "products")
+    assert result.success
+    products = pq.read_table(tmp_path / "ws" / "sources" / "products" / "all.parquet")
+    assert products.column_names == ["product_id", "brand", "category"]  # key first, no entity
+    assert products.num_rows == 100
+    _, result = _materialize(project, "customers")
+    customers = pq.read_table(tmp_path / "ws" / "sources" / "customers" / "all.parquet")
+    assert customers.column_names == ["customer_id", "age", "segment"]
+    assert customers.num_rows == 200
+
+
+def test_unknown_column_fails_naming_column_and_table(tmp_path, warehouse):
+    project = _project(tmp_path, warehouse, columns=["product_id", "colour"])
+    _, result = _materialize(project, raise_on_error=False)
+    assert not result.success
+    message = _failure_text(result)
+    assert "'colour'" in message and "'purchases'" in message
+    assert not (tmp_path / "ws" / "sources" / "purchases" / "2026-03-01.parquet").exists()
+
+
+def test_missing_table_fails_naming_it(tmp_path, warehouse):
+    project = _project(tmp_path, warehouse, table="purchases_2019")
+    _, result = _materialize(project, raise_on_error=False)
+    assert not result.success
+    assert "purchases_2019" in _failure_text(result)
+    assert not (tmp_path / "ws" / "sources" / "purchases" / "2026-03-01.parquet").exists()

@@ -1,0 +1,74 @@
+"""models.checkpoint: weights-only folders that round-trip exactly and refuse tampering."""
+
+import json
+import struct
+
+import pytest
+import torch
+
+from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from models.network import Model, NetConfig
+
+
+def _model(seed=0, history_channels=0) -> Model:
+    torch.manual_seed(seed)
+    model = Model(NetConfig(in_dim=7, hidden=8, layers=2, dropout=0.0), outputs=3, history_channels=history_channels)
+    model.trunk.fit_input_scale(torch.randn(32, 7) * 3 + 1)  # buffers must round-trip too
+    return model.eval()
+
+
+def test_round_trip_restores_weights_buffers_and_config(tmp_path):
+    model = _model(history_channels=3)
+    digest = save_checkpoint(tmp_path / "ckpt", model, {"kind": "test", "net": model.trunk.cfg.to_dict()})
+    state, config = load_checkpoint(tmp_path / "ckpt")
+    assert config["kind"] == "test" and config["weights_sha256"] == digest
+    assert set(state) == set(model.state_dict())
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(state[k], v, rtol=0, atol=0)
+
+    clone = Model(NetConfig(**config["net"]), outputs=3, history_channels=3).eval()
+    clone.load_state_dict(state)
+    x, h = torch.randn(5, 7), torch.randn(5, 3, 3)
+    torch.testing.assert_close(clone(x, h), model(x, h), rtol=0, atol=0)
+
+
+def test_folder_holds_only_safetensors_and_json(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", _model(), {"kind": "test"})
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "model.safetensors"]
+    raw = (tmp_path / "ckpt" / "model.safetensors").read_bytes()
+    assert raw[:1] != b"\x80"  # not a pickle stream
+    assert not raw.startswith(b"PK")  # not a torch.save zip archive
+    (header_len,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + header_len])  # safetensors: a JSON header, then raw tensor bytes
+    assert "trunk.in_mean" in header and header["trunk.in_mean"]["dtype"] == "F32"
+    json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert not list(tmp_path.glob(".*"))  # no temporary folder left behind
+
+
+def test_saving_over_an_existing_checkpoint_replaces_it(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", _model(seed=0), {"kind": "old"})
+    second = _model(seed=1)
+    save_checkpoint(tmp_path / "ckpt", second, {"kind": "new"})
+    state, config = load_checkpoint(tmp_path / "ckpt")
+    assert config["kind"] == "new"
+    torch.testing.assert_close(state["head.linear.weight"], second.state_dict()["head.linear.weight"])
+
+
+def test_tampered_weights_are_refused(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", _model(), {"kind": "test"})
+    path = tmp_path / "ckpt" / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0x01  # one bit of one weight
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="SHA-256"):
+        load_checkpoint(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("missing", ["config.json", "model.safetensors"])
+def test_incomplete_folder_is_refused(tmp_path, missing):
+    save_checkpoint(tmp_path / "ckpt", _model(), {"kind": "test"})
+    (tmp_path / "ckpt" / missing).unlink()
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        load_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError):
+        load_checkpoint(tmp_path / "does-not-exist")
