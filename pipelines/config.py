@@ -89,6 +89,7 @@ class Source(_Strict):
     types: dict[str, ColumnType] = Field(default_factory=dict, description="override inferred column types")
     partition: Literal["monthly", "daily"] = "monthly"
     start: date | None = Field(None, description="first partition of an events source")
+    end: date | None = Field(None, description="end of the last partition (exclusive), for data that stopped")
 
     @model_validator(mode="after")
     def _role_needs(self):

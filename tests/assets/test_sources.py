@@ -17,6 +17,9 @@ from pipelines.partitions import events_partitions
 
 MARCH, APRIL = datetime(2026, 3, 1), datetime(2026, 4, 1)
 
+# backfill_policy on the asset is marked beta by Dagster; not what these tests are about.
+pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
+
 
 @pytest.fixture(scope="module")
 def warehouse(tmp_path_factory):

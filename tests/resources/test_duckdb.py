@@ -17,8 +17,8 @@ def db(tmp_path):
     path = tmp_path / "wh.duckdb"
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE events (id INTEGER, customer_id VARCHAR, ts TIMESTAMP, price DOUBLE, note VARCHAR)")
-    con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
-                    [(i, f"C{i % 7}", T0 + timedelta(hours=12 * i), i / 2, "n") for i in range(N)])
+    con.execute("INSERT INTO events SELECT i, 'C' || (i % 7), TIMESTAMP '2026-02-20' + i * INTERVAL 12 HOUR, "
+                "i / 2, 'n' FROM range(?) t(i) ORDER BY i", [N])
     con.execute("CREATE SCHEMA sales")
     con.execute("CREATE TABLE sales.orders (id INTEGER, ts TIMESTAMP)")
     con.execute("INSERT INTO sales.orders VALUES (1, '2026-05-01 10:00:00')")
