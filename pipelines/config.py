@@ -275,18 +275,28 @@ class Project(_Strict):
 # --------------------------------------------------------------------------- loading
 
 
-def _substitute_env(text: str, path: Path) -> str:
+def _substitute_env(node, path: Path, text: str, where: str = ""):
+    """Replace ${VAR} / ${VAR:-default} in the parsed values (never in the YAML text: a value may hold
+    ':' or ' #', and comments are not read)."""
+    if isinstance(node, dict):
+        return {k: _substitute_env(v, path, text, f"{where}.{k}" if where else str(k)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_substitute_env(v, path, text, f"{where}[{i}]") for i, v in enumerate(node)]
+    if not isinstance(node, str):
+        return node
+
     def repl(m: re.Match) -> str:
         name, default = m.group(1), m.group(2)
         if name in os.environ:
             return os.environ[name]
         if default is not None:
             return default
-        line = text.count("\n", 0, m.start()) + 1
-        raise ConfigError(f"{path}:{line}: environment variable {name} is not set (referenced as ${{{name}}}); "
-                          f"export it or write ${{{name}:-default}}")
+        line = next((i for i, ln in enumerate(text.splitlines(), 1)
+                     if m.group(0) in ln and not ln.lstrip().startswith("#")), "?")
+        raise ConfigError(f"{path}:{line}: {where}: environment variable {name} is not set (referenced as "
+                          f"${{{name}}}); export it or write ${{{name}:-default}}")
 
-    return _ENV_REF.sub(repl, text)
+    return _ENV_REF.sub(repl, node)
 
 
 def _readable_loc(loc: tuple) -> str:
@@ -327,13 +337,14 @@ def load_project(path: str | os.PathLike | None = None) -> Project:
     path = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
     if not path.is_file():
         raise ConfigError(f"project config {path} not found (set {CONFIG_ENV} to your project's YAML file)")
-    text = _substitute_env(path.read_text(), path)
+    text = path.read_text()
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of keys (workspace, connections, entity, sources, ...)")
+    raw = _substitute_env(raw, path, text)
     try:
         project = Project.model_validate(raw)
     except ValidationError as e:

@@ -1,5 +1,6 @@
 """DuckDB: the embedded default warehouse (a local database file)."""
 
+import contextlib
 from datetime import datetime
 from typing import Iterable, Iterator
 
@@ -27,32 +28,34 @@ class DuckDBWarehouse(dg.ConfigurableResource):
                                  f"(for the demo run `habitus demo-data`)")
         return duckdb.connect(self.path, read_only=read_only)
 
-    def schema(self, table: str) -> pa.Schema:
+    @contextlib.contextmanager
+    def _session(self, table: str):
+        """A read-only connection; a missing table or column becomes an error that names it."""
+        import duckdb
+
         con = self._connect()
         try:
-            return con.sql(select_sql("duckdb", table) + " LIMIT 0").to_arrow_table().schema
-        except Exception as e:  # duckdb.CatalogException and friends
-            if "does not exist" in str(e):
-                raise WarehouseError(f"table {table!r} does not exist in DuckDB database {self.path}") from None
-            raise
+            yield con
+        except duckdb.CatalogException as e:
+            raise WarehouseError(f"table {table!r} in DuckDB database {self.path}: {str(e).splitlines()[0]}") from None
+        except duckdb.BinderException as e:
+            raise WarehouseError(f"table {table!r} in DuckDB database {self.path}: {str(e).splitlines()[0]}") from None
         finally:
             con.close()
 
+    def schema(self, table: str) -> pa.Schema:
+        with self._session(table) as con:
+            return con.sql(select_sql("duckdb", table) + " LIMIT 0").to_arrow_table().schema
+
     def time_range(self, table: str, time_column: str) -> tuple[datetime | None, datetime | None]:
-        con = self._connect()
-        try:
+        with self._session(table) as con:
             return tuple(con.sql(range_sql("duckdb", table, time_column)).fetchall()[0])
-        finally:
-            con.close()
 
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,
              batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
-        con = self._connect()
-        try:
+        with self._session(table) as con:
             yield from con.sql(select_sql("duckdb", table, columns, time_column, start, end)).to_arrow_reader(batch_rows)
-        finally:
-            con.close()
 
     def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
               replace: tuple[str, object] | None = None) -> int:

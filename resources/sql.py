@@ -1,6 +1,6 @@
 """Warehouse SQL built with sqlglot: identifiers are always quoted, never pasted from strings."""
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 from sqlglot import exp
 
@@ -40,7 +40,10 @@ def delete_sql(dialect: str, table: str, column: str, value) -> str:
 
 
 def _ts(value: datetime) -> exp.Expression:
-    return exp.cast(exp.Literal.string(value.strftime("%Y-%m-%d %H:%M:%S")), exp.DataType.build("TIMESTAMP"))
+    """A UTC timestamp literal, microseconds kept when there are any."""
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+    return exp.cast(exp.Literal.string(value.isoformat(sep=" ")), exp.DataType.build("TIMESTAMP"))
 
 
 def _literal(value) -> exp.Expression:

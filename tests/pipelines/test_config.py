@@ -363,10 +363,6 @@ def test_secret_not_in_missing_variable_error(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- known bugs
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG pipelines/config.py _substitute_env/load_project: ${VAR} is pasted into the YAML text before parsing, "
-    "so a secret holding YAML syntax ('hunter2: x') breaks parsing and the 'not valid YAML' ConfigError "
-    "quotes the offending line, secret included"))
 def test_secret_with_yaml_syntax_never_leaks(tmp_path, monkeypatch):
     secret = "hunter2: Zq9-leak"
     monkeypatch.setenv("HABITUS_T_SECRET", secret)
@@ -380,19 +376,12 @@ def test_secret_with_yaml_syntax_never_leaks(tmp_path, monkeypatch):
         assert project.connections["sf"].password == secret
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG pipelines/config.py _substitute_env: textual substitution before YAML parsing silently truncates a "
-    "value containing ' #' (YAML comment): password 'abc #def' loads as 'abc'"))
 def test_env_value_is_substituted_verbatim(tmp_path, monkeypatch):
     monkeypatch.setenv("HABITUS_T_SECRET", "abc #def")
     project = load_project(write(tmp_path, _with_snowflake(base())))
     assert project.connections["sf"].password == "abc #def"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG pipelines/config.py _substitute_env: ${VAR} references inside YAML comments are substituted too, so a "
-    "commented-out line such as '# password: ${OLD_PASSWORD}' makes loading fail with 'environment variable "
-    "... is not set'"))
 def test_env_reference_in_comment_is_ignored(tmp_path):
     text = "# old setup, kept for reference: ${HABITUS_T_MISSING}\n" + yaml.safe_dump(base(), sort_keys=False)
     assert load_project(write(tmp_path, text)).entity == "customer_id"

@@ -90,16 +90,11 @@ def test_missing_table_schema_names_table(db):
         DuckDBWarehouse(path=str(db)).schema("no_such_table")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG resources/duckdb.py read(): only schema() turns DuckDB's CatalogException into WarehouseError; "
-    "read('no_such_table') raises _duckdb.CatalogException"))
 def test_missing_table_read_raises_warehouse_error(db):
     with pytest.raises(WarehouseError, match="no_such_table"):
         list(DuckDBWarehouse(path=str(db)).read("no_such_table", ["id"]))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG resources/duckdb.py time_range(): a missing table raises _duckdb.CatalogException, not WarehouseError"))
 def test_missing_table_time_range_raises_warehouse_error(db):
     with pytest.raises(WarehouseError, match="no_such_table"):
         DuckDBWarehouse(path=str(db)).time_range("no_such_table", "ts")

@@ -137,9 +137,6 @@ def test_literals():
     assert delete_sql("duckdb", "t", "d", "2026-03-01").endswith("'2026-03-01'")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG resources/sql.py _ts: the bound is formatted with strftime('%Y-%m-%d %H:%M:%S'), dropping microseconds, "
-    "so start=00:00:00.5 becomes 00:00:00 and a row at 00:00:00.2 (before start) is returned: not [start, end)"))
 def test_time_filter_keeps_sub_second_bounds(tmp_path):
     con = duckdb.connect(str(tmp_path / "us.duckdb"))
     con.execute("CREATE TABLE t (id INTEGER, ts TIMESTAMP)")
