@@ -81,7 +81,24 @@ def _files_sql(files: list[str]) -> str:
 
 
 def _epoch_s(expr: str) -> str:
-    return f"epoch_us(CAST({expr} AS TIMESTAMP)) // 1000000"
+    """Seconds since 1970 of a plain (UTC) TIMESTAMP expression."""
+    return f"epoch_us({expr}) // 1000000"
+
+
+def _utc(expr: str, arrow_type: pa.DataType) -> str:
+    """A time column as a plain UTC TIMESTAMP. A zone-aware one keeps its instant: a plain CAST would
+    shift it to this machine's local zone."""
+    if pa.types.is_timestamp(arrow_type) and arrow_type.tz is not None:
+        return f"make_timestamp(epoch_us({expr}))"
+    return f"CAST({expr} AS TIMESTAMP)"
+
+
+def _field_type(t: TableInput, column: str) -> pa.DataType:
+    schema = pq.read_schema(t.files[0])
+    if column not in schema.names:
+        raise CacheError(f"column {column!r} is not in source {t.name!r} (columns: {schema.names}); "
+                         f"fix the project config")
+    return schema.field(column).type
 
 
 class CacheError(ValueError):
@@ -133,7 +150,7 @@ def _build(con, spec: CacheSpec, out: Path, log) -> dict:
     parts = []
     for i, t in enumerate(spec.events):
         cols = "".join(f", {_q(c)}" for c in t.columns)
-        parts.append(f"SELECT CAST({ent} AS VARCHAR) AS __entity, CAST({_q(t.timestamp)} AS TIMESTAMP) AS __ts, "
+        parts.append(f"SELECT CAST({ent} AS VARCHAR) AS __entity, {_utc(_q(t.timestamp), _field_type(t, t.timestamp))} AS __ts, "
                      f"{i} AS __source{cols} FROM {_files_sql(t.files)}")
     con.sql("CREATE TEMP VIEW raw_events AS " + " UNION ALL BY NAME ".join(parts))
     row = _one(con, "SELECT count(*), count(*) FILTER (WHERE __entity IS NULL), "
@@ -160,7 +177,7 @@ def _build(con, spec: CacheSpec, out: Path, log) -> dict:
                                  f"same name; leave one of them out of `columns`")
             kind = t.columns[c]
             event_cols[c] = "numeric" if kind == "timestamp" else kind
-        picks = ", ".join(f"any_value({_epoch_s(_q(c)) if t.columns[c] == 'timestamp' else _q(c)}) AS {_q(c)}"
+        picks = ", ".join(f"any_value({_epoch_s(_utc(_q(c), _field_type(t, c))) if t.columns[c] == 'timestamp' else _q(c)}) AS {_q(c)}"
                           for c in cols)
         joins.append((alias, t, cols, f"SELECT CAST({_q(t.key)} AS VARCHAR) AS __key, {picks} FROM "
                                       f"{_files_sql(t.files)} GROUP BY 1"))
@@ -306,7 +323,7 @@ def _write_entity_table(con, spec: CacheSpec, path: Path) -> dict:
                 sel.append(f"CAST(coalesce({vt}.id, 0) AS INTEGER) AS {_q(c)}")
                 info[c] = {"type": "categorical", "vocab_size": n}
             elif kind == "timestamp":
-                sel.append(f"{_epoch_s(f'{alias}.{_q(c)}')} AS {_q(c)}")
+                sel.append(f"{_epoch_s(_utc(f'{alias}.{_q(c)}', _field_type(t, c)))} AS {_q(c)}")
                 info[c] = {"type": "timestamp"}
             else:
                 sel.append(f"CAST({alias}.{_q(c)} AS DOUBLE) AS {_q(c)}")
@@ -386,5 +403,7 @@ class Cache:
 
 
 def _parse_type(name: str) -> pa.DataType | None:
-    simple = {"string": pa.string(), "large_string": pa.large_string(), "int64": pa.int64(), "int32": pa.int32()}
-    return simple.get(name)
+    try:
+        return pa.type_for_alias(name.split("[")[0])
+    except ValueError:  # an id type Arrow cannot name back: keep the text form
+        return None

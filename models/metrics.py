@@ -24,13 +24,18 @@ def auroc(y: np.ndarray, score: np.ndarray) -> float:
 
 
 def average_precision(y: np.ndarray, score: np.ndarray) -> float:
+    """Area under the precision-recall steps, one step per distinct score (ties count together)."""
     y = np.asarray(y).astype(bool)
     if y.sum() == 0:
         return float("nan")
-    order = np.argsort(-np.asarray(score, np.float64), kind="mergesort")
-    hits = y[order]
-    precision = np.cumsum(hits) / np.arange(1, len(hits) + 1)
-    return float(precision[hits].mean())
+    score = np.asarray(score, np.float64)
+    order = np.argsort(-score, kind="mergesort")
+    hits, s = y[order], score[order]
+    last = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]  # end of each group of tied scores
+    tp = np.cumsum(hits)[last]
+    precision = tp / (last + 1)
+    recall_gain = np.diff(np.r_[0, tp]) / tp[-1]
+    return float((recall_gain * precision).sum())
 
 
 def macro_auroc(y: np.ndarray, score: np.ndarray, min_positives: int = 5) -> float:

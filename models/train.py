@@ -275,18 +275,20 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
             model.head.linear.bias.copy_(torch.as_tensor(np.log(p / (1 - p)), dtype=torch.float32).reshape(-1))
         elif task.task == "regression":
             model.head.linear.bias.fill_(float(np.log1p(np.clip(y_val, 0, None)).mean()))
-        else:  # recommendation: start from popularity
-            model.head.linear.bias.copy_(torch.as_tensor(np.log(y_val.mean(0) + 1e-6), dtype=torch.float32))
+        else:  # recommendation: popularity breaks ties among what the entity already buys
+            model.head.linear.bias.copy_(torch.as_tensor(0.2 * np.log(y_val.mean(0) + 1e-6), dtype=torch.float32))
         if task.uses_label_history:
-            # start as "popularity + the entity's own history of each label" (the strong baselines),
-            # so training only has to learn what the trunk adds on top
+            # start at the strong baseline ("what they bought, habitually", measured best on the demo
+            # data), so training only has to learn what the trunk adds on top
             model.head.linear.weight.zero_()
-            model.head.skip.weight.fill_(2.0)
+            model.head.skip.weight.zero_()
+            model.head.skip.weight[0, len(spec.half_lives) - 1] = 5.0
     params = [{"params": model.trunk.parameters(), "lr": cfg.learning_rate * 0.3},
               {"params": model.head.parameters(), "lr": cfg.learning_rate}]
     opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay)
     curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
-    best = (float("inf"), None, -1)
+    # the starting point (epoch 0) competes too: fine-tuning is kept only where it helps on validation
+    best = (_val_criterion(model, task, val, dev), _state(model), -1)
     rows = 0
     for epoch in range(cfg.epochs):
         model.train()
@@ -307,16 +309,39 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
         curves["val_loss"].append(_val_loss(model, task.task, val, dev))
         log(f"{task.task} epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}, "
             f"validation loss {curves['val_loss'][-1]:.4f}")
-        if curves["val_loss"][-1] < best[0]:
-            best = (curves["val_loss"][-1], {k: v.detach().clone() for k, v in model.state_dict().items()}, epoch)
-    if best[1] is not None:
-        model.load_state_dict(best[1])
+        criterion = _val_criterion(model, task, val, dev, curves["val_loss"][-1])
+        if criterion < best[0]:
+            best = (criterion, _state(model), epoch)
+    model.load_state_dict(best[1])
     model.eval()
     info = {"best_epoch": best[2] + 1, "seconds": round(time.time() - started, 2), "rows_seen": rows,
             "train_cutoffs": [_iso(c) for c in train_cutoffs], "val_cutoff": _iso(val_cutoff),
             "val_rows": int(len(y_val)), "val_target_mean": float(np.mean(y_val)) if len(y_val) else 0.0,
             "device": str(dev)}
     return TrainResult(model, curves, info)
+
+
+def _state(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def _val_criterion(model, task: TaskSpec, val, dev, loss: float | None = None) -> float:
+    """What picks the epoch (lower is better): the ranking metric for recommendation (its softmax
+    loss can fall while the top of the ranking gets worse), the validation loss otherwise."""
+    if task.task != "recommendation":
+        return _val_loss(model, task.task, val, dev) if loss is None else loss
+    from models.metrics import ranking_metrics
+
+    total, n = 0.0, 0
+    for x, h, y in val:
+        rows = int((y.sum(1) > 0).sum()) if len(y) else 0
+        if rows == 0:
+            continue
+        out = scores(model, task.task, x, h, device=str(dev))
+        total += ranking_metrics(y, out, task.k)[f"ndcg@{task.k}"] * rows
+        n += rows
+    return -total / n if n else 0.0
 
 
 @torch.no_grad()

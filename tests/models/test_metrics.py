@@ -43,8 +43,6 @@ def test_average_precision_hand_case():
     assert math.isnan(average_precision(np.zeros(3), np.arange(3.0)))
 
 
-@pytest.mark.xfail(strict=True, reason="average_precision breaks ties in score by row order: the same "
-                                       "scores and labels in another row order give a different AP")
 def test_average_precision_does_not_depend_on_row_order_for_tied_scores():
     # one positive and one negative with the same score: the only threshold recalls everything at
     # precision 1/2 (sklearn.metrics.average_precision_score gives 0.5 for both orders)
