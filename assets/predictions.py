@@ -4,6 +4,7 @@ to `predictions/<name>/<day>.parquet` and, when a sink is configured, back to th
 import os
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
@@ -16,6 +17,36 @@ from models.checkpoint import load_checkpoint
 from models.predict import load_model, predict
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace
+
+
+def as_of_time(day: str) -> datetime:
+    """A daily partition scores as of the end of its day (the next midnight, UTC)."""
+    return datetime.fromisoformat(day).replace(tzinfo=timezone.utc) + timedelta(days=1)
+
+
+def write_entity_file(cache, batches, path: Path, entity_column: str, fingerprint: str, as_of: datetime) -> int:
+    """Write (entity index, ...) batches as (<entity id>, ..., model_fingerprint, as_of) Parquet,
+    whole or not at all. Returns the rows written (0 writes nothing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    rows, writer = 0, None
+    try:
+        for b in batches:
+            cols = {entity_column: cache.entity_ids(b.column("entity_index").to_numpy())}
+            cols.update({c: b.column(c) for c in b.schema.names if c != "entity_index"})
+            cols["model_fingerprint"] = pa.array([fingerprint] * len(b))
+            cols["as_of"] = pa.array([as_of.replace(tzinfo=None)] * len(b), pa.timestamp("s"))
+            out = pa.record_batch(cols)
+            writer = writer or pq.ParquetWriter(tmp, out.schema, compression="zstd")
+            writer.write_batch(out)
+            rows += len(out)
+        if writer is not None:
+            writer.close()
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return rows
 
 
 def predictions_key(name: str) -> dg.AssetKey:
@@ -42,7 +73,7 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
                              f"materialize foundation_model and scenario/{name} again before predicting")
         model, spec, task = load_model(state, config)
         day = context.partition_key
-        as_of = datetime.fromisoformat(day).replace(tzinfo=timezone.utc) + timedelta(days=1)
+        as_of = as_of_time(day)
         cutoff = int(as_of.timestamp())
         if cutoff > cache.time_range[1] + 86_400:
             context.log.warning(f"scoring as of {as_of.isoformat()}, after the newest event in the cache "
@@ -50,36 +81,12 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
                                 f"extract newer partitions for fresh scores")
         batches = predict(model, cache, spec, task, cutoff, k=project.predictions.top_k,
                           label_names=config.get("label_values") or None, device=device)
-        entity_col = project.entity
         fingerprint = config["weights_sha256"][:16]
-
-        def decoded():
-            for b in batches:
-                ids = cache.entity_ids(b.column("entity_index").to_numpy())
-                cols = {entity_col: ids}
-                cols.update({c: b.column(c) for c in b.schema.names if c != "entity_index"})
-                cols["model_fingerprint"] = pa.array([fingerprint] * len(b))
-                cols["as_of"] = pa.array([as_of.replace(tzinfo=None)] * len(b), pa.timestamp("s"))
-                yield pa.record_batch(cols)
-
-        folder = workspace.predictions(name)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{day}.parquet"
-        tmp = folder / f".{day}.parquet.tmp-{os.getpid()}"
-        rows, writer = 0, None
-        try:
-            for b in decoded():
-                writer = writer or pq.ParquetWriter(tmp, b.schema, compression="zstd")
-                writer.write_batch(b)
-                rows += len(b)
-            if writer is None:
-                raise dg.Failure(f"no entity is eligible for scenario {name!r} as of {as_of.isoformat()}: the cache "
-                                 f"holds no history before that time")
-            writer.close()
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        path = workspace.predictions(name) / f"{day}.parquet"
+        rows = write_entity_file(cache, batches, path, project.entity, fingerprint, as_of)
+        if rows == 0:
+            raise dg.Failure(f"no entity is eligible for scenario {name!r} as of {as_of.isoformat()}: the cache "
+                             f"holds no history before that time")
         written_back = 0
         if sink is not None:
             table = pq.read_table(path)

@@ -9,6 +9,7 @@ import numpy as np
 from assets.cache import current_cache
 from assets.foundation import FOUNDATION_KEY, test_cutoff
 from assets.plots import loss_curves
+from models.baselines import lightgbm_scores
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
 from models.features import FeatureSpec
@@ -86,8 +87,10 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
         result = finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
                           device=device, log=context.log.info)
         spec = FeatureSpec.from_dict(foundation["feature_spec"])
-        report = evaluate(result.model, cache, spec, task, plan.test_cutoff,
-                          constant=result.info["val_target_mean"], device=device)
+        context.log.info("fitting the LightGBM baseline on hand-made features (same cut-offs)")
+        lgbm = lightgbm_scores(cache, spec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff)
+        report = evaluate(result.model, cache, spec, task, plan.test_cutoff, constant=result.info["val_target_mean"],
+                          extra={"lightgbm": lgbm}, device=device)
         key = headline(task)
         better = beats_baselines(task, report)
         context.log.info(f"{name}: {key} {report['model'].get(key, float('nan')):.4f} on {report['entities']:,} "

@@ -58,8 +58,10 @@ def baseline_scores(task: TaskSpec, chunk, x_hist: np.ndarray | None, popularity
 
 
 def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, *,
-             constant: float | None = None, chunk_entities: int = 4096, device: str = "cpu") -> dict:
-    """Metrics of the model and of each baseline on the entities eligible at `cutoff`."""
+             constant: float | None = None, extra: dict[str, np.ndarray] | None = None,
+             chunk_entities: int = 4096, device: str = "cpu") -> dict:
+    """Metrics of the model and of each baseline on the entities eligible at `cutoff`.
+    `extra`: scores of other baselines (e.g. LightGBM) for the same entities in the same order."""
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     target = task.target
@@ -94,6 +96,10 @@ def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cuto
     baselines = {k: np.concatenate(v) for k, v in base.items()}
     if task.task == "regression" and constant is not None:
         baselines["training mean"] = np.full(len(y), constant, np.float32)
+    for name, values in (extra or {}).items():
+        if values is not None:
+            assert len(values) == len(y), f"baseline {name}: {len(values)} scores for {len(y)} entities"
+            baselines[name] = values
     return {"model": task_metrics(task.task, y, model_scores),
             "baselines": {k: task_metrics(task.task, y, v) for k, v in baselines.items()},
             "entities": int(len(y)), "positive_rate": float(np.mean(y)) if len(y) else float("nan")}

@@ -138,9 +138,23 @@ def value_history(chunk: Chunk, ids: np.ndarray, n_values: int, half_lives, keep
 
 def featurize(chunk: Chunk, spec: FeatureSpec, entity_table: dict[str, np.ndarray]) -> np.ndarray:
     """The feature matrix [n, spec.width] (float32) of a chunk."""
-    n, local, age = chunk.n, chunk.local, chunk.age_days
+    n = chunk.n
     if n == 0:
         return np.zeros((0, spec.width), np.float32)
+    matrix = [scalar_features(chunk, spec)]
+    for c, vocab in spec.categorical.items():
+        b = bucket_count(vocab, spec.buckets)
+        hist = value_history(chunk, bucketize(chunk.shard.columns[c][chunk.rows], vocab, spec.buckets), b,
+                             spec.half_lives)
+        hist[:, :, :-1] = np.log1p(hist[:, :, :-1])
+        matrix.append(hist.reshape(n, -1))
+    matrix.append(entity_features(chunk.entities, chunk.cutoff, spec, entity_table))
+    return np.concatenate(matrix, axis=1)
+
+
+def scalar_features(chunk: Chunk, spec: FeatureSpec) -> np.ndarray:
+    """Recency, frequency and monetary scalars of each entity: [n, 3 + windows + half-lives + 3 per numeric]."""
+    n, local, age = chunk.n, chunk.local, chunk.age_days
     blocks = []
     count = np.bincount(local, minlength=n).astype(np.float32)
     # rows are in (entity, time) order and every entity has history: group ends are first/last events
@@ -156,15 +170,7 @@ def featurize(chunk: Chunk, spec: FeatureSpec, entity_table: dict[str, np.ndarra
             s = np.bincount(local, d * v, minlength=n)
             blocks.append(np.sign(s) * np.log1p(np.abs(s)))
         blocks.append(np.sign(m := np.bincount(local, v, minlength=n) / np.maximum(count, 1)) * np.log1p(np.abs(m)))
-    matrix = [np.stack(blocks, axis=1).astype(np.float32)]
-    for c, vocab in spec.categorical.items():
-        b = bucket_count(vocab, spec.buckets)
-        hist = value_history(chunk, bucketize(chunk.shard.columns[c][chunk.rows], vocab, spec.buckets), b,
-                             spec.half_lives)
-        hist[:, :, :-1] = np.log1p(hist[:, :, :-1])
-        matrix.append(hist.reshape(n, -1))
-    matrix.append(entity_features(chunk.entities, chunk.cutoff, spec, entity_table))
-    return np.concatenate(matrix, axis=1)
+    return np.stack(blocks, axis=1).astype(np.float32)
 
 
 def entity_features(entities: np.ndarray, cutoff: int, spec: FeatureSpec, table: dict[str, np.ndarray]) -> np.ndarray:

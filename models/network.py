@@ -46,9 +46,9 @@ class Trunk(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.dropout) for _ in range(cfg.layers))
         self.norm = nn.LayerNorm(cfg.hidden)
 
-    def fit_input_scale(self, x: torch.Tensor) -> None:
+    def fit_input_scale(self, x: torch.Tensor, std_floor: float = 1e-3) -> None:
         self.in_mean.copy_(x.mean(0))
-        self.in_std.copy_(x.std(0).clamp_min(1e-3))
+        self.in_std.copy_(x.std(0).clamp_min(std_floor))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = nn.functional.gelu(self.inp((x - self.in_mean) / self.in_std))

@@ -4,9 +4,10 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from models.cache import Cache
-from models.features import FeatureSpec, chunk_at
+from models.features import FeatureSpec, chunk_at, featurize
 from models.metrics import top_k
 from models.network import Model
 from models.targets import eligible
@@ -52,3 +53,22 @@ def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutof
             labels = pa.ListArray.from_arrays(offsets, pa.array(names[best.ravel()].astype(str)))
             values = pa.ListArray.from_arrays(offsets, pa.array(np.take_along_axis(out, best, 1).ravel().astype(np.float32)))
             yield pa.record_batch({"entity_index": ents, "labels": labels, "scores": values})
+
+
+@torch.no_grad()
+def embed(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, *, dtype=np.float16, chunk_entities: int = 8192,
+          device: str = "cpu") -> Iterator[pa.RecordBatch]:
+    """The foundation model's representation of every entity with history at `cutoff`:
+    record batches of (entity index, fixed-size list of `hidden` floats)."""
+    entity_table = cache.entity_table()
+    dev = torch.device(device)
+    arrow_type = pa.float16() if dtype == np.float16 else pa.float32()
+    for s, lo, hi in chunk_plan(cache, chunk_entities):
+        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
+        if chunk.n == 0:
+            continue
+        x = torch.from_numpy(featurize(chunk, spec, entity_table)).to(dev)
+        h = trunk(x).float().cpu().numpy().astype(dtype)
+        values = pa.array(h.ravel(), arrow_type)
+        yield pa.record_batch({"entity_index": pa.array(chunk.entities.astype(np.int64)),
+                               "embedding": pa.FixedSizeListArray.from_arrays(values, h.shape[1])})

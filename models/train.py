@@ -36,6 +36,8 @@ class FoundationConfig:
     cutoffs_per_chunk: int = 2  # cut-offs sampled for each chunk of entities in each epoch
     chunk_entities: int = 4096
     min_history_days: int = 28
+    std_floor: float = 1e-3  # inputs are divided by max(std, floor)
+    dropout: float = 0.1
 
 
 @dataclass
@@ -68,6 +70,7 @@ class FinetuneConfig:
     chunk_entities: int = 4096
     weight_decay: float = 1e-4
     seed: int = 0
+    memory_budget_bytes: int = 2 << 30  # features kept in memory across epochs up to this size
 
 
 @dataclass
@@ -158,8 +161,8 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     probe = [data(s, lo, hi, cutoffs[-1]) for s, lo, hi in plan[: max(1, math.ceil(len(plan) / 4))]]
     val_rows = [np.flatnonzero(c.entities % 10 == 0) for c, _, _ in probe]
     targets_width = probe[0][2].shape[1]
-    model = Model(NetConfig(spec.width, cfg.hidden, cfg.layers), targets_width).to(dev)
-    model.trunk.fit_input_scale(torch.from_numpy(np.concatenate([x for _, x, _ in probe])).to(dev))
+    model = Model(NetConfig(spec.width, cfg.hidden, cfg.layers, cfg.dropout), targets_width).to(dev)
+    model.trunk.fit_input_scale(torch.from_numpy(np.concatenate([x for _, x, _ in probe])).to(dev), cfg.std_floor)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=1e-4)
     steps_total = cfg.epochs * len(plan) * min(cfg.cutoffs_per_chunk, len(cutoffs)) * math.ceil(
         cfg.chunk_entities / cfg.batch_size)
@@ -268,6 +271,9 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
 
     val = [data(s, lo, hi, val_cutoff) for s, lo, hi in plan]
     y_val = np.concatenate([v[2] for v in val])
+    # features of every (chunk, cut-off) are the same each epoch: keep them while they fit the budget
+    per_row = sum(a.nbytes for v in val for a in v if a is not None) / max(len(y_val), 1)
+    kept: dict | None = {} if per_row * len(y_val) * len(train_cutoffs) <= cfg.memory_budget_bytes else None
     # the head starts near the base rate, so the first steps do not wreck the pretrained trunk
     with torch.no_grad():
         if task.task in ("binary", "multilabel"):
@@ -296,7 +302,13 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
         rng.shuffle(work)
         losses = []
         for s, lo, hi, cutoff in work:
-            x, h, y = _to(dev, *data(s, lo, hi, int(cutoff)))
+            key = (s, lo, int(cutoff))
+            arrays = kept.get(key) if kept is not None else None
+            if arrays is None:
+                arrays = data(s, lo, hi, int(cutoff))
+                if kept is not None:
+                    kept[key] = arrays
+            x, h, y = _to(dev, *arrays)
             rows += len(x)
             for b in _batches(len(x), cfg.batch_size, rng):
                 loss = task_loss(task.task, model(x[b], None if h is None else h[b]), y[b])

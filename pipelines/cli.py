@@ -58,8 +58,8 @@ def materialize_all(project, *, log=print) -> dict:
     run(unpartitioned, "cache, foundation model and scenarios")
     cache = current_cache(resources["workspace"])
     day = datetime.fromtimestamp(cache.time_range[1], timezone.utc).date().isoformat()
-    if project.prediction_scenarios:
-        run([predictions_key(n) for n in project.prediction_scenarios], f"predictions for {day}", partition_key=day)
+    run([predictions_key(n) for n in project.prediction_scenarios] + [dg.AssetKey("embeddings")],
+        f"predictions and embeddings for {day}", partition_key=day)
     return {"timings": timings, "prediction_day": day}
 
 
@@ -92,6 +92,11 @@ def report(project, prediction_day: str | None = None) -> str:
             import pyarrow.parquet as pq
 
             lines.append(f"predictions/{name}: {chosen[0]} ({pq.read_metadata(chosen[0]).num_rows:,} rows)")
+    emb = sorted(ws.embeddings.glob("*.parquet")) if ws.embeddings.exists() else []
+    if emb:
+        import pyarrow.parquet as pq
+
+        lines.append(f"embeddings: {emb[-1]} ({pq.read_metadata(emb[-1]).num_rows:,} rows)")
     return "\n".join(lines)
 
 

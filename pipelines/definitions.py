@@ -3,11 +3,13 @@
 The config is chosen by $HABITUS_CONFIG (default examples/demo.yaml).
 """
 
+import os
 import warnings
 
 import dagster as dg
 
 from assets.cache import build_cache_asset
+from assets.embeddings import build_embeddings_asset
 from assets.foundation import build_foundation_asset
 from assets.predictions import build_predictions_asset
 from assets.scenarios import build_scenario_asset
@@ -22,13 +24,61 @@ from resources.workspace import Workspace
 warnings.filterwarnings("ignore", category=dg.BetaWarning)  # backfill_policy is marked beta
 
 WAREHOUSES = {"duckdb": DuckDBWarehouse, "parquet": ParquetWarehouse}
+# The networked connectors, imported when a connection uses them (their drivers load lazily too).
+REMOTE_WAREHOUSES = {
+    "snowflake": ("resources.snowflake", "SnowflakeWarehouse"),
+    "clickhouse": ("resources.clickhouse", "ClickHouseWarehouse"),
+    "databricks": ("resources.databricks", "DatabricksWarehouse"),
+    "synapse": ("resources.synapse", "SynapseWarehouse"),
+    "hive": ("resources.hive", "HiveWarehouse"),
+    "bigquery": ("resources.bigquery", "BigQueryWarehouse"),
+}
+
+
+def _warehouse_class(kind: str):
+    if kind in WAREHOUSES:
+        return WAREHOUSES[kind]
+    import importlib
+
+    module, cls = REMOTE_WAREHOUSES[kind]
+    return getattr(importlib.import_module(module), cls)
+
+
+def _as_env_var(key: str, value):
+    """A secret that came from ${VAR} becomes EnvVar(VAR): Dagster then shows the variable's name,
+    never its value. (The config loader already substituted it; any variable holding exactly this
+    value resolves to it.) A secret written literally in the file is kept, with a warning."""
+    from resources.remote import SECRET_KEYS
+
+    if key not in SECRET_KEYS or not isinstance(value, str) or not value:
+        return value
+    names = sorted(k for k, v in os.environ.items() if v == value)
+    if names:
+        return dg.EnvVar(names[0])
+    warnings.warn(f"a connection's {key!r} is written in the project config; write ${{VAR}} and export VAR")
+    return value
 
 
 def connection_resource(name: str, conn) -> dg.ConfigurableResource:
-    if conn.type not in WAREHOUSES:
-        raise NotImplementedError(f"connections.{name}: the {conn.type!r} connector is not available yet; "
-                                  f"available: {sorted(WAREHOUSES)}")
-    return WAREHOUSES[conn.type](path=conn.path)
+    """A connection of the project config as its warehouse resource. Keys the resource declares
+    become fields (`schema` is `schema_name`); every other key goes to the driver as `options`."""
+    if conn.type not in WAREHOUSES and conn.type not in REMOTE_WAREHOUSES:
+        raise NotImplementedError(f"connections.{name}: the {conn.type!r} connector is not available; "
+                                  f"available: {sorted(WAREHOUSES) + sorted(REMOTE_WAREHOUSES)}")
+    if conn.type in WAREHOUSES:
+        return WAREHOUSES[conn.type](path=conn.path)
+    cls = _warehouse_class(conn.type)
+    params = {k: v for k, v in conn.model_dump().items() if k != "type"}
+    fields, options = {"name": name}, dict(params.pop("options", None) or {})
+    for key, value in params.items():
+        field = "schema_name" if key == "schema" and "schema_name" in cls.model_fields else key
+        if field in cls.model_fields and field not in ("name", "options"):
+            fields[field] = _as_env_var(key, value)
+        else:
+            options[key] = _as_env_var(key, value)
+    if options:
+        fields["options"] = options
+    return cls(**fields)
 
 
 def build_assets(project: Project) -> list[dg.AssetsDefinition]:
@@ -38,6 +88,7 @@ def build_assets(project: Project) -> list[dg.AssetsDefinition]:
     assets += [build_scenario_asset(project, name, sc) for name, sc in project.scenarios.items()]
     daily = predictions_partitions(project)
     assets += [build_predictions_asset(project, name, daily) for name in project.prediction_scenarios]
+    assets.append(build_embeddings_asset(project, daily))
     return assets
 
 

@@ -5,6 +5,7 @@
     <root>/checkpoints/foundation/             model.safetensors + config.json
     <root>/checkpoints/scenarios/<name>/
     <root>/predictions/<name>/<day>.parquet
+    <root>/embeddings/<day>.parquet            the foundation model's entity representations
 """
 
 import re
@@ -47,6 +48,10 @@ class Workspace(dg.ConfigurableResource):
 
     def predictions(self, name: str) -> Path:
         return self._child("predictions", name)
+
+    @property
+    def embeddings(self) -> Path:
+        return self._child("embeddings")
 
     def _child(self, *parts: str) -> Path:
         for p in parts:  # names come from the config: keep them inside the workspace

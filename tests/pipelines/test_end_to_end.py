@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -63,7 +64,8 @@ def test_definitions_hold_every_stage(tmp_path):
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert keys == {"source/purchases", "source/customers", "source/products", "cache", "foundation_model",
                     "scenario/churn", "scenario/brands", "scenario/spend", "scenario/next",
-                    "predictions/churn", "predictions/brands", "predictions/spend", "predictions/next"}
+                    "predictions/churn", "predictions/brands", "predictions/spend", "predictions/next",
+                    "embeddings"}
 
 
 def test_sources_hold_every_warehouse_row(run):
@@ -96,6 +98,8 @@ def test_scenarios_beat_chance_on_the_holdout(run):
     foundation = json.loads((ckpt / "foundation" / "config.json").read_text())
     for name in project.scenarios:
         cfg = json.loads((ckpt / "scenarios" / name / "config.json").read_text())
+        if name != "next":  # LightGBM on hand features stands beside every scenario but recommendation
+            assert "lightgbm" in cfg["metrics"]["baselines"]
         assert cfg["foundation_sha256"] == foundation["weights_sha256"]
         test_cutoff = cfg["protocol"]["test_cutoff"]
         assert all(c < cfg["protocol"]["val_cutoff"] < test_cutoff for c in cfg["protocol"]["train_cutoffs"])
@@ -139,3 +143,16 @@ def test_predictions_cover_the_eligible_entities(run):
     assert _sql(root, "SELECT count(*) FROM habitus_scores_churn")[0][0] == active
     churn = pq.read_table(root / "ws" / "predictions" / "churn" / f"{day}.parquet").column("score").to_numpy()
     assert ((churn >= 0) & (churn <= 1)).all()
+
+
+def test_embeddings_have_fixed_width_for_every_entity_with_history(run):
+    root, project, result = run
+    day = result["prediction_day"]
+    as_of = datetime.fromisoformat(day) + timedelta(days=1)
+    buyers = _sql(root, f"SELECT count(DISTINCT customer_id) FROM purchases WHERE ts <= TIMESTAMP '{as_of}'")[0][0]
+    table = pq.read_table(root / "ws" / "embeddings" / f"{day}.parquet")
+    assert table.num_rows == buyers
+    emb_type = table.schema.field("embedding").type
+    assert emb_type.list_size == 32 and emb_type.value_type == pa.float16()
+    values = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    assert values.std() > 0.1  # not a constant vector
