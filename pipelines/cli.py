@@ -4,6 +4,7 @@
     habitus materialize   materialize every asset of the project ($HABITUS_CONFIG or --config)
     habitus report        print each scenario's hold-out metrics next to its baselines
     habitus demo-data     write the generated retail warehouse into a DuckDB file
+    habitus init          look at a connection's tables and print a suggested project config
 """
 
 import argparse
@@ -118,11 +119,16 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--customers", type=int, default=20_000)
             p.add_argument("--regenerate", action="store_true", help="write the demo warehouse again")
     sub.add_parser("demo-data", add_help=False)
+    sub.add_parser("init", add_help=False, help="suggest a project config from a connection's tables")
     args, rest = parser.parse_known_args(argv)
     if args.command == "demo-data":
         from pipelines.demo_data import main as demo_data
 
         return demo_data(rest) or 0
+    if args.command == "init":
+        from pipelines.init import main as init
+
+        return init(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.config:  # the code location (pipelines.definitions) reads the same file

@@ -1,11 +1,12 @@
 """DuckDB: the embedded default warehouse (a local database file)."""
 
 import contextlib
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Iterable, Iterator
 
 import dagster as dg
 import pyarrow as pa
+from sqlglot import exp
 
 from resources.sql import delete_sql, range_sql, select_sql, table_expr
 
@@ -51,6 +52,19 @@ class DuckDBWarehouse(dg.ConfigurableResource):
         with self._session(table) as con:
             return tuple(con.sql(range_sql("duckdb", table, time_column)).fetchall()[0])
 
+    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
+        """Rows and the newest timestamp: the one aggregate a new-data sensor asks on every tick."""
+        with self._session(table) as con:
+            rows, newest = con.sql(freshness_sql("duckdb", table, time_column)).fetchall()[0]
+        return int(rows), utc_naive(newest)
+
+    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
+        """{start of each month (grain 'month') or day ('day'): (rows, newest timestamp)}, UTC."""
+        with self._session(table) as con:
+            con.sql("SET TimeZone = 'UTC'")  # periods of a zone-aware column start at UTC midnight
+            rows = con.sql(partition_counts_sql("duckdb", table, time_column, grain)).fetchall()
+        return {utc_naive(start): (int(n), utc_naive(newest)) for start, n, newest in rows}
+
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,
              batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
@@ -80,3 +94,32 @@ class DuckDBWarehouse(dg.ConfigurableResource):
             raise
         finally:
             con.close()
+
+
+# --------------------------------------------------------------------------- what new-data sensors ask
+
+
+def freshness_sql(dialect: str, table: str, time_column: str) -> str:
+    col = exp.column(time_column, quoted=True)
+    return exp.select(exp.Count(this=exp.Star()), exp.Max(this=col)).from_(table_expr(table)).sql(dialect=dialect)
+
+
+def partition_counts_sql(dialect: str, table: str, time_column: str, grain: str) -> str:
+    if grain not in ("month", "day"):
+        raise ValueError(f"grain must be 'month' or 'day', got {grain!r}")
+    col = exp.column(time_column, quoted=True)
+    period = exp.TimestampTrunc(this=col, unit=exp.var(grain.upper()))
+    return (exp.select(period.as_("period"), exp.Count(this=exp.Star()), exp.Max(this=col))
+            .from_(table_expr(table)).where(exp.Not(this=exp.Is(this=col, expression=exp.Null())))
+            .group_by(exp.Literal.number(1)).sql(dialect=dialect))
+
+
+def utc_naive(value):
+    """A warehouse time as a naive UTC datetime (dates become midnight); None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime):  # a date
+        return datetime(value.year, value.month, value.day)
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+    return value

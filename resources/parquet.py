@@ -8,16 +8,49 @@ from typing import Iterable, Iterator
 
 import dagster as dg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from resources.duckdb import WarehouseError
+from resources.duckdb import WarehouseError, utc_naive
 
 
 class ParquetWarehouse(dg.ConfigurableResource):
     path: str
+    # `path: s3://bucket/prefix` reads object storage in streaming mode through pyarrow's S3 client
+    # (credentials from the usual AWS variables or instance profile); `endpoint` for S3-compatible
+    # stores (MinIO, Ceph, a local moto server): 'http://host:port' or 'host:port' (https).
+    endpoint: str | None = None
+    region: str | None = None
+
+    def _s3(self):
+        """(S3FileSystem, 'bucket/prefix', endpoint) for an s3:// path, else None."""
+        if not self.path.startswith("s3://"):
+            return None
+        from pyarrow.fs import S3FileSystem
+
+        kw = {"region": self.region} if self.region else {}
+        endpoint = self.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            scheme, _, host = endpoint.rpartition("://")
+            kw.update(endpoint_override=host.rstrip("/"), scheme=scheme or "https")
+        return S3FileSystem(**kw), self.path[len("s3://"):].rstrip("/"), endpoint or "AWS"
 
     def _dataset(self, table: str) -> ds.Dataset:
+        s3 = self._s3()
+        if s3 is not None:
+            from pyarrow.fs import FileType
+
+            fs, base, where = s3
+            try:
+                for candidate, kind in ((f"{base}/{table}.parquet", FileType.File), (f"{base}/{table}", FileType.Directory)):
+                    if fs.get_file_info(candidate).type == kind:
+                        return ds.dataset(candidate, filesystem=fs, format="parquet", partitioning="hive")
+            except OSError as e:
+                raise WarehouseError(f"table {table!r} at s3://{base} (endpoint {where}): "
+                                     f"{str(e).splitlines()[0]}") from None
+            raise WarehouseError(f"table {table!r} not found: neither s3://{base}/{table}.parquet nor the prefix "
+                                 f"s3://{base}/{table}/ exists (endpoint {where})")
         base = Path(self.path)
         for candidate in (base / f"{table}.parquet", base / table):
             if candidate.exists():
@@ -35,6 +68,35 @@ class ParquetWarehouse(dg.ConfigurableResource):
         mm = pc.min_max(col)
         return mm["min"].as_py(), mm["max"].as_py()
 
+    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
+        """Rows and the newest timestamp from the files' footers (row counts and row-group statistics);
+        the column is scanned only where a file carries no statistics."""
+        data = self._dataset(table)
+        newest = None
+        for fragment in data.get_fragments():
+            top = _footer_max(fragment, time_column)
+            if top is _NO_STATS:
+                col = fragment.to_table(columns=[time_column]).column(0)
+                top = pc.max(col).as_py() if len(col) else None
+            if top is not None:
+                top = utc_naive(top)
+                newest = top if newest is None else max(newest, top)
+        return data.count_rows(), newest
+
+    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
+        """{start of each month (grain 'month') or day ('day'): (rows, newest timestamp)}, UTC; reads
+        only the time column."""
+        if grain not in ("month", "day"):
+            raise ValueError(f"grain must be 'month' or 'day', got {grain!r}")
+        col = self._dataset(table).to_table(columns=[time_column]).column(0).drop_null()
+        if len(col) == 0:
+            return {}
+        ts = pc.cast(col, pa.timestamp("us"))  # a zone-aware column keeps its UTC instant; dates -> midnight
+        grouped = pa.table({"p": pc.floor_temporal(ts, unit=grain), "t": ts}).group_by("p").aggregate(
+            [("t", "count"), ("t", "max")])
+        return {p: (n, m) for p, n, m in zip(grouped.column("p").to_pylist(), grouped.column("t_count").to_pylist(),
+                                             grouped.column("t_max").to_pylist())}
+
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,
              batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
@@ -48,11 +110,27 @@ class ParquetWarehouse(dg.ConfigurableResource):
             if end is not None:
                 cond = field < pa.scalar(end, pa.timestamp("us")).cast(typ)
                 flt = cond if flt is None else flt & cond
-        yield from data.to_batches(columns=columns, filter=flt, batch_size=batch_rows)
+        # One row group at a time, in order: the scanner's read-ahead outruns a slower consumer (the
+        # Parquet writer) and its memory then grows with the file; this stays at one row group
+        # (bench/extract_memory.py). Row groups whose statistics exclude the window are skipped.
+        for fragment in data.get_fragments(filter=flt):
+            for part in fragment.split_by_row_group(flt, schema=data.schema):
+                yield from part.to_batches(schema=data.schema, columns=columns, filter=flt, batch_size=batch_rows,
+                                           use_threads=False)
 
     def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
               replace: tuple[str, object] | None = None) -> int:
         """One file per replaced value: `<path>/<table>/<column>=<value>.parquet`, written whole."""
+        name = f"{replace[0]}={_safe(replace[1])}.parquet" if replace else "part.parquet"
+        s3 = self._s3()
+        if s3 is not None:  # an S3 object appears whole when its upload completes
+            fs, base, _ = s3
+            rows = 0
+            with pq.ParquetWriter(f"{base}/{table}/{name}", schema, filesystem=fs) as w:
+                for b in batches:
+                    w.write_batch(b)
+                    rows += len(b)
+            return rows
         folder = Path(self.path) / table
         folder.mkdir(parents=True, exist_ok=True)
         name = f"{replace[0]}={_safe(replace[1])}.parquet" if replace else "part.parquet"
@@ -69,3 +147,25 @@ class ParquetWarehouse(dg.ConfigurableResource):
 def _safe(value) -> str:
     text = value.strftime("%Y-%m-%dT%H%M%S") if isinstance(value, datetime) else str(value)
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)
+
+
+_NO_STATS = object()
+
+
+def _footer_max(fragment, column: str):
+    """The largest value of `column` in a Parquet file according to its footer; _NO_STATS when a row
+    group has no statistics (or the column is not stored in the file, e.g. a hive partition key)."""
+    md = fragment.metadata
+    names = [md.schema.column(i).name for i in range(md.num_columns)]
+    if column not in names:
+        return _NO_STATS
+    i, top = names.index(column), None
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        stats = rg.column(i).statistics
+        if rg.num_rows == 0 or (stats is not None and stats.null_count == rg.num_rows):
+            continue
+        if stats is None or not stats.has_min_max:
+            return _NO_STATS
+        top = stats.max if top is None else max(top, stats.max)
+    return top

@@ -21,12 +21,19 @@ def select_sql(dialect: str, table: str, columns: list[str] | None = None, time_
     """SELECT the columns of `table` whose `time_column` is in [start, end): projection and time
     filter both pushed down to the warehouse."""
     cols = [exp.column(c, quoted=True) for c in columns] if columns else [exp.Star()]
-    query = exp.select(*cols).from_(table_expr(table))
+    return select_expr(table, cols, time_column, start, end).sql(dialect=dialect)
+
+
+def select_expr(table: str, projections: list[exp.Expression], time_column: str | None = None,
+                start: datetime | None = None, end: datetime | None = None) -> exp.Select:
+    """The query of `select_sql` with the projections given as expressions (a connector that must
+    convert a column on the way out, e.g. a ClickHouse Enum to its label)."""
+    query = exp.select(*projections).from_(table_expr(table))
     if time_column and start is not None:
         query = query.where(exp.GTE(this=exp.column(time_column, quoted=True), expression=_ts(start)))
     if time_column and end is not None:
         query = query.where(exp.LT(this=exp.column(time_column, quoted=True), expression=_ts(end)))
-    return query.sql(dialect=dialect)
+    return query
 
 
 def range_sql(dialect: str, table: str, time_column: str) -> str:
@@ -52,3 +59,66 @@ def _literal(value) -> exp.Expression:
     if isinstance(value, (int, float)):
         return exp.Literal.number(value)
     return exp.Literal.string(str(value))
+
+
+# --------------------------------------------------------------------------- helpers for the networked connectors
+
+
+def limit0_sql(dialect: str, table: str, columns: list[str] | None = None) -> str:
+    """The columns of `table` with no rows: what a driver describes to give the table's schema."""
+    cols = [exp.column(c, quoted=True) for c in columns] if columns else [exp.Star()]
+    return exp.select(*cols).from_(table_expr(table)).limit(0).sql(dialect=dialect)
+
+
+def count_sql(dialect: str, table: str) -> str:
+    return exp.select(exp.Count(this=exp.Star())).from_(table_expr(table)).sql(dialect=dialect)
+
+
+def arrow_sql_type(arrow_type, dialect: str) -> exp.DataType:
+    """The warehouse column type that holds an Arrow type without loss (used when creating a table
+    for predictions). Raises ValueError naming the type when there is none."""
+    import pyarrow as pa
+
+    t = arrow_type
+    if pa.types.is_boolean(t):
+        name = "BOOLEAN"
+    elif pa.types.is_integer(t):
+        name = "BIGINT" if t.bit_width > 32 or (pa.types.is_unsigned_integer(t) and t.bit_width == 32) else "INT"
+    elif pa.types.is_floating(t):
+        name = "DOUBLE"
+    elif pa.types.is_decimal(t):
+        name = f"DECIMAL({t.precision}, {t.scale})"
+    elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
+        name = "TEXT"
+    elif pa.types.is_date(t):
+        name = "DATE"
+    elif pa.types.is_timestamp(t):
+        if dialect == "clickhouse":
+            digits = {"s": 0, "ms": 3, "us": 6, "ns": 9}[t.unit]
+            return exp.DataType.build(f"DateTime64({digits}{', ' + repr(t.tz) if t.tz else ''})".replace('"', "'"),
+                                      dialect="clickhouse")
+        name = "TIMESTAMPTZ" if t.tz else ("TIMESTAMPNTZ" if dialect in ("snowflake", "databricks", "spark") else "TIMESTAMP")
+        if dialect == "tsql" and not t.tz:
+            name = "DATETIME2"
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        name = "BINARY" if dialect != "tsql" else "VARBINARY(MAX)"
+    else:
+        raise ValueError(f"no {dialect} column type for Arrow type {t}")
+    if dialect == "tsql" and name == "TEXT":
+        name = "NVARCHAR(MAX)"
+    if dialect == "tsql" and name == "BOOLEAN":
+        name = "BIT"
+    return exp.DataType.build(name, dialect=dialect if name in ("DATETIME2", "NVARCHAR(MAX)", "VARBINARY(MAX)") else None)
+
+
+def create_table_sql(dialect: str, table: str, schema, if_not_exists: bool = True) -> str:
+    """CREATE TABLE [IF NOT EXISTS] for an Arrow schema, identifiers quoted for the dialect."""
+    cols = [exp.ColumnDef(this=exp.to_identifier(f.name, quoted=True), kind=arrow_sql_type(f.type, dialect))
+            for f in schema]
+    create = exp.Create(this=exp.Schema(this=table_expr(table), expressions=cols), kind="TABLE", exists=if_not_exists)
+    if dialect == "clickhouse":  # a MergeTree without a sort key: predictions are read whole or by as_of
+        create.set("properties", exp.Properties(expressions=[
+            exp.EngineProperty(this=exp.var("MergeTree")),
+            exp.Order(expressions=[exp.Ordered(this=exp.Tuple(expressions=[]))]),
+        ]))
+    return create.sql(dialect=dialect)

@@ -1,0 +1,220 @@
+"""Hive (and Spark Thrift Server, Impala-compatible HiveServer2 endpoints) through PyHive.
+
+Reads fetch `batch_rows` rows at a time (`fetchmany`) and turn them into Arrow batches of the
+table's described schema. HiveServer2 has no DELETE on ordinary tables, so a predictions table is
+created PARTITIONED BY the replaced column and a write overwrites that one partition
+(`INSERT OVERWRITE ... PARTITION (col = value)`): re-runs replace, never duplicate. Rows travel as
+multi-row VALUES statements of `insert_rows` rows (HiveServer2 has no bulk-load endpoint a client
+can stream to).
+
+Install with `pip install 'habitus[hive]'`. Config (secrets as ${ENV} references):
+
+    connections:
+      lake: {type: hive, host: hive.internal, port: 10000, username: habitus, database: shop,
+             auth: LDAP, password: ${HIVE_PASSWORD}}
+"""
+
+import contextlib
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any, Iterable, Iterator
+
+import dagster as dg
+import pyarrow as pa
+from sqlglot import exp
+
+from resources.duckdb import WarehouseError
+from resources.remote import (SECRET_KEYS, column_array, connect_error, fetch_rows, first_lines, naive_utc,
+                             query_error, rows_to_batches, value)
+from resources.sql import arrow_sql_type, range_sql, select_sql, table_expr
+
+DIALECT = "hive"
+
+_SIMPLE = {"tinyint": pa.int8(), "smallint": pa.int16(), "int": pa.int32(), "integer": pa.int32(),
+           "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(), "boolean": pa.bool_(),
+           "string": pa.string(), "date": pa.date32(), "timestamp": pa.timestamp("us"),
+           "timestamp_ntz": pa.timestamp("us"), "timestamp_ltz": pa.timestamp("us"), "binary": pa.binary(),
+           "void": pa.string()}
+
+
+def arrow_type(name: str, hive_type: str) -> pa.DataType:
+    """The Arrow type of a Hive column type as DESCRIBE prints it."""
+    t = hive_type.strip().lower()
+    base = t.split("(", 1)[0]
+    if base in _SIMPLE:
+        return _SIMPLE[base]
+    if base in ("varchar", "char"):
+        return pa.string()
+    if base in ("decimal", "numeric"):
+        args = [int(a) for a in t[len(base) + 1:-1].split(",")] if "(" in t else [10, 0]
+        return pa.decimal128(args[0], args[1] if len(args) > 1 else 0)
+    raise WarehouseError(f"column {name!r}: Hive type {hive_type} has no Arrow mapping; leave it out of "
+                         f"`columns` or convert it in a view")
+
+
+def _literal(v) -> exp.Expression:
+    if v is None:
+        return exp.null()
+    if isinstance(v, bool):
+        return exp.true() if v else exp.false()
+    if isinstance(v, (int, float, Decimal)):
+        return exp.Literal.number(str(v))
+    if isinstance(v, datetime):
+        return exp.cast(exp.Literal.string(naive_utc(v).isoformat(sep=" ")), exp.DataType.build("TIMESTAMP"))
+    if isinstance(v, date):
+        return exp.cast(exp.Literal.string(v.isoformat()), exp.DataType.build("DATE"))
+    if isinstance(v, bytes):
+        return exp.func("unhex", exp.Literal.string(v.hex()))
+    return exp.Literal.string(str(v))
+
+
+def _partition_literal(v) -> exp.Expression:
+    """A partition spec takes constants only: times and dates as their text."""
+    if isinstance(v, datetime):
+        return exp.Literal.string(naive_utc(v).isoformat(sep=" "))
+    if isinstance(v, date):
+        return exp.Literal.string(v.isoformat())
+    return _literal(v)
+
+
+class HiveWarehouse(dg.ConfigurableResource):
+    name: str = ""
+    host: str = "localhost"
+    port: int = 10000
+    username: str | None = None
+    password: str | None = None
+    database: str = "default"
+    auth: str | None = None  # NONE, NOSASL, LDAP, CUSTOM, KERBEROS
+    options: dict[str, Any] = {}
+
+    def _secrets(self) -> list:
+        return [self.password] + [v for k, v in self.options.items() if k in SECRET_KEYS]
+
+    def connect_kwargs(self) -> dict:
+        kw = {"host": self.host, "port": self.port, "username": self.username, "password": self.password,
+              "database": self.database, "auth": self.auth}
+        kw = {k: value(v) for k, v in kw.items() if v is not None}
+        kw.update({k: value(v) for k, v in self.options.items()})
+        if kw.get("password") and not kw.get("auth"):
+            kw["auth"] = "LDAP"
+        return kw
+
+    def _connect(self):
+        from pyhive import hive
+
+        try:
+            con = hive.Connection(**self.connect_kwargs())
+        except Exception as e:
+            raise connect_error("hive", self.name, f"{self.host}:{self.port}", e, self._secrets()) from None
+        with contextlib.suppress(Exception):  # Spark: render and parse timestamps in UTC
+            con.cursor().execute("SET spark.sql.session.timeZone=UTC")
+        return con
+
+    @contextlib.contextmanager
+    def _cursor(self, table: str):
+        con = self._connect()
+        try:
+            cur = con.cursor()
+            try:
+                yield cur
+            except WarehouseError:
+                raise
+            except Exception as e:  # pyhive raises thrift/DB-API errors with the server's message inside
+                raise query_error("hive", self.name, table, RuntimeError(_server_message(e)), self._secrets()) from None
+            finally:
+                cur.close()
+        finally:
+            con.close()
+
+    # ------------------------------------------------------------------ reading
+
+    @staticmethod
+    def _describe(cur, table: str, columns: list[str] | None) -> pa.Schema:
+        cur.execute(exp.Describe(this=table_expr(table)).sql(dialect=DIALECT))
+        types = {}
+        for row in cur.fetchall():
+            col = (row[0] or "").strip()
+            if not col or col.startswith("#"):
+                break  # partition information follows; its columns were listed above
+            types[col] = row[1]
+        names = columns or list(types)
+        missing = [c for c in names if c not in types]
+        if missing:
+            raise WarehouseError(f"table {table!r}: column(s) {missing} not found; it has {list(types)}")
+        return pa.schema([pa.field(c, arrow_type(c, types[c])) for c in names])
+
+    def schema(self, table: str) -> pa.Schema:
+        with self._cursor(table) as cur:
+            return self._describe(cur, table, None)
+
+    def time_range(self, table: str, time_column: str) -> tuple[datetime | None, datetime | None]:
+        with self._cursor(table) as cur:
+            schema = self._describe(cur, table, [time_column])
+            cur.execute(range_sql(DIALECT, table, time_column))
+            lo, hi = cur.fetchone()
+            typ = schema.field(0).type
+            lo, hi = (column_array([v], typ, time_column)[0].as_py() for v in (lo, hi))
+            return naive_utc(lo), naive_utc(hi)
+
+    def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
+             start: datetime | None = None, end: datetime | None = None,
+             batch_rows: int = 1 << 16) -> Iterator[pa.RecordBatch]:
+        with self._cursor(table) as cur:
+            schema = self._describe(cur, table, columns)
+            cur.execute(select_sql(DIALECT, table, columns, time_column, start, end))
+            yield from rows_to_batches(fetch_rows(cur, batch_rows), schema, batch_rows)
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
+              replace: tuple[str, object] | None = None, insert_rows: int = 5_000) -> int:
+        """Overwrite the partition replace[0] = replace[1] with `batches` (the table is created
+        PARTITIONED BY that column when missing); without `replace`, append."""
+        target = table_expr(table)
+        part_col = replace[0] if replace else None
+        data_fields = [f for f in schema if f.name != part_col]
+        with self._cursor(table) as cur:
+            cols = [exp.ColumnDef(this=exp.to_identifier(f.name, quoted=True), kind=arrow_sql_type(f.type, DIALECT))
+                    for f in data_fields]
+            create = exp.Create(this=exp.Schema(this=target.copy(), expressions=cols), kind="TABLE", exists=True)
+            sql = create.sql(dialect=DIALECT)
+            if part_col:
+                f = schema.field(part_col)
+                sql += (f" PARTITIONED BY ({exp.to_identifier(part_col, quoted=True).sql(DIALECT)} "
+                        f"{arrow_sql_type(f.type, DIALECT).sql(DIALECT)})")
+            cur.execute(sql + " STORED AS PARQUET")
+            spec = ""
+            if part_col:
+                spec = (f" PARTITION ({exp.to_identifier(part_col, quoted=True).sql(DIALECT)} = "
+                        f"{_partition_literal(replace[1]).sql(DIALECT)})")
+            names = [f.name for f in data_fields]
+            written, first = 0, True
+            for rows in _row_chunks(batches, names, insert_rows):
+                values = exp.values([exp.tuple_(*[_literal(v) for v in r]) for r in rows])
+                verb = "INSERT OVERWRITE TABLE" if (first and part_col) else "INSERT INTO TABLE"
+                cur.execute(f"{verb} {target.sql(DIALECT)}{spec} {values.sql(DIALECT)}")
+                written += len(rows)
+                first = False
+            if first and part_col:  # nothing to write: the partition is emptied
+                cur.execute(f"ALTER TABLE {target.sql(DIALECT)} DROP IF EXISTS{spec}")
+            return written
+
+
+def _row_chunks(batches: Iterable[pa.RecordBatch], names: list[str], n: int) -> Iterator[list[tuple]]:
+    pending: list[tuple] = []
+    for b in batches:
+        cols = [b.column(b.schema.get_field_index(c)).to_pylist() for c in names]
+        pending.extend(zip(*cols))
+        while len(pending) >= n:
+            yield pending[:n]
+            pending = pending[n:]
+    if pending:
+        yield pending
+
+
+def _server_message(e: BaseException) -> str:
+    """The server's error text from a PyHive/Thrift exception (it nests a TStatus)."""
+    status = getattr(getattr(e, "args", [None])[0], "status", None) if getattr(e, "args", None) else None
+    msg = getattr(status, "errorMessage", None) or first_lines(e, 3)
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    return " ".join(lines[:2])[:600]

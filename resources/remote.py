@@ -1,0 +1,147 @@
+"""What the networked warehouse connectors share: errors that name the connection and never a
+secret, Arrow batches conformed to the schema the table was described with, and batch slicing.
+
+Each connector (`snowflake`, `clickhouse`, `databricks`, `synapse`, `hive`, `bigquery`) is a
+`ConfigurableResource` with the interface of `resources.duckdb.DuckDBWarehouse`:
+`schema(table)`, `time_range(table, time_column)`, `read(...) -> Iterator[pa.RecordBatch]` and
+`write(table, batches, schema, replace=(column, value)) -> rows`.
+"""
+
+import re
+from typing import Iterable, Iterator
+
+import dagster as dg
+import pyarrow as pa
+
+from resources.duckdb import WarehouseError
+
+# Connection parameters whose values are never printed and are passed as dagster EnvVars.
+SECRET_KEYS = frozenset({"password", "token", "access_token", "private_key", "private_key_passphrase",
+                         "client_secret", "credentials_json", "secret", "passcode"})
+
+
+def value(v):
+    """A resource field's value with `EnvVar`s read from the environment: as the object itself
+    (a resource used outside a run) or, inside a dict field such as `options`, as {"env": NAME}."""
+    if isinstance(v, dg.EnvVar):
+        return v.get_value()
+    if isinstance(v, dict) and set(v) == {"env"} and isinstance(v["env"], str):
+        import os
+
+        if v["env"] not in os.environ:
+            raise WarehouseError(f"environment variable {v['env']} is not set (a connection parameter reads it)")
+        return os.environ[v["env"]]
+    return v
+
+
+def redact(text: str, secrets: Iterable) -> str:
+    """`text` with every secret (and its URL-quoted form) replaced by ***."""
+    from urllib.parse import quote
+
+    for s in secrets:
+        s = value(s)
+        if isinstance(s, str) and len(s) >= 3:
+            for form in {s, quote(s, safe=""), quote(s)}:
+                text = text.replace(form, "***")
+    return text
+
+
+def first_lines(exc: BaseException, n: int = 3) -> str:
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines()[:n] if line.strip())
+    return re.sub(r"\s+", " ", text) or type(exc).__name__
+
+
+def connect_error(kind: str, name: str, where: str, exc: BaseException, secrets: Iterable) -> WarehouseError:
+    """A failed connection: which connection, which host, the driver's cause; never a secret."""
+    cause = redact(f"{type(exc).__name__}: {first_lines(exc)}", secrets)
+    return WarehouseError(f"connection {name or '?'!r} ({kind} at {where}): cannot connect: {cause}. "
+                          f"Check the host, credentials and network access in the project config's `connections`")
+
+
+def query_error(kind: str, name: str, table: str, exc: BaseException, secrets: Iterable) -> WarehouseError:
+    return WarehouseError(f"table {table!r} in {kind} connection {name or '?'!r}: "
+                          f"{redact(first_lines(exc), secrets)}")
+
+
+def conform(batches: Iterable[pa.RecordBatch], schema: pa.Schema, table: str = "?",
+            batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+    """Each batch with exactly `schema` (names and types, by position) and at most `batch_rows` rows.
+
+    Drivers may send a narrower or wider type per chunk (a decimal where a value outgrew int64, a
+    timestamp in another unit): each column is cast safely, and a value that does not fit is an
+    error naming the table and column, never a silent truncation."""
+    for b in batches:
+        if len(b) == 0:
+            continue
+        if not b.schema.equals(schema, check_metadata=True):
+            if b.num_columns != len(schema):
+                raise WarehouseError(f"table {table!r}: the driver returned {b.num_columns} columns "
+                                     f"{b.schema.names}, expected {schema.names}")
+            cols = []
+            for i, f in enumerate(schema):
+                col = b.column(i)
+                if col.type != f.type:
+                    try:
+                        col = col.cast(f.type, safe=True)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                        raise WarehouseError(
+                            f"table {table!r}, column {f.name!r}: values of type {col.type} do not fit the "
+                            f"column's type {f.type} ({first_lines(e, 1)}); cast the column in a view or "
+                            f"override its type") from None
+                cols.append(col)
+            b = pa.RecordBatch.from_arrays(cols, schema=schema)
+        if batch_rows and len(b) > batch_rows:
+            for start in range(0, len(b), batch_rows):
+                yield b.slice(start, batch_rows)
+        else:
+            yield b
+
+
+def rows_to_batches(rows: Iterable[tuple], schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """DB-API rows (fetched `batch_rows` at a time by the caller) as Arrow batches of `schema`."""
+    chunk: list[tuple] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= batch_rows:
+            yield _rows_batch(chunk, schema)
+            chunk = []
+    if chunk:
+        yield _rows_batch(chunk, schema)
+
+
+def column_array(values: list, typ: pa.DataType, name: str = "?") -> pa.Array:
+    """Python values as an Arrow array of `typ`; values a driver sends as text (HiveServer2's
+    timestamps, dates and decimals) are parsed. A value that does not fit is an error naming the column."""
+    try:
+        return pa.array(values, type=typ)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        if any(isinstance(v, str) for v in values) and not pa.types.is_string(typ):
+            try:
+                return pa.array([None if v is None else str(v) for v in values], pa.string()).cast(typ)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass
+        raise WarehouseError(f"column {name!r}: values do not fit {typ}: {first_lines(e, 1)}") from None
+
+
+def _rows_batch(rows: list[tuple], schema: pa.Schema) -> pa.RecordBatch:
+    columns = list(zip(*rows))
+    return pa.RecordBatch.from_arrays([column_array(list(columns[i]), f.type, f.name) for i, f in enumerate(schema)],
+                                      schema=schema)
+
+
+def fetch_rows(cursor, batch_rows: int) -> Iterator[tuple]:
+    """A DB-API cursor's rows, `fetchmany(batch_rows)` at a time: never the whole result in memory."""
+    while True:
+        rows = cursor.fetchmany(batch_rows)
+        if not rows:
+            return
+        yield from rows
+
+
+def naive_utc(v):
+    """A timestamp from the warehouse as the pipeline's naive-UTC datetime."""
+    from datetime import datetime, timezone
+
+    if isinstance(v, datetime) and v.tzinfo is not None:
+        return v.astimezone(timezone.utc).replace(tzinfo=None)
+    return v

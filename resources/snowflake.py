@@ -1,0 +1,210 @@
+"""Snowflake through snowflake-connector-python: reads stream the result's Arrow chunks
+(`fetch_arrow_batches`), writes go through a temporary stage (PUT of Parquet files, then
+COPY INTO ... MATCH_BY_COLUMN_NAME) after deleting the partition's rows, in one transaction.
+
+Install with `pip install 'habitus[snowflake]'`. Config (secrets as ${ENV} references):
+
+    connections:
+      wh: {type: snowflake, account: ${SF_ACCOUNT}, user: ${SF_USER}, password: ${SF_PASSWORD},
+           warehouse: COMPUTE_WH, database: SHOP, schema: PUBLIC, role: ANALYST}
+
+Other keys (authenticator, private_key_file, host, port, protocol, ...) are passed to
+`snowflake.connector.connect` as given.
+"""
+
+import contextlib
+import os
+import tempfile
+import uuid
+from datetime import datetime
+from typing import Any, Iterable, Iterator
+
+import dagster as dg
+import pyarrow as pa
+
+from resources.duckdb import WarehouseError
+from resources.remote import SECRET_KEYS, conform, connect_error, naive_utc, query_error, value
+from resources.sql import create_table_sql, delete_sql, limit0_sql, range_sql, select_sql, table_expr
+
+DIALECT = "snowflake"
+
+
+def arrow_type(name: str, type_code_name: str, precision: int | None, scale: int | None) -> pa.DataType:
+    """The Arrow type of a Snowflake result column (from the cursor's description)."""
+    t = type_code_name.upper()
+    if t == "FIXED":
+        if scale:
+            return pa.decimal128(precision or 38, scale)
+        # NUMBER(p, 0), including the default NUMBER(38, 0) of INTEGER columns: ids fit int64;
+        # a value that does not is reported by `conform`, never truncated.
+        return pa.int64()
+    if t in ("REAL", "FLOAT", "DOUBLE"):
+        return pa.float64()
+    if t in ("TEXT", "VARIANT", "OBJECT", "ARRAY", "GEOGRAPHY", "GEOMETRY"):
+        return pa.string()
+    if t == "BOOLEAN":
+        return pa.bool_()
+    if t == "DATE":
+        return pa.date32()
+    if t == "BINARY":
+        return pa.binary()
+    if t.startswith("TIMESTAMP") or t == "TIME":
+        s = 9 if scale is None else scale
+        unit = "s" if s == 0 else "ms" if s <= 3 else "us" if s <= 6 else "ns"
+        if t == "TIME":
+            return pa.time64("us" if unit in ("s", "ms", "us") else "ns")
+        return pa.timestamp(unit, tz=None if t == "TIMESTAMP_NTZ" else "UTC")
+    raise WarehouseError(f"column {name!r}: Snowflake type {type_code_name} has no Arrow mapping; "
+                         f"leave it out of `columns` or cast it in a view")
+
+
+class SnowflakeWarehouse(dg.ConfigurableResource):
+    """Snowflake; `schema_name` is the config's `schema`, `options` any other connector parameter."""
+
+    name: str = ""
+    account: str
+    user: str | None = None
+    password: str | None = None
+    warehouse: str | None = None
+    database: str | None = None
+    schema_name: str | None = None
+    role: str | None = None
+    login_timeout: int = 30
+    options: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ connection
+
+    def _secrets(self) -> list:
+        return [self.password] + [v for k, v in self.options.items() if k in SECRET_KEYS]
+
+    def _where(self) -> str:
+        host = self.options.get("host") or f"{value(self.account)}.snowflakecomputing.com"
+        port = self.options.get("port")
+        return f"{host}:{port}" if port else str(host)
+
+    def connect_kwargs(self) -> dict:
+        kw = {"account": self.account, "user": self.user, "password": self.password, "warehouse": self.warehouse,
+              "database": self.database, "schema": self.schema_name, "role": self.role}
+        kw = {k: value(v) for k, v in kw.items() if v is not None}
+        kw.update({k: value(v) for k, v in self.options.items()})
+        kw.setdefault("login_timeout", self.login_timeout)
+        kw.setdefault("network_timeout", max(self.login_timeout, 60))
+        params = dict(kw.pop("session_parameters", None) or {})
+        params.setdefault("TIMEZONE", "UTC")  # TIMESTAMP_LTZ values and CURRENT_TIMESTAMP in UTC
+        kw["session_parameters"] = params
+        return kw
+
+    def _connect(self):
+        import snowflake.connector
+
+        try:
+            return snowflake.connector.connect(**self.connect_kwargs())
+        except Exception as e:  # the connector raises several classes; all mean "no connection"
+            raise connect_error("snowflake", self.name, self._where(), e, self._secrets()) from None
+
+    @contextlib.contextmanager
+    def _cursor(self, table: str):
+        import snowflake.connector.errors as sf_errors
+
+        con = self._connect()
+        try:
+            cur = con.cursor()
+            try:
+                yield cur
+            except sf_errors.Error as e:
+                raise query_error("snowflake", self.name, table, e, self._secrets()) from None
+            finally:
+                cur.close()
+        finally:
+            con.close()
+
+    # ------------------------------------------------------------------ reading
+
+    @staticmethod
+    def _describe(cur, table: str, columns: list[str] | None) -> pa.Schema:
+        from snowflake.connector.constants import FIELD_ID_TO_NAME
+
+        cur.execute(limit0_sql(DIALECT, table, columns))
+        return pa.schema([pa.field(d.name, arrow_type(d.name, FIELD_ID_TO_NAME[d.type_code], d.precision, d.scale))
+                          for d in cur.description])
+
+    def schema(self, table: str) -> pa.Schema:
+        with self._cursor(table) as cur:
+            return self._describe(cur, table, None)
+
+    def time_range(self, table: str, time_column: str) -> tuple[datetime | None, datetime | None]:
+        """(min, max) of the time column; time-zone-aware values as naive UTC."""
+        with self._cursor(table) as cur:
+            cur.execute(range_sql(DIALECT, table, time_column))
+            lo, hi = cur.fetchone()
+            return naive_utc(lo), naive_utc(hi)
+
+    def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
+             start: datetime | None = None, end: datetime | None = None,
+             batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
+        """The result's Arrow chunks as they arrive (Snowflake serves a large result as many chunks),
+        sliced to `batch_rows` and cast to the table's described schema."""
+        with self._cursor(table) as cur:
+            schema = self._describe(cur, table, columns)
+            cur.execute(select_sql(DIALECT, table, columns, time_column, start, end))
+            chunks = (b for t in cur.fetch_arrow_batches() for b in t.to_batches())
+            yield from conform(chunks, schema, table, batch_rows)
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
+              replace: tuple[str, object] | None = None, file_rows: int = 1_000_000) -> int:
+        """Create `table` if missing, stage `batches` as Parquet files (PUT to a temporary stage), then
+        in one transaction delete the rows where replace[0] == replace[1] and COPY the files in: a
+        re-run replaces its partition, never duplicates it. Returns the rows loaded."""
+        import pyarrow.parquet as pq
+
+        stage = f"HABITUS_{uuid.uuid4().hex.upper()}"  # generated: [A-Z0-9_] only, needs no quoting
+        target = table_expr(table).sql(dialect=DIALECT)
+        with self._cursor(table) as cur, tempfile.TemporaryDirectory(prefix="habitus-sf-") as tmp:
+            cur.execute(create_table_sql(DIALECT, table, schema))
+            cur.execute(f"CREATE TEMPORARY STAGE {stage}")
+            try:
+                staged = 0
+                writer, path, in_file = None, None, 0
+
+                def put(path):
+                    uri = "file://" + path.replace("\\", "/").replace("'", "\\'")
+                    cur.execute(f"PUT '{uri}' @{stage} AUTO_COMPRESS = FALSE")
+                    os.unlink(path)
+
+                for b in batches:
+                    if len(b) == 0:
+                        continue
+                    if writer is None:
+                        path = os.path.join(tmp, f"part-{staged:05d}.parquet")
+                        writer, in_file = pq.ParquetWriter(path, schema, compression="zstd"), 0
+                    writer.write_batch(b)
+                    in_file += len(b)
+                    if in_file >= file_rows:
+                        writer.close()
+                        put(path)
+                        writer, staged = None, staged + 1
+                if writer is not None:
+                    writer.close()
+                    put(path)
+                    staged += 1
+                cur.execute("BEGIN")
+                try:
+                    if replace is not None:
+                        cur.execute(delete_sql(DIALECT, table, *replace))
+                    loaded = 0
+                    if staged:
+                        cur.execute(f"COPY INTO {target} FROM @{stage} FILE_FORMAT = (TYPE = PARQUET) "
+                                    f"MATCH_BY_COLUMN_NAME = CASE_INSENSITIVE PURGE = TRUE")
+                        names = [d.name.lower() for d in cur.description]
+                        col = names.index("rows_loaded") if "rows_loaded" in names else 3
+                        loaded = sum(int(r[col] or 0) for r in cur.fetchall())
+                    cur.execute("COMMIT")
+                except Exception:
+                    cur.execute("ROLLBACK")
+                    raise
+                return loaded
+            finally:  # a temporary stage also goes with the session; dropping it early is a courtesy
+                with contextlib.suppress(Exception):
+                    cur.execute(f"DROP STAGE IF EXISTS {stage}")

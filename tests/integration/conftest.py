@@ -1,0 +1,333 @@
+"""Real servers for the connector integration tests, and the checks every connector must pass.
+
+Each server is started by a fixture on a free loopback port, waited for, and stopped by its PID;
+a server whose program or package is missing here skips its tests with the reason (`make
+test-integration` / .ci/run install them). Tests get the shared checks through the `contract`
+fixture, so nothing imports this file by name.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 2, 20)
+N = 120  # one event every 12 hours: 2026-02-20 .. 2026-04-19
+BIG = 2**62  # ids beyond 32 bits (and beyond float64's exact integers)
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening; log {log}:\n"
+                               f"{log.read_text()[-3000:]}")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"server not listening on 127.0.0.1:{port} after {timeout}s; log {log}:\n{log.read_text()[-3000:]}")
+
+
+class Server:
+    """A program started in its own process group on loopback; stopped by PID (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, cmd: list[str], port: int, log: Path, timeout: float = 60, env: dict | None = None, cwd=None):
+        self.port, self.log = port, log
+        self._out = open(log, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                     start_new_session=True)
+        try:
+            wait_for_port(port, self.proc, log, timeout)
+        except Exception:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._out.close()
+
+
+def find_program(name: str, env_var: str, *venvs: str) -> str | None:
+    """$env_var, then <repo>/<venv>/bin/<name> for each venv, then this interpreter's bin, then PATH."""
+    if os.environ.get(env_var):
+        return os.environ[env_var]
+    for venv in venvs:
+        p = ROOT / venv / "bin" / name
+        if p.exists():
+            return str(p)
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    return shutil.which(name)
+
+
+@pytest.fixture(scope="session")
+def fakesnow_server(tmp_path_factory):
+    """A Snowflake-compatible server (fakesnow, in its own virtualenv .venv-fakesnow: it needs a
+    snowflake-connector-python < 5 and a sqlglot of its own)."""
+    program = find_program("fakesnow", "HABITUS_FAKESNOW", ".venv-fakesnow")
+    if program is None:
+        pytest.skip("fakesnow not installed: `make .venv-fakesnow` (or set HABITUS_FAKESNOW)")
+    port = free_port()
+    server = Server([program, "-s", "--host", "127.0.0.1", "-p", str(port)], port,
+                    tmp_path_factory.mktemp("fakesnow") / "server.log", timeout=60)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_s3(tmp_path_factory):
+    """An S3 server (moto) on loopback; yields its endpoint 'host:port'."""
+    program = find_program("moto_server", "HABITUS_MOTO_SERVER")
+    if program is None:
+        pytest.skip("moto_server not installed: pip install 'moto[server]'")
+    port = free_port()
+    server = Server([program, "-H", "127.0.0.1", "-p", str(port)], port,
+                    tmp_path_factory.mktemp("moto") / "server.log", timeout=60)
+    yield f"127.0.0.1:{port}"
+    server.stop()
+
+
+# --------------------------------------------------------------------------- the shared data
+
+
+def events_table() -> pa.Table:
+    """The events every connector is checked with: nulls, decimals, booleans, big integer ids."""
+    ts = [T0 + timedelta(hours=12 * i) for i in range(N)]
+    return pa.table({
+        "id": pa.array(range(N), pa.int64()),
+        "customer_id": pa.array([f"C{i % 7}" for i in range(N)]),
+        "ts": pa.array(ts, pa.timestamp("us")),
+        "price": pa.array([i / 2 for i in range(N)], pa.float64()),
+        "amount": pa.array([None if i % 10 == 3 else i * 125 // 100 for i in range(N)], pa.decimal128(12, 2)),
+        "note": pa.array([None if i % 5 == 0 else f"n{i % 3}" for i in range(N)]),
+        "flag": pa.array([i % 2 == 0 for i in range(N)]),
+        "product_id": pa.array([BIG + i % 11 for i in range(N)], pa.int64()),
+    })
+
+
+SCORES = pa.schema([("customer_id", pa.string()), ("score", pa.float64()), ("as_of", pa.timestamp("s"))])
+
+
+def scores(as_of: datetime, n: int, offset: float = 0.0) -> list[pa.RecordBatch]:
+    t = pa.table({"customer_id": [f"C{i}" for i in range(n)], "score": [i / n + offset for i in range(n)],
+                  "as_of": pa.array([as_of] * n, pa.timestamp("s"))}, schema=SCORES)
+    return t.to_batches(max_chunksize=max(1, n // 3))
+
+
+def expected_ids(start: datetime, end: datetime) -> list[int]:
+    return [i for i in range(N) if start <= T0 + timedelta(hours=12 * i) < end]
+
+
+class Contract:
+    """The checks every warehouse resource passes on a table loaded with `events_table()`."""
+
+    N, T0, BIG = N, T0, BIG
+    events_table = staticmethod(events_table)
+    scores = staticmethod(scores)
+    SCORES = SCORES
+
+    @staticmethod
+    def schema(wh, table="events"):
+        s = wh.schema(table)
+        assert s.names == events_table().column_names
+        assert pa.types.is_integer(s.field("id").type)
+        assert pa.types.is_timestamp(s.field("ts").type) and s.field("ts").type.tz is None
+        assert pa.types.is_floating(s.field("price").type)
+        assert pa.types.is_decimal(s.field("amount").type) and s.field("amount").type.scale == 2
+        assert pa.types.is_string(s.field("note").type) or pa.types.is_large_string(s.field("note").type)
+        assert pa.types.is_boolean(s.field("flag").type)
+        assert s.field("product_id").type == pa.int64()
+        return s
+
+    @staticmethod
+    def time_range(wh, table="events"):
+        assert wh.time_range(table, "ts") == (T0, T0 + timedelta(hours=12 * (N - 1)))
+
+    @staticmethod
+    def read_window(wh, table="events"):
+        start, end = datetime(2026, 3, 1), datetime(2026, 4, 1)
+        batches = list(wh.read(table, ["id", "price", "product_id"], "ts", start, end))
+        assert batches and all(isinstance(b, pa.RecordBatch) for b in batches)
+        t = pa.Table.from_batches(batches).sort_by("id")
+        assert t.column_names == ["id", "price", "product_id"]
+        ids = t.column("id").to_pylist()
+        assert ids == expected_ids(start, end) and len(ids) == 62
+        assert t.column("price").to_pylist() == [i / 2 for i in ids]
+        assert t.column("product_id").to_pylist() == [BIG + i % 11 for i in ids]  # exact, not via float
+        # half open: the row at `start` is in, the one at `end` out
+        s2, e2 = T0 + timedelta(hours=12 * 10), T0 + timedelta(hours=12 * 13)
+        got = pa.Table.from_batches(list(wh.read(table, ["id"], "ts", s2, e2))).column("id").to_pylist()
+        assert sorted(got) == [10, 11, 12]
+
+    @staticmethod
+    def read_all_values(wh, table="events"):
+        """Every value survives: nulls, decimals, booleans, strings, timestamps."""
+        got = pa.Table.from_batches(list(wh.read(table))).sort_by("id")
+        want = events_table()
+        assert got.num_rows == N
+        for name in want.column_names:
+            g, w = got.column(name), want.column(name)
+            if pa.types.is_timestamp(w.type):
+                g = g.cast(pa.timestamp("us"))
+            if pa.types.is_decimal(w.type):
+                g = g.cast(w.type)
+            assert g.to_pylist() == w.to_pylist(), name
+
+    @staticmethod
+    def small_batches(wh, table="events"):
+        batches = list(wh.read(table, ["id", "ts"], batch_rows=16))
+        assert len(batches) > 1 and all(len(b) <= 16 for b in batches)
+        assert sum(len(b) for b in batches) == N
+        schema = wh.schema(table)
+        assert all(b.schema.names == ["id", "ts"] for b in batches)
+        assert all(b.schema.field("ts").type == schema.field("ts").type for b in batches)
+
+    @staticmethod
+    def missing_table(wh):
+        from resources.duckdb import WarehouseError
+
+        with pytest.raises(WarehouseError, match="no_such_table"):
+            wh.schema("no_such_table")
+        with pytest.raises(WarehouseError, match="no_such_table"):
+            list(wh.read("no_such_table", ["id"]))
+
+    @staticmethod
+    def write_replaces_partition(wh, read_rows, table="habitus_scores"):
+        """`read_rows(table)` -> list of (customer_id, score, as_of) as the warehouse holds them."""
+        d1, d2 = datetime(2026, 3, 1), datetime(2026, 3, 2)
+        assert wh.write(table, iter(scores(d1, 10)), SCORES, replace=("as_of", d1)) == 10
+        assert wh.write(table, iter(scores(d2, 4)), SCORES, replace=("as_of", d2)) == 4
+        assert wh.write(table, iter(scores(d1, 6, offset=1.0)), SCORES, replace=("as_of", d1)) == 6  # a re-run
+        rows = read_rows(table)
+        by_day = {}
+        for cid, score, as_of in rows:
+            by_day.setdefault(as_of.replace(tzinfo=None), []).append((cid, score))
+        assert sorted(by_day) == [d1, d2]
+        assert sorted(by_day[d1]) == [(f"C{i}", i / 6 + 1.0) for i in range(6)]
+        assert len(by_day[d2]) == 4
+        assert wh.write(table, iter([]), SCORES, replace=("as_of", d2)) == 0  # an empty day empties it
+        assert len(read_rows(table)) == 6
+
+    @staticmethod
+    def source_asset(tmp_path, connection: dict, table="events", env: dict | None = None):
+        """The source asset materialized through the project config's connection (secrets as ${ENV})."""
+        import pyarrow.parquet as pq
+
+        from assets.sources import build_source_asset
+        from pipelines.config import load_project
+        from pipelines.definitions import build_resources
+        from pipelines.partitions import events_partitions
+
+        cfg = {"workspace": "ws", "connections": {"wh": connection}, "entity": "customer_id",
+               "sources": [{"name": "events", "role": "events", "connection": "wh", "table": table,
+                            "timestamp": "ts", "columns": ["product_id", "price", "amount"], "start": "2026-03-01"}]}
+        path = tmp_path / "project.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        old = {k: os.environ.get(k) for k in (env or {})}
+        os.environ.update(env or {})
+        try:
+            project = load_project(path)
+            source = project.source("events")
+            asset = build_source_asset(project, source, events_partitions(source))
+            resources = build_resources(project)
+            result = dg.materialize([asset], resources=resources, partition_key="2026-03-01")
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        assert result.success
+        out = pq.read_table(project.workspace_path / "sources" / "events" / "2026-03-01.parquet")
+        assert out.column_names == ["customer_id", "ts", "product_id", "price", "amount"]
+        assert sorted(out.column("product_id").to_pylist()) == sorted(
+            BIG + i % 11 for i in expected_ids(datetime(2026, 3, 1), datetime(2026, 4, 1)))
+        return resources["connection_wh"], out
+
+
+@pytest.fixture(scope="session")
+def contract():
+    return Contract
+
+
+@pytest.fixture(scope="session")
+def chdb_path(tmp_path_factory):
+    """The folder of this process's one chDB engine (chDB hosts a single engine path per process)."""
+    pytest.importorskip("chdb", reason="chdb not installed: pip install chdb")
+    return str(tmp_path_factory.mktemp("chdb"))
+
+
+@pytest.fixture(scope="session")
+def hive_server(tmp_path_factory):
+    """A HiveServer2 endpoint: Spark's Thrift server (pyspark in .venv-spark, Java 17), local[2], 1 GB."""
+    program = find_program("spark-submit", "HABITUS_SPARK_SUBMIT", ".venv-spark")
+    if program is None:
+        pytest.skip("spark-submit not found: `make .venv-spark/.installed` (pyspark) and a Java 17 runtime")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime for the Spark Thrift server (apt-get install openjdk-17-jre-headless)")
+    home = tmp_path_factory.mktemp("spark")
+    port = free_port()
+    cmd = [program, "--class", "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2", "--master", "local[2]",
+           "--driver-memory", "1g", "--conf", "spark.ui.enabled=false",
+           "--conf", f"spark.sql.warehouse.dir={home / 'warehouse'}",
+           "--conf", f"spark.driver.extraJavaOptions=-Dderby.system.home={home}",
+           "--conf", "spark.sql.session.timeZone=UTC",
+           "--hiveconf", f"hive.server2.thrift.port={port}", "--hiveconf", "hive.server2.thrift.bind.host=127.0.0.1",
+           "spark-internal"]
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(home), "SPARK_PID_DIR": str(home),
+           # spark-submit finds SPARK_HOME through the `python` of its own virtualenv
+           "PATH": f"{Path(program).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    server = Server(cmd, port, home / "server.log", timeout=120, env=env, cwd=home)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def bq_emulator(tmp_path_factory):
+    """bqemulator (BigQuery REST + Storage gRPC on DuckDB) from its own virtualenv .venv-bqemulator;
+    yields (rest endpoint URL, grpc 'host:port')."""
+    program = find_program("bqemulator", "HABITUS_BQEMULATOR", ".venv-bqemulator")
+    if program is None:
+        pytest.skip("bqemulator not installed: `make .venv-bqemulator/.installed`")
+    python = Path(program).parent / "python"
+    home = tmp_path_factory.mktemp("bqemulator")
+    # its spatial extension ships in a wheel: install it into DuckDB's extension folder once
+    subprocess.run([str(python), "-c", "import duckdb, glob, importlib.util, os; "
+                    "d = os.path.dirname(importlib.util.find_spec('duckdb_extension_spatial').origin); "
+                    "p = glob.glob(d + '/extensions/*/spatial.duckdb_extension')[0]; duckdb.sql(f\"INSTALL '{p}'\")"],
+                   check=True, cwd=home)
+    rest, grpc_port = free_port(), free_port()
+    server = Server([program, "start", "--rest-port", str(rest), "--grpc-port", str(grpc_port), "--project", "habitus"],
+                    rest, home / "server.log", timeout=60, cwd=home)
+    wait_for_port(grpc_port, server.proc, server.log, 30)
+    yield f"http://127.0.0.1:{rest}", f"127.0.0.1:{grpc_port}"
+    server.stop()

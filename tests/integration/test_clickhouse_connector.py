@@ -1,0 +1,131 @@
+"""ClickHouseWarehouse through the real clickhouse-connect client. Here on chDB (ClickHouse 26.x
+in-process, through clickhouse-connect's chdb interface), so every statement the connector sends
+runs on a current ClickHouse engine; against a ClickHouse server over HTTP when CLICKHOUSE_HOST is
+set (CLICKHOUSE_PORT, CLICKHOUSE_USER, CLICKHOUSE_PASSWORD, CLICKHOUSE_SECURE optional)."""
+
+import os
+import uuid
+from datetime import datetime
+
+import pyarrow as pa
+import pytest
+
+from resources.duckdb import WarehouseError
+
+pytestmark = pytest.mark.integration
+
+
+def _server_warehouse(database):
+    from resources.clickhouse import ClickHouseWarehouse
+
+    return ClickHouseWarehouse(name="ch", host=os.environ["CLICKHOUSE_HOST"],
+                               port=int(os.environ.get("CLICKHOUSE_PORT", "8123")),
+                               username=os.environ.get("CLICKHOUSE_USER", "default"),
+                               password=os.environ.get("CLICKHOUSE_PASSWORD"), database=database,
+                               secure=os.environ.get("CLICKHOUSE_SECURE", "") in ("1", "true"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _driver():
+    """Skips (at run time, not at collection: the default test run deselects this module) without the driver."""
+    pytest.importorskip("clickhouse_connect", reason="install the clickhouse extra: pip install -e '.[clickhouse]'")
+
+
+@pytest.fixture(scope="module", params=["chdb", "server"])
+def wh(request, contract):
+    from resources.clickhouse import ClickHouseWarehouse
+
+    database = f"habitus_{uuid.uuid4().hex[:8]}"
+    if request.param == "chdb":
+        path = request.getfixturevalue("chdb_path")
+        boot = ClickHouseWarehouse(name="ch", interface="chdb", options={"path": path})
+        wh = ClickHouseWarehouse(name="ch", interface="chdb", database=database, options={"path": path})
+    else:
+        if not os.environ.get("CLICKHOUSE_HOST"):
+            pytest.skip("no ClickHouse server: set CLICKHOUSE_HOST (and CLICKHOUSE_PORT/USER/PASSWORD)")
+        boot, wh = _server_warehouse(None), _server_warehouse(database)
+    client = boot._client()
+    client.command(f"CREATE DATABASE `{database}`")
+    client.close()
+    events = contract.events_table()
+    assert wh.write("events", iter(events.to_batches(max_chunksize=50)), events.schema) == contract.N
+    yield wh
+    client = boot._client()
+    client.command(f"DROP DATABASE IF EXISTS `{database}`")
+    client.close()
+
+
+def _rows(wh, table):
+    with wh._session(table) as client:
+        return client.query(f"SELECT customer_id, score, as_of FROM `{table}`").result_rows
+
+
+def test_schema(wh, contract):
+    s = contract.schema(wh)
+    assert s.field("ts").type == pa.timestamp("us")  # DateTime64(6): microseconds kept
+
+
+def test_time_range(wh, contract):
+    contract.time_range(wh)
+
+
+def test_read_projection_and_window(wh, contract):
+    contract.read_window(wh)
+
+
+def test_every_value_survives(wh, contract):
+    contract.read_all_values(wh)
+
+
+def test_small_batches(wh, contract):
+    contract.small_batches(wh)
+
+
+def test_missing_table(wh, contract):
+    contract.missing_table(wh)
+
+
+def test_write_replaces_partition(wh, contract):
+    contract.write_replaces_partition(wh, lambda t: _rows(wh, t))
+
+
+def test_native_types_and_hostile_names(wh):
+    """Columns as a ClickHouse user declares them, behind a name that needs quoting."""
+    with wh._session("x") as client:
+        client.command('CREATE TABLE `odd "name"` (`Event Time` DateTime64(3, \'Europe/Berlin\'), id UInt64, '
+                       'cat LowCardinality(String), price Nullable(Decimal(10, 2)), day Date, ok Bool, '
+                       'e Enum8(\'a\' = 1, \'b\' = 2), plain DateTime) ENGINE = MergeTree ORDER BY id')
+        client.command("INSERT INTO `odd \"name\"` VALUES ('2026-03-01 10:00:00.250', 18446744073709551615, 'x', "
+                       "12.34, '2026-03-01', true, 'b', '2026-03-01 09:00:00'), "
+                       "('2026-03-02 01:30:00', 7, 'y', NULL, '2026-03-02', false, 'a', '2026-03-02 00:00:00')")
+    table = 'odd "name"'
+    s = wh.schema(table)
+    assert s.names == ["Event Time", "id", "cat", "price", "day", "ok", "e", "plain"]
+    assert s.field("Event Time").type == pa.timestamp("ms", "UTC") and s.field("id").type == pa.uint64()
+    assert s.field("cat").type == pa.string() and s.field("price").type == pa.decimal128(10, 2)
+    # the Berlin wall-clock 10:00:00.250 is 09:00:00.250 UTC
+    assert wh.time_range(table, "Event Time") == (datetime(2026, 3, 1, 9, 0, 0, 250_000), datetime(2026, 3, 2, 0, 30))
+    assert wh.time_range(table, "plain") == (datetime(2026, 3, 1, 9), datetime(2026, 3, 2))  # session_timezone UTC
+    t = pa.Table.from_batches(list(wh.read(table, ["id", "cat", "e", "price"], "Event Time",
+                                           datetime(2026, 3, 1, 9), datetime(2026, 3, 2))))
+    assert t.to_pydict()["id"] == [18446744073709551615] and t.to_pydict()["e"] == ["b"]
+    assert str(t.to_pydict()["price"][0]) == "12.34"
+    empty = pa.Table.from_batches(list(wh.read(table, ["id"], "plain", datetime(2030, 1, 1))), schema=pa.schema([("id", pa.uint64())]))
+    assert empty.num_rows == 0
+
+
+def test_empty_table_has_no_time_range(wh):
+    with wh._session("x") as client:
+        client.command("CREATE TABLE empty_events (ts DateTime64(6), id Int64) ENGINE = MergeTree ORDER BY id")
+    assert wh.time_range("empty_events", "ts") == (None, None)
+
+
+def test_bad_connection_names_it_and_hides_the_password(contract):
+    from resources.clickhouse import ClickHouseWarehouse
+
+    secret = "hunter2-secret"
+    wh = ClickHouseWarehouse(name="prod_ch", host="127.0.0.1", port=1, password=secret, connect_timeout=3)
+    with pytest.raises(WarehouseError) as err:
+        wh.schema("events")
+    text = str(err.value)
+    assert "prod_ch" in text and "127.0.0.1:1" in text and "cannot connect" in text and secret not in text

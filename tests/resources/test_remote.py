@@ -1,0 +1,147 @@
+"""Tests for resources.remote (shared by the networked connectors) and the connection -> resource
+mapping in pipelines.definitions."""
+
+import subprocess
+import sys
+from datetime import datetime, timezone
+from decimal import Decimal
+
+import dagster as dg
+import pyarrow as pa
+import pytest
+
+from pipelines.config import WarehouseConnection
+from pipelines.definitions import connection_resource
+from resources.duckdb import WarehouseError
+from resources.remote import conform, connect_error, naive_utc, redact, rows_to_batches, value
+
+SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(10, 2)), ("ts", pa.timestamp("us"))])
+
+
+def _batch(ids, amounts, ts, types=(pa.int8(), pa.decimal128(10, 2), pa.timestamp("ns"))):
+    return pa.record_batch([pa.array(ids, types[0]), pa.array(amounts, types[1]), pa.array(ts, types[2])],
+                           names=["ID", "amount", "ts"])
+
+
+def test_conform_casts_narrow_chunks_and_slices():
+    t = datetime(2026, 3, 1)
+    batches = [_batch([1, 2, 3], [Decimal("1.50"), None, Decimal("2.25")], [t, t, None]),
+               pa.record_batch([pa.array([], pa.int64()), pa.array([], pa.decimal128(10, 2)),
+                                pa.array([], pa.timestamp("us"))], schema=SCHEMA),
+               _batch(list(range(5)), [None] * 5, [t] * 5, (pa.int64(), pa.decimal128(10, 2), pa.timestamp("us")))]
+    out = list(conform(iter(batches), SCHEMA, "t", batch_rows=2))
+    assert [len(b) for b in out] == [2, 1, 2, 2, 1]  # empty batches dropped, big ones sliced
+    assert all(b.schema.equals(SCHEMA, check_metadata=True) for b in out)
+    assert pa.Table.from_batches(out).column("amount").to_pylist()[:3] == [Decimal("1.50"), None, Decimal("2.25")]
+
+
+def test_conform_refuses_lossy_values_naming_the_column():
+    big = pa.record_batch([pa.array([2**70], pa.decimal128(38, 0))], names=["product_id"])
+    with pytest.raises(WarehouseError, match=r"table 'shop.events', column 'product_id'.*int64"):
+        list(conform([big], pa.schema([("product_id", pa.int64())]), "shop.events"))
+    sub_us = pa.record_batch([pa.array([1_000_000_001], pa.timestamp("ns"))], names=["ts"])
+    with pytest.raises(WarehouseError, match="'ts'"):
+        list(conform([sub_us], pa.schema([("ts", pa.timestamp("us"))]), "t"))
+
+
+def test_conform_refuses_a_wrong_column_count():
+    with pytest.raises(WarehouseError, match="2 columns"):
+        list(conform([pa.record_batch([[1], [2]], names=["a", "b"])], pa.schema([("a", pa.int64())]), "t"))
+
+
+def test_rows_to_batches():
+    rows = iter([(i, Decimal(i) / 4, datetime(2026, 3, 1, i)) for i in range(5)])
+    out = list(rows_to_batches(rows, SCHEMA, 2))
+    assert [len(b) for b in out] == [2, 2, 1]
+    assert pa.Table.from_batches(out).column("amount").to_pylist()[1] == Decimal("0.25")
+    with pytest.raises(WarehouseError, match="'id'"):
+        list(rows_to_batches(iter([("x", None, None)]), SCHEMA, 2))
+
+
+def test_redact_and_connect_error_hide_secrets():
+    secret = "p@ss/word 1"
+    err = connect_error("snowflake", "prod", "acme.snowflakecomputing.com", RuntimeError(
+        f"login failed for user bob with password {secret} (url https://x/?password=p%40ss%2Fword%201)"), [secret, None])
+    text = str(err)
+    assert "prod" in text and "acme.snowflakecomputing.com" in text and "cannot connect" in text
+    assert secret not in text and "p%40ss%2Fword%201" not in text and "***" in text
+    assert redact("ab is short", ["ab"]) == "ab is short"  # too short to be a secret worth hiding
+
+
+def test_value_reads_env_vars(monkeypatch):
+    monkeypatch.setenv("HABITUS_TEST_TOKEN", "tok-123")
+    assert value(dg.EnvVar("HABITUS_TEST_TOKEN")) == "tok-123"
+    assert value({"env": "HABITUS_TEST_TOKEN"}) == "tok-123"  # an EnvVar inside a dict field, in a run
+    assert value({"a": 1}) == {"a": 1} and value("x") == "x"
+    with pytest.raises(WarehouseError, match="HABITUS_TEST_MISSING"):
+        value({"env": "HABITUS_TEST_MISSING"})
+
+
+def test_naive_utc():
+    assert naive_utc(datetime(2026, 3, 1, 10, tzinfo=timezone.utc)) == datetime(2026, 3, 1, 10)
+    assert naive_utc(datetime(2026, 3, 1, 10)) == datetime(2026, 3, 1, 10)
+    assert naive_utc(None) is None
+
+
+def test_connection_resource_maps_fields_options_and_secrets(monkeypatch):
+    monkeypatch.setenv("HABITUS_TEST_SF_PW", "s3cret-pw")
+    conn = WarehouseConnection.model_validate({
+        "type": "snowflake", "account": "acme", "user": "bob", "password": "s3cret-pw", "schema": "PUBLIC",
+        "database": "SHOP", "authenticator": "snowflake", "host": "127.0.0.1", "port": 8765})
+    r = connection_resource("wh", conn)
+    assert type(r).__name__ == "SnowflakeWarehouse"
+    assert r.name == "wh" and r.schema_name == "PUBLIC" and r.database == "SHOP"
+    assert isinstance(r.password, dg.EnvVar) and r.password.env_var_name == "HABITUS_TEST_SF_PW"
+    assert r.options == {"authenticator": "snowflake", "host": "127.0.0.1", "port": 8765}
+    kw = r.connect_kwargs()
+    assert kw["password"] == "s3cret-pw" and kw["schema"] == "PUBLIC" and kw["port"] == 8765
+    assert kw["session_parameters"] == {"TIMEZONE": "UTC"} and kw["login_timeout"] == 30
+
+
+def test_literal_secret_warns():
+    conn = WarehouseConnection.model_validate({"type": "snowflake", "account": "a", "password": "literal-pw-not-in-env"})
+    with pytest.warns(UserWarning, match="password"):
+        r = connection_resource("wh", conn)
+    assert r.password == "literal-pw-not-in-env"
+
+
+def test_unknown_connector_type_is_refused():
+    class Fake:
+        type = "oracle"
+
+    with pytest.raises(NotImplementedError, match="oracle"):
+        connection_resource("wh", Fake())
+
+
+def test_drivers_import_lazily():
+    """Loading the code location (and every connector module) must not import a connector's driver."""
+    modules = "resources.snowflake, resources.clickhouse, resources.databricks, resources.synapse, resources.hive, " \
+              "resources.bigquery, pipelines.definitions"
+    code = (f"import sys, {modules}; heavy = [m for m in sys.modules if m.startswith(("
+            "'snowflake', 'clickhouse_connect', 'databricks', 'pyodbc', 'mssql_python', 'arrow_odbc', "
+            "'pyhive', 'google.cloud', 'thrift', 'chdb', 'pyspark'))]; print(heavy); assert not heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name, cls", [("snowflake", "SnowflakeWarehouse"), ("clickhouse", "ClickHouseWarehouse"),
+                                       ("bigquery", "BigQueryWarehouse"), ("hive", "HiveWarehouse"),
+                                       ("databricks", "DatabricksWarehouse"), ("synapse", "SynapseWarehouse"),
+                                       ("s3", "ParquetWarehouse")])
+def test_example_configs_build_their_connector(name, cls, monkeypatch):
+    """examples/<warehouse>.yaml loads and its connection becomes the right resource, secrets as EnvVars."""
+    from pathlib import Path
+
+    from pipelines.config import load_project
+    from pipelines.definitions import build_resources
+
+    for var in ("SF_ACCOUNT", "SF_USER", "SF_PASSWORD", "CH_HOST", "CH_PASSWORD", "BQ_PROJECT", "HIVE_HOST",
+                "HIVE_USER", "HIVE_PASSWORD", "DATABRICKS_SERVER_HOSTNAME", "DATABRICKS_HTTP_PATH", "DATABRICKS_TOKEN",
+                "SYNAPSE_SERVER", "SYNAPSE_USER", "SYNAPSE_PASSWORD"):
+        monkeypatch.setenv(var, f"value-of-{var.lower()}")
+    project = load_project(Path(__file__).resolve().parents[2] / "examples" / f"{name}.yaml")
+    resources = build_resources(project)
+    (wh,) = [v for k, v in resources.items() if k.startswith("connection_")]
+    assert type(wh).__name__ == cls
+    for secret in ("password", "access_token"):
+        if getattr(wh, secret, None) is not None:
+            assert isinstance(getattr(wh, secret), dg.EnvVar)

@@ -1,0 +1,149 @@
+"""Tests for resources.synapse up to the wire: a stand-in `mssql_python` module records every
+statement, serves INFORMATION_SCHEMA rows and Arrow batches and takes bulk copies, so the T-SQL,
+the batching and the type mapping are checked without a server. tests/integration/
+test_synapse_connector.py runs the same resource against a real server when SYNAPSE_* is set."""
+
+import sys
+import types
+from datetime import datetime
+
+import pyarrow as pa
+import pytest
+import sqlglot
+
+from resources.duckdb import WarehouseError
+from resources.synapse import SynapseWarehouse, arrow_type, columns_sql
+
+COLUMNS = [("id", "bigint", 19, 0, None), ("Event Time", "datetime2", None, None, 7),
+           ("amount", "decimal", 12, 2, None), ("note", "nvarchar", None, None, None)]
+DATA = pa.table({"id": pa.array(range(10), pa.int64()),
+                 "Event Time": pa.array([datetime(2026, 3, 1, i) for i in range(10)], pa.timestamp("ns")),
+                 "amount": pa.array([None] + [1] * 9, pa.decimal128(12, 2)), "note": ["x"] * 10})
+
+
+class FakeCursor:
+    def __init__(self, state):
+        self.state, self.rows = state, []
+
+    def execute(self, sql, *a):
+        self.state["log"].append(sql)
+        if "INFORMATION_SCHEMA" in sql:
+            self.rows = [] if "'nope'" in sql else COLUMNS
+        elif sql.startswith("SELECT MIN"):
+            self.rows = [(datetime(2026, 3, 1), datetime(2026, 3, 1, 9))]
+
+    def fetchall(self):
+        return self.rows
+
+    def fetchone(self):
+        return self.rows[0]
+
+    def arrow_reader(self, batch_size):
+        self.state["batch_size"] = batch_size
+        reader = pa.RecordBatchReader.from_batches(DATA.schema, DATA.to_batches(max_chunksize=batch_size))
+        return reader
+
+    def bulkcopy_arrow(self, table_name, source, timeout=30, **kw):
+        rows = sum(len(b) for b in source)
+        self.state["bulk"].append((table_name, rows))
+        return {"rows_copied": rows}
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    state = {"log": [], "bulk": [], "conn": [], "commits": 0, "connect_error": None}
+
+    def connect(conn_str, timeout=0, **kw):
+        if state["connect_error"]:
+            raise state["connect_error"]
+        state["conn"].append((conn_str, timeout))
+
+        def commit():
+            state["log"].append("COMMIT")
+
+        return types.SimpleNamespace(cursor=lambda: FakeCursor(state), commit=commit, close=lambda: None)
+
+    mod = types.ModuleType("mssql_python")
+    mod.connect = connect
+    monkeypatch.setitem(sys.modules, "mssql_python", mod)
+    return state
+
+
+def _wh(**kw):
+    return SynapseWarehouse(name="syn", server="ws.sql.azuresynapse.net", database="shop", username="habitus",
+                            password="p;w}d=secret", authentication="SqlPassword", **kw)
+
+
+@pytest.mark.parametrize("t, p, s, dtp, expected", [
+    ("bigint", 19, 0, None, pa.int64()), ("int", 10, 0, None, pa.int32()), ("tinyint", 3, 0, None, pa.uint8()),
+    ("bit", None, None, None, pa.bool_()), ("decimal", 38, 10, None, pa.decimal128(38, 10)),
+    ("money", 19, 4, None, pa.decimal128(19, 4)), ("float", 53, None, None, pa.float64()),
+    ("nvarchar", None, None, None, pa.string()), ("uniqueidentifier", None, None, None, pa.string()),
+    ("date", None, None, 0, pa.date32()), ("datetime2", None, None, 7, pa.timestamp("us")),
+    ("datetime", None, None, 3, pa.timestamp("ms")), ("datetimeoffset", None, None, 7, pa.timestamp("us", "UTC")),
+    ("varbinary", None, None, None, pa.binary()),
+])
+def test_arrow_type(t, p, s, dtp, expected):
+    assert arrow_type("c", t, p, s, dtp) == expected
+
+
+def test_unmapped_type():
+    with pytest.raises(WarehouseError, match="'g'.*geography"):
+        arrow_type("g", "geography")
+
+
+def test_columns_sql_escapes_names_as_literals():
+    sql = columns_sql("dbo.o'hara")
+    assert "TABLE_NAME = 'o''hara'" in sql and "TABLE_SCHEMA = 'dbo'" in sql
+    assert "TABLE_SCHEMA = SCHEMA_NAME()" in columns_sql("events")
+    assert len(sqlglot.parse(sql, read="tsql")) == 1
+
+
+def test_connection_string_braces_values_with_separators(fake):
+    cs = _wh(options={"TrustServerCertificate": "no"}).connection_string()
+    assert cs == ("Server=tcp:ws.sql.azuresynapse.net,1433;Database=shop;Encrypt=yes;Uid=habitus;"
+                  "Pwd={p;w}}d=secret};Authentication=SqlPassword;TrustServerCertificate=no")
+
+
+def test_read_sends_tsql_and_streams_batches(fake):
+    batches = list(_wh().read("dbo.events", ["id", "Event Time", "amount", "note"], "Event Time", datetime(2026, 3, 1),
+                              datetime(2026, 4, 1), batch_rows=4))
+    assert fake["log"][1] == ("SELECT [id], [Event Time], [amount], [note] FROM [dbo].[events] WHERE [Event Time] >= "
+                              "CAST('2026-03-01 00:00:00' AS DATETIME2) AND [Event Time] < "
+                              "CAST('2026-04-01 00:00:00' AS DATETIME2)")
+    assert fake["batch_size"] == 4 and [len(b) for b in batches] == [4, 4, 2]
+    # the stand-in sends ns timestamps; the described schema (datetime2 -> us) wins
+    assert batches[0].schema.names == ["id", "Event Time", "amount", "note"]
+    assert batches[0].schema.field("Event Time").type == pa.timestamp("us")
+
+
+def test_time_range_and_missing_table(fake):
+    assert _wh().time_range("events", "Event Time") == (datetime(2026, 3, 1), datetime(2026, 3, 1, 9))
+    assert fake["log"][-1] == "SELECT MIN([Event Time]), MAX([Event Time]) FROM [events]"
+    with pytest.raises(WarehouseError, match="table 'nope' not found"):
+        _wh().schema("nope")
+
+
+def test_write_deletes_commits_then_bulk_copies(fake):
+    schema = pa.schema([("customer_id", pa.string()), ("score", pa.float64()), ("as_of", pa.timestamp("s"))])
+    t = pa.table({"customer_id": ["a", "b", "c"], "score": [0.1, 0.2, 0.3],
+                  "as_of": pa.array([datetime(2026, 3, 1)] * 3, pa.timestamp("s"))}, schema=schema)
+    assert _wh().write("dbo.scores", iter(t.to_batches(max_chunksize=2)), schema,
+                       replace=("as_of", datetime(2026, 3, 1))) == 3
+    create, delete, commit = fake["log"][:3]
+    assert create.startswith("IF NOT EXISTS (SELECT * FROM INFORMATION_SCHEMA.TABLES WHERE TABLE_NAME = 'scores' AND "
+                             "TABLE_SCHEMA = 'dbo') EXEC('CREATE TABLE [dbo].[scores] ([customer_id] NVARCHAR(MAX), "
+                             "[score] FLOAT, [as_of] DATETIME2)')")
+    assert delete == "DELETE FROM [dbo].[scores] WHERE [as_of] = CAST('2026-03-01 00:00:00' AS DATETIME2)"
+    assert commit == "COMMIT" and fake["bulk"] == [("[dbo].[scores]", 3)]
+
+
+def test_bad_connection_hides_the_password(fake):
+    fake["connect_error"] = RuntimeError("Login failed for user 'habitus' (Pwd=p;w}d=secret)")
+    with pytest.raises(WarehouseError) as err:
+        _wh().schema("events")
+    text = str(err.value)
+    assert "'syn'" in text and "ws.sql.azuresynapse.net:1433" in text and "p;w}d=secret" not in text
