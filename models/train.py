@@ -275,20 +275,31 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
         y = compute_target(chunk, task.target, vocab_sizes.get(task.target.column))
         return x[keep], (None if h is None else h[keep]), y[keep]
 
-    val = [data(s, lo, hi, val_cutoff) for s, lo, hi in plan]
-    y_val = np.concatenate([v[2] for v in val])
     # features of every (chunk, cut-off) are the same each epoch: keep them while they fit the budget
-    per_row = sum(a.nbytes for v in val for a in v if a is not None) / max(len(y_val), 1)
-    kept: dict | None = {} if per_row * len(y_val) * len(train_cutoffs) <= cfg.memory_budget_bytes else None
+    # (wide label sets such as a whole catalog are recomputed instead of filling the memory)
+    first = data(*plan[0], val_cutoff)
+    per_row = sum(a.nbytes for a in first if a is not None) / max(len(first[2]), 1)
+    total_rows = sum(hi - lo for _, lo, hi in plan)
+    if per_row * total_rows <= cfg.memory_budget_bytes:
+        val = [first] + [data(s, lo, hi, val_cutoff) for s, lo, hi in plan[1:]]
+    else:
+        val = _Recomputed(lambda: (data(s, lo, hi, val_cutoff) for s, lo, hi in plan))
+    kept: dict | None = {} if per_row * total_rows * (len(train_cutoffs) + 1) <= cfg.memory_budget_bytes else None
+    n_val, y_sum, y_log = 0, 0.0, 0.0
+    for _, _, y in val:
+        n_val += len(y)
+        y_sum = y_sum + y.astype(np.float64).sum(0)
+        y_log += float(np.log1p(np.clip(y, 0, None)).sum()) if task.task == "regression" else 0.0
+    y_mean = np.asarray(y_sum, np.float64) / max(n_val, 1)
     # the head starts near the base rate, so the first steps do not wreck the pretrained trunk
     with torch.no_grad():
         if task.task in ("binary", "multilabel"):
-            p = np.clip(y_val.mean(0), 1e-4, 1 - 1e-4)
+            p = np.clip(y_mean, 1e-4, 1 - 1e-4)
             model.head.linear.bias.copy_(torch.as_tensor(np.log(p / (1 - p)), dtype=torch.float32).reshape(-1))
         elif task.task == "regression":
-            model.head.linear.bias.fill_(float(np.log1p(np.clip(y_val, 0, None)).mean()))
+            model.head.linear.bias.fill_(y_log / max(n_val, 1))
         else:  # recommendation: popularity breaks ties among what the entity already buys
-            model.head.linear.bias.copy_(torch.as_tensor(0.2 * np.log(y_val.mean(0) + 1e-6), dtype=torch.float32))
+            model.head.linear.bias.copy_(torch.as_tensor(0.2 * np.log(y_mean + 1e-6), dtype=torch.float32))
         if task.uses_label_history:
             # start at the strong baseline ("what they bought, habitually", measured best on the demo
             # data), so training only has to learn what the trunk adds on top
@@ -334,9 +345,19 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     model.eval()
     info = {"best_epoch": best[2] + 1, "seconds": round(time.time() - started, 2), "rows_seen": rows,
             "train_cutoffs": [_iso(c) for c in train_cutoffs], "val_cutoff": _iso(val_cutoff),
-            "val_rows": int(len(y_val)), "val_target_mean": float(np.mean(y_val)) if len(y_val) else 0.0,
+            "val_rows": int(n_val), "val_target_mean": float(np.mean(y_mean)) if n_val else 0.0,
             "device": str(dev)}
     return TrainResult(model, curves, info)
+
+
+class _Recomputed:
+    """An iterable that computes its items again at every pass (for data too large to keep)."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __iter__(self):
+        return iter(self.make())
 
 
 def _state(model) -> dict:
