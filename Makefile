@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 export DAGSTER_HOME ?= $(CURDIR)/.habitus/dagster
 
-.PHONY: demo test ui clean
+.PHONY: demo test ui clean test-integration
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,39 @@ $(VENV)/.installed: pyproject.toml
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
+
+# Connector integration tests: the drivers in .venv, each server's own environment beside it.
+# fakesnow (a Snowflake-compatible server) needs snowflake-connector-python < 5 and its own sqlglot.
+FAKESNOW_VENV ?= .venv-fakesnow
+
+$(VENV)/.installed-integration: $(VENV)/.installed-dev
+	$(PY) -m pip install -q -e ".[dev,integration]"
+	touch $@
+
+$(FAKESNOW_VENV)/.installed:
+	test -x $(FAKESNOW_VENV)/bin/python || $(PYTHON) -m venv $(FAKESNOW_VENV)
+	$(FAKESNOW_VENV)/bin/pip install -q "fakesnow[server]==0.12.1" "duckdb>=2.0,<2.1" "snowflake-connector-python>=4,<5"
+	touch $@
+
+# Spark's Thrift server: a real HiveServer2 endpoint for the Hive connector (needs Java 17).
+SPARK_VENV ?= .venv-spark
+
+$(SPARK_VENV)/.installed:
+	test -x $(SPARK_VENV)/bin/python || $(PYTHON) -m venv $(SPARK_VENV)
+	$(SPARK_VENV)/bin/pip install -q "pyspark==4.3.0"
+	touch $@
+
+# bqemulator (BigQuery REST + Storage Read gRPC on DuckDB) pins its own duckdb and sqlglot.
+BQ_VENV ?= .venv-bqemulator
+
+$(BQ_VENV)/.installed:
+	test -x $(BQ_VENV)/bin/python || $(PYTHON) -m venv $(BQ_VENV)
+	$(BQ_VENV)/bin/pip install -q "bqemulator==1.4.0" "duckdb==1.5.5" "duckdb-extension-spatial==1.5.5" numpy \
+		google-cloud-bigquery-storage
+	touch $@
+
+test-integration: $(VENV)/.installed-integration $(FAKESNOW_VENV)/.installed $(SPARK_VENV)/.installed $(BQ_VENV)/.installed
+	$(PY) -m pytest -m integration tests/integration $(PYTEST_ARGS)
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/habitus demo

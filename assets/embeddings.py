@@ -21,7 +21,7 @@ EMBEDDINGS_KEY = dg.AssetKey("embeddings")
 
 def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
     @dg.asset(key=EMBEDDINGS_KEY, deps=[FOUNDATION_KEY], partitions_def=partitions_def, group_name="predictions",
-              kinds={"parquet"}, backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
+              kinds={"parquet"}, backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=31),
               required_resource_keys={"workspace", "executor"},
               description="Entity embeddings from the foundation model (float16, fixed width)")
     def embeddings(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
@@ -36,17 +36,22 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
         trunk = Trunk(NetConfig(**config["net"]))
         trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
         trunk.to(device).eval()
-        as_of = as_of_time(context.partition_key)
-        batches = embed(trunk, cache, FeatureSpec.from_dict(config["feature_spec"]), int(as_of.timestamp()),
-                        dtype=np.float16, device=device)
-        path = workspace.embeddings / f"{context.partition_key}.parquet"
-        rows = write_entity_file(cache, batches, path, project.entity, config["weights_sha256"][:16], as_of)
-        if rows == 0:
-            raise dg.Failure(f"no entity has history before {as_of.isoformat()}: nothing to embed")
+        rows, files = 0, []
+        for day in context.partition_keys:  # a backfill embeds up to 31 days in one run
+            as_of = as_of_time(day)
+            batches = embed(trunk, cache, FeatureSpec.from_dict(config["feature_spec"]), int(as_of.timestamp()),
+                            dtype=np.float16, device=device)
+            path = workspace.embeddings / f"{day}.parquet"
+            day_rows = write_entity_file(cache, batches, path, project.entity, config["weights_sha256"][:16], as_of)
+            if day_rows == 0:
+                raise dg.Failure(f"no entity has history before {as_of.isoformat()}: nothing to embed")
+            rows += day_rows
+            files.append(path)
         seconds = time.time() - started
         return dg.MaterializeResult(metadata={
             "rows": dg.MetadataValue.int(rows), "width": dg.MetadataValue.int(config["net"]["hidden"]),
-            "dtype": "float16", "as_of": as_of.isoformat(), "bytes": dg.MetadataValue.int(path.stat().st_size),
+            "dtype": "float16", "as_of": as_of.isoformat(),
+            "bytes": dg.MetadataValue.int(sum(f.stat().st_size for f in files)),
             "entities_per_second": dg.MetadataValue.float(round(rows / max(seconds, 1e-9), 1)),
             "path": dg.MetadataValue.path(str(path)),
         })

@@ -24,3 +24,42 @@ def loss_curves(curves: dict[str, list[float]], path: Path, title: str) -> str:
     plt.close(fig)
     encoded = base64.b64encode(path.read_bytes()).decode()
     return f"![{title}](data:image/png;base64,{encoded})\n\n`{path}`"
+
+
+def calibration_and_lift(y, p, path: Path, title: str) -> str:
+    """For a binary scenario on the hold-out: the observed rate against the predicted probability by
+    decile (calibration), and the share of positives found when targeting the top x% (cumulative gains,
+    against random targeting). Returns markdown that shows the picture in the UI."""
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    y, p = np.asarray(y, float), np.asarray(p, float)
+    order = np.argsort(-p, kind="stable")
+    bins = np.array_split(order, 10)
+    fig, (cal, gain) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=100)
+    cal.plot([0, 1], [0, 1], ls="--", c="grey", lw=1, label="perfect")
+    cal.plot([p[b].mean() for b in bins], [y[b].mean() for b in bins], marker="o", label="model (deciles)")
+    cal.set_xlabel("predicted probability")
+    cal.set_ylabel("observed rate")
+    cal.set_title("calibration")
+    cal.legend()
+    share = np.arange(1, len(y) + 1) / len(y)
+    found = np.cumsum(y[order]) / max(y.sum(), 1)
+    gain.plot(np.r_[0, share], np.r_[0, found], label="model")
+    gain.plot([0, 1], [0, 1], ls="--", c="grey", lw=1, label="random")
+    top = max(1, len(y) // 10)
+    lift = (y[order[:top]].mean() / max(y.mean(), 1e-12)) if len(y) else float("nan")
+    gain.set_xlabel("share of entities targeted (highest scores first)")
+    gain.set_ylabel("share of positives found")
+    gain.set_title(f"gains (top 10%: {lift:.2f}x lift)")
+    gain.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    encoded = base64.b64encode(path.read_bytes()).decode()
+    return f"![{title}](data:image/png;base64,{encoded})\n\n`{path}`"

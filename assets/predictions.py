@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from assets.cache import current_cache
 from assets.scenarios import scenario_key
+from assets.serving import serving_checkpoint
 from assets.sources import connection_key
 from models.checkpoint import load_checkpoint
 from models.predict import load_model, predict
@@ -59,50 +60,61 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
 
     @dg.asset(key=predictions_key(name), deps=[scenario_key(name)], partitions_def=partitions_def,
               required_resource_keys=resource_keys, group_name="predictions", kinds={"parquet"},
-              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
-              description=f"Daily scores of scenario {name!r}")
+              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=31),  # a year: 12 runs
+              description=f"Daily scores of scenario {name!r} from its newest checkpoint that beat "
+                          f"its baselines")
     def _predictions(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         started = time.time()
         workspace: Workspace = context.resources.workspace
         executor: TrainingExecutor = context.resources.executor
         device = executor.setup()
         cache = current_cache(workspace)
-        state, config = load_checkpoint(workspace.scenario(name))
+        checkpoint, passed = serving_checkpoint(workspace, name)
+        if not passed:
+            context.log.warning(f"no checkpoint of scenario {name!r} has beaten its baselines yet; scoring with the "
+                                f"newest one")
+        state, config = load_checkpoint(checkpoint)
         if config["cache_fingerprint"] != cache.fingerprint:
             raise dg.Failure(f"the cache changed since scenario {name!r} was trained (its vocabularies may differ); "
                              f"materialize foundation_model and scenario/{name} again before predicting")
         model, spec, task = load_model(state, config)
-        day = context.partition_key
-        as_of = as_of_time(day)
-        cutoff = int(as_of.timestamp())
-        if cutoff > cache.time_range[1] + 86_400:
-            context.log.warning(f"scoring as of {as_of.isoformat()}, after the newest event in the cache "
-                                f"({datetime.fromtimestamp(cache.time_range[1], timezone.utc).isoformat()}): "
-                                f"extract newer partitions for fresh scores")
-        batches = predict(model, cache, spec, task, cutoff, k=project.predictions.top_k,
-                          label_names=config.get("label_values") or None, device=device)
         fingerprint = config["weights_sha256"][:16]
-        path = workspace.predictions(name) / f"{day}.parquet"
-        rows = write_entity_file(cache, batches, path, project.entity, fingerprint, as_of)
-        if rows == 0:
-            raise dg.Failure(f"no entity is eligible for scenario {name!r} as of {as_of.isoformat()}: the cache "
-                             f"holds no history before that time")
-        written_back = 0
-        if sink is not None:
-            table = pq.read_table(path)
-            warehouse = getattr(context.resources, connection_key(sink.connection))
-            written_back = warehouse.write(f"{sink.table}_{name}", table.to_batches(), table.schema,
-                                           replace=("as_of", as_of.replace(tzinfo=None)))
+        warehouse = getattr(context.resources, connection_key(sink.connection)) if sink is not None else None
+        rows, written_back, files = 0, 0, []
+        for day in context.partition_keys:  # a backfill scores up to 31 days in one run
+            as_of = as_of_time(day)
+            cutoff = int(as_of.timestamp())
+            if cutoff > cache.time_range[1] + 86_400:
+                context.log.warning(f"scoring as of {as_of.isoformat()}, after the newest event in the cache "
+                                    f"({datetime.fromtimestamp(cache.time_range[1], timezone.utc).isoformat()}): "
+                                    f"extract newer partitions for fresh scores")
+            batches = predict(model, cache, spec, task, cutoff, k=project.predictions.top_k,
+                              label_names=config.get("label_values") or None, device=device)
+            path = workspace.predictions(name) / f"{day}.parquet"
+            day_rows = write_entity_file(cache, batches, path, project.entity, fingerprint, as_of)
+            if day_rows == 0:
+                raise dg.Failure(f"no entity is eligible for scenario {name!r} as of {as_of.isoformat()}: the cache "
+                                 f"holds no history before that time")
+            if warehouse is not None:
+                table = pq.read_table(path)
+                written_back += warehouse.write(f"{sink.table}_{name}", table.to_batches(), table.schema,
+                                                replace=("as_of", as_of.replace(tzinfo=None)))
+            context.log.info(f"predictions/{name} {day}: {day_rows:,} rows")
+            rows += day_rows
+            files.append(path)
         seconds = time.time() - started
         return dg.MaterializeResult(metadata={
             "rows": dg.MetadataValue.int(rows),
+            "days": dg.MetadataValue.int(len(files)),
             "as_of": as_of.isoformat(),
             "model_fingerprint": fingerprint,
-            "bytes": dg.MetadataValue.int(path.stat().st_size),
+            "checkpoint": "passed its check (beats_baselines)" if passed else
+                          "newest: no checkpoint has beaten its baselines yet",
+            "bytes": dg.MetadataValue.int(sum(f.stat().st_size for f in files)),
             "entities_per_second": dg.MetadataValue.float(round(rows / max(seconds, 1e-9), 1)),
             "written_to_warehouse": dg.MetadataValue.int(written_back),
             "seconds": dg.MetadataValue.float(round(seconds, 3)),
-            "path": dg.MetadataValue.path(str(path)),
+            "path": dg.MetadataValue.path(str(files[-1])),
         })
 
     return _predictions

@@ -8,7 +8,8 @@ import numpy as np
 
 from assets.cache import current_cache
 from assets.foundation import FOUNDATION_KEY, test_cutoff
-from assets.plots import loss_curves
+from assets.plots import calibration_and_lift, loss_curves
+from assets.serving import promote, serving_note
 from models.baselines import lightgbm_scores
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
@@ -110,13 +111,28 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
             "metrics": report, "headline": key, "beats_baselines": better, "finetune": config_dict(cfg),
             "curves": result.curves, "training": result.info,
         })
+        if better:  # predictions use the newest checkpoint that beat its baselines (assets.serving)
+            promote(workspace, name)
+        else:
+            context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions keep "
+                                f"using the {serving_note(workspace, name)}")
         plot = loss_curves(result.curves, path.parent / f"{name}_loss.png", f"scenario {name}")
+        charts = {}
+        if task.task == "binary":  # a picture of the hold-out; never a reason for the asset to fail
+            try:
+                y, p = binary_holdout(result.model, cache, spec, task, plan.test_cutoff, device)
+                charts["calibration_and_lift"] = dg.MetadataValue.md(calibration_and_lift(
+                    y, p, path.parent / f"{name}_lift.png", f"scenario {name}: hold-out ({len(y):,} entities)"))
+            except Exception as e:  # noqa: BLE001
+                context.log.warning(f"{name}: no calibration/lift chart ({type(e).__name__}: {e})")
         return dg.MaterializeResult(metadata={
+            **charts,
             "fingerprint": digest[:16],
             "foundation_fingerprint": foundation["weights_sha256"][:16],
             key: dg.MetadataValue.float(report["model"].get(key, float("nan"))),
             "metrics": dg.MetadataValue.md(metrics_markdown(task, report)),
             "beats_baselines": dg.MetadataValue.bool(better),
+            "serving": serving_note(workspace, name),
             "holdout_entities": dg.MetadataValue.int(report["entities"]),
             "test_cutoff": _iso(plan.test_cutoff),
             "loss_curves": dg.MetadataValue.md(plot),
@@ -130,3 +146,23 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
 
 def _iso(ts: int) -> str:
     return np.datetime_as_string(np.datetime64(int(ts), "s")) + "Z"
+
+
+def binary_holdout(model, cache, spec, task, cutoff: int, device: str):
+    """Labels and predicted probabilities of the entities scored on the hold-out (as in evaluate)."""
+    from models.features import chunk_at
+    from models.targets import compute_target, eligible
+    from models.train import chunk_plan, scores, task_inputs
+
+    entity_table = cache.entity_table()
+    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
+    ys, ps = [], []
+    for s, lo, hi in chunk_plan(cache, 4096):
+        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
+        if chunk.n == 0:
+            continue
+        keep = eligible(chunk, task.target)
+        x, _ = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
+        ys.append(compute_target(chunk, task.target)[keep])
+        ps.append(scores(model, task.task, x[keep], None, device=device))
+    return np.concatenate(ys), np.concatenate(ps)

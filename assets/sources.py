@@ -59,7 +59,9 @@ def build_source_asset(project, source, partitions_def) -> dg.AssetsDefinition:
     @dg.asset(
         key=source_key(source.name),
         partitions_def=partitions_def if is_events else None,
-        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=12) if is_events else None,
+        # a backfill of a year is one run of monthly partitions, or 12 runs of a month of days each
+        backfill_policy=(dg.BackfillPolicy.multi_run(max_partitions_per_run=31 if source.partition == "daily" else 12)
+                         if is_events else None),
         required_resource_keys={conn_key, "workspace"},
         group_name="sources",
         kinds={project.connections[source.connection].type, "parquet"},

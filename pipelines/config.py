@@ -192,6 +192,40 @@ class PredictionSettings(_Strict):
     sink: Sink | None = None
 
 
+def _cron(v: str) -> str:
+    from dagster._utils.schedules import is_valid_cron_string  # dagster only when a config is validated
+
+    if not isinstance(v, str) or not is_valid_cron_string(v):
+        raise ValueError(f"expected a cron string of 5 fields such as '0 2 1 * *' (minute hour day month weekday), "
+                         f"got {v!r}")
+    return v
+
+
+def _timezone(v: str) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(v)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {v!r}; use an IANA name such as 'UTC' or 'Europe/Berlin'") from None
+    return v
+
+
+Cron = Annotated[str, BeforeValidator(_cron)]
+
+
+class ScheduleSettings(_Strict):
+    """When retraining and scoring run (cron strings in `timezone`); each skips when its inputs are unchanged."""
+
+    foundation: Cron = Field("0 2 1 * *", description="retrain the foundation model and its scenarios (monthly)")
+    scenarios: Cron = Field("0 3 * * 1", description="retrain scenarios whose inputs changed (weekly, Mondays)")
+    predictions: Cron = Field("0 5 * * *", description="score the previous day (daily)")
+    timezone: Annotated[str, BeforeValidator(_timezone)] = "UTC"
+    sensor_interval: int = Field(60, ge=5, description="seconds between two checks of a source for new data")
+    running: bool = Field(False, description="start sensors, schedules and the cache automation switched on "
+                                             "(otherwise switch them on in the UI)")
+
+
 class Project(_Strict):
     workspace: str
     output: str | None = None
@@ -201,6 +235,7 @@ class Project(_Strict):
     foundation: FoundationSettings = FoundationSettings()
     scenarios: dict[str, Scenario] = Field(default_factory=dict)
     predictions: PredictionSettings = PredictionSettings()
+    schedules: ScheduleSettings = ScheduleSettings()
     test_cutoff: date | None = Field(None, description="hold-out cut-off; default: data end minus the longest window")
 
     @field_validator("workspace")

@@ -9,13 +9,17 @@ import warnings
 import dagster as dg
 
 from assets.cache import build_cache_asset
+from assets.checks import build_checks
 from assets.embeddings import build_embeddings_asset
 from assets.foundation import build_foundation_asset
 from assets.predictions import build_predictions_asset
 from assets.scenarios import build_scenario_asset
 from assets.sources import build_source_asset, connection_key
 from pipelines.config import Project, load_project
+from pipelines.jobs import build_jobs
 from pipelines.partitions import events_partitions, predictions_partitions
+from pipelines.schedules import build_schedules
+from pipelines.sensors import build_sensors, cache_automation_sensor, with_cache_automation
 from resources.duckdb import DuckDBWarehouse
 from resources.executor import TrainingExecutor
 from resources.parquet import ParquetWarehouse
@@ -65,8 +69,9 @@ def connection_resource(name: str, conn) -> dg.ConfigurableResource:
     if conn.type not in WAREHOUSES and conn.type not in REMOTE_WAREHOUSES:
         raise NotImplementedError(f"connections.{name}: the {conn.type!r} connector is not available; "
                                   f"available: {sorted(WAREHOUSES) + sorted(REMOTE_WAREHOUSES)}")
-    if conn.type in WAREHOUSES:
-        return WAREHOUSES[conn.type](path=conn.path)
+    if conn.type in WAREHOUSES:  # parquet on S3: endpoint/region when the config has them, else AWS_* variables
+        extra = {k: getattr(conn, k) for k in ("endpoint", "region") if getattr(conn, k, None)}
+        return WAREHOUSES[conn.type](path=conn.path, **extra)
     cls = _warehouse_class(conn.type)
     params = {k: v for k, v in conn.model_dump().items() if k != "type"}
     fields, options = {"name": name}, dict(params.pop("options", None) or {})
@@ -99,11 +104,13 @@ def build_resources(project: Project) -> dict:
 
 
 def build_definitions(project: Project) -> dg.Definitions:
-    assets = build_assets(project)
-    training = dg.define_asset_job(
-        "train", selection=dg.AssetSelection.groups("training", "scenarios"),
-        description="Cache, foundation model and every scenario (sources must be extracted)")
-    return dg.Definitions(assets=assets, resources=build_resources(project), jobs=[training])
+    """Assets with their checks, the jobs, the new-data sensors, the cache automation and the
+    retraining/scoring schedules (pipelines/jobs.py, sensors.py, schedules.py; assets/checks.py)."""
+    assets = with_cache_automation(build_assets(project))
+    jobs = build_jobs(project)
+    sensors = build_sensors(project, assets, jobs) + [cache_automation_sensor(project)]
+    return dg.Definitions(assets=assets, asset_checks=build_checks(project), resources=build_resources(project),
+                          jobs=list(jobs.values()), sensors=sensors, schedules=build_schedules(project, jobs, assets))
 
 
 defs = build_definitions(load_project())

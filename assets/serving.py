@@ -1,0 +1,44 @@
+"""Which scenario checkpoint serves predictions: the newest one that beat its baselines.
+
+    <workspace>/checkpoints/scenarios/<name>/   the newest trained checkpoint, better or worse
+    <workspace>/checkpoints/passed/<name>/      a copy of the newest one that beat its baselines on the
+                                                hold-out (the `beats_baselines` check's condition)
+
+A retrained scenario that loses to its baselines leaves the passed copy alone, so the previous good
+model keeps serving. A scenario that has never passed is served from its newest checkpoint, and the
+predictions say so in their metadata (its blocking check fails in every run that trains it).
+"""
+
+import shutil
+from pathlib import Path
+
+from models.storage import atomic_path, read_json
+
+
+def passed_path(workspace, name: str) -> Path:
+    return workspace.scenario(name).parent.parent / "passed" / name
+
+
+def promote(workspace, name: str) -> Path:
+    """Copy the newest checkpoint of `name` to the passed folder (whole or not at all)."""
+    dest = passed_path(workspace, name)
+    with atomic_path(dest) as tmp:
+        shutil.copytree(workspace.scenario(name), tmp)
+    return dest
+
+
+def serving_checkpoint(workspace, name: str) -> tuple[Path, bool]:
+    """(folder, passed): the passed copy when there is one, else the newest checkpoint."""
+    passed = passed_path(workspace, name)
+    if (passed / "config.json").exists():
+        return passed, True
+    return workspace.scenario(name), False
+
+
+def serving_note(workspace, name: str) -> str:
+    """One line for the scenario's metadata: which checkpoint predictions use now."""
+    path, passed = serving_checkpoint(workspace, name)
+    if not (path / "config.json").exists():
+        return "no checkpoint yet"
+    sha = read_json(path / "config.json")["weights_sha256"][:16]
+    return f"passed checkpoint {sha}" if passed else f"newest checkpoint {sha} (none has beaten its baselines yet)"

@@ -1,0 +1,40 @@
+"""The jobs that sensors, schedules and people launch.
+
+    extract_<source>   one events source, the partitions a run asks for (the new-data sensors' target)
+    train              cache, foundation model and every scenario (the foundation schedule's target)
+    train_scenarios    cache and the scenarios (the scenarios schedule's target; a run selects the stale ones)
+    score              predictions and embeddings of one day (the predictions schedule's target)
+
+Asset checks of the selected assets run with them, so a blocking check stops what follows it.
+"""
+
+import dagster as dg
+
+from assets.cache import CACHE_KEY
+from assets.scenarios import scenario_key
+from assets.sources import source_key
+
+
+def extract_job_name(source_name: str) -> str:
+    return f"extract_{source_name}"
+
+
+def build_jobs(project) -> dict:
+    jobs = {}
+    for s in project.events_sources:
+        name = extract_job_name(s.name)
+        jobs[name] = dg.define_asset_job(
+            name, selection=dg.AssetSelection.assets(source_key(s.name)),
+            description=f"Extract partitions of source/{s.name} (launched by the sensor {s.name}_new_data)")
+    jobs["train"] = dg.define_asset_job(
+        "train", selection=dg.AssetSelection.groups("training", "scenarios"),
+        description="Cache, foundation model and every scenario (sources must be extracted)")
+    scenarios = [scenario_key(n) for n in project.scenarios]
+    if scenarios:
+        jobs["train_scenarios"] = dg.define_asset_job(
+            "train_scenarios", selection=dg.AssetSelection.assets(CACHE_KEY, *scenarios),
+            description="Fine-tune scenarios on the current foundation model (the cache is reused when unchanged)")
+    jobs["score"] = dg.define_asset_job(
+        "score", selection=dg.AssetSelection.groups("predictions"),
+        description="Predictions of every scenario and the entity embeddings for one day")
+    return jobs
