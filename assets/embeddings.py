@@ -13,7 +13,6 @@ from models.checkpoint import load_checkpoint
 from models.features import FeatureSpec
 from models.network import NetConfig, Trunk
 from models.predict import embed
-from resources.executor import TrainingExecutor
 from resources.workspace import Workspace
 
 EMBEDDINGS_KEY = dg.AssetKey("embeddings")

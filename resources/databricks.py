@@ -19,8 +19,7 @@ import contextlib
 import os
 import tempfile
 import uuid
-from datetime import date, datetime
-from decimal import Decimal
+from datetime import datetime
 from typing import Any, Iterable, Iterator
 
 import dagster as dg
@@ -29,7 +28,7 @@ import sqlglot
 from sqlglot import exp
 
 from resources.duckdb import WarehouseError
-from resources.remote import SECRET_KEYS, conform, connect_error, naive_utc, query_error, value
+from resources.remote import SECRET_KEYS, conform, connect_error, naive_utc, query_error, value, value_literal
 from resources.sql import create_table_sql, delete_sql, limit0_sql, range_sql, select_sql, table_expr
 
 DIALECT = "databricks"
@@ -55,20 +54,7 @@ def arrow_type(name: str, type_code: str, precision: int | None = None, scale: i
 
 
 def _literal(v) -> exp.Expression:
-    if v is None:
-        return exp.null()
-    if isinstance(v, bool):
-        return exp.true() if v else exp.false()
-    if isinstance(v, (int, float, Decimal)):
-        return exp.Literal.number(str(v))
-    if isinstance(v, datetime):
-        kind = "TIMESTAMP" if v.tzinfo else "TIMESTAMP_NTZ"
-        return exp.cast(exp.Literal.string(naive_utc(v).isoformat(sep=" ")), exp.DataType.build(kind, dialect=DIALECT))
-    if isinstance(v, date):
-        return exp.cast(exp.Literal.string(v.isoformat()), exp.DataType.build("DATE"))
-    if isinstance(v, bytes):
-        return exp.func("unhex", exp.Literal.string(v.hex()))
-    return exp.Literal.string(str(v))
+    return value_literal(v, "TIMESTAMP_NTZ", "TIMESTAMP", dialect=DIALECT)
 
 
 def values_sql(table: str, names: list[str], rows: list[tuple]) -> str:

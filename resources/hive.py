@@ -16,7 +16,6 @@ Install with `pip install 'habitus[hive]'`. Config (secrets as ${ENV} references
 
 import contextlib
 from datetime import date, datetime
-from decimal import Decimal
 from typing import Any, Iterable, Iterator
 
 import dagster as dg
@@ -24,7 +23,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from resources.duckdb import WarehouseError
-from resources.remote import (SECRET_KEYS, column_array, connect_error, fetch_rows, first_lines, naive_utc,
+from resources.remote import (SECRET_KEYS, value_literal, column_array, connect_error, fetch_rows, first_lines, naive_utc,
                              query_error, rows_to_batches, value)
 from resources.sql import arrow_sql_type, range_sql, select_sql, table_expr
 
@@ -53,19 +52,7 @@ def arrow_type(name: str, hive_type: str) -> pa.DataType:
 
 
 def _literal(v) -> exp.Expression:
-    if v is None:
-        return exp.null()
-    if isinstance(v, bool):
-        return exp.true() if v else exp.false()
-    if isinstance(v, (int, float, Decimal)):
-        return exp.Literal.number(str(v))
-    if isinstance(v, datetime):
-        return exp.cast(exp.Literal.string(naive_utc(v).isoformat(sep=" ")), exp.DataType.build("TIMESTAMP"))
-    if isinstance(v, date):
-        return exp.cast(exp.Literal.string(v.isoformat()), exp.DataType.build("DATE"))
-    if isinstance(v, bytes):
-        return exp.func("unhex", exp.Literal.string(v.hex()))
-    return exp.Literal.string(str(v))
+    return value_literal(v)
 
 
 def _partition_literal(v) -> exp.Expression:

@@ -145,3 +145,28 @@ def naive_utc(v):
     if isinstance(v, datetime) and v.tzinfo is not None:
         return v.astimezone(timezone.utc).replace(tzinfo=None)
     return v
+
+
+def value_literal(v, timestamp_type: str = "TIMESTAMP", aware_timestamp_type: str | None = None,
+                  dialect: str | None = None):
+    """A Python value as a typed SQL literal for INSERT ... VALUES (Hive, Databricks): timestamps as
+    UTC text cast to `timestamp_type` (`aware_timestamp_type` for zone-aware values)."""
+    from datetime import date, datetime
+    from decimal import Decimal
+
+    from sqlglot import exp
+
+    if v is None:
+        return exp.null()
+    if isinstance(v, bool):
+        return exp.true() if v else exp.false()
+    if isinstance(v, (int, float, Decimal)):
+        return exp.Literal.number(str(v))
+    if isinstance(v, datetime):
+        kind = (aware_timestamp_type or timestamp_type) if v.tzinfo else timestamp_type
+        return exp.cast(exp.Literal.string(naive_utc(v).isoformat(sep=" ")), exp.DataType.build(kind, dialect=dialect))
+    if isinstance(v, date):
+        return exp.cast(exp.Literal.string(v.isoformat()), exp.DataType.build("DATE"))
+    if isinstance(v, bytes):
+        return exp.func("unhex", exp.Literal.string(v.hex()))
+    return exp.Literal.string(str(v))
