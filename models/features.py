@@ -25,9 +25,10 @@ def bucket_count(vocab_size: int, buckets: int) -> int:
 
 def bucketize(ids: np.ndarray, vocab_size: int, buckets: int) -> np.ndarray:
     """Vocabulary id -> bucket. Ids are sorted by frequency, so the frequent ones keep a bucket each
-    and only the long tail shares the last quarter of the buckets (by modulo)."""
+    and only the long tail shares the last quarter of the buckets (by modulo). Ids added to the cache
+    after the model was trained (`vocab_size` is the model's) land in the "unknown" bucket 0 or the tail."""
     if vocab_size + 1 <= buckets:
-        return ids
+        return np.where(ids <= vocab_size, ids, 0)
     exact = buckets - buckets // 4
     return np.where(ids < exact, ids, exact + ids % (buckets // 4))
 

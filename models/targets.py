@@ -51,11 +51,13 @@ def eligible(chunk: Chunk, spec: TargetSpec) -> np.ndarray:
     return recent > 0
 
 
-def label_index(labels: tuple[int, ...], vocab_size: int) -> np.ndarray:
-    """vocabulary id -> label position (-1 for ids that are not labels)."""
-    index = np.full(vocab_size + 1, -1, np.int64)
+def label_positions(labels: tuple[int, ...], ids: np.ndarray) -> np.ndarray:
+    """vocabulary id -> label position (-1 for ids that are not labels, including ids the cache
+    gained after the labels were chosen)."""
+    top = max(int(ids.max(initial=0)), max(labels, default=0))
+    index = np.full(top + 1, -1, np.int64)
     index[np.asarray(labels, np.int64)] = np.arange(len(labels))
-    return index
+    return index[ids]
 
 
 def compute_target(chunk: Chunk, spec: TargetSpec, vocab_size: int | None = None) -> np.ndarray:
@@ -70,8 +72,7 @@ def compute_target(chunk: Chunk, spec: TargetSpec, vocab_size: int | None = None
         v = np.nan_to_num(chunk.shard.columns[spec.column][rows].astype(np.float64))
         return np.bincount(local, v, minlength=n).astype(np.float32)
     if spec.kind in ("any_event", "items"):
-        index = label_index(spec.labels, vocab_size)
-        pos = index[chunk.shard.columns[spec.column][rows]]
+        pos = label_positions(spec.labels, chunk.shard.columns[spec.column][rows])
         hit = pos >= 0
         out = np.zeros((n, len(spec.labels)), np.float32)
         out[local[hit], pos[hit]] = 1.0

@@ -17,7 +17,7 @@ from torch import nn
 from models.cache import Cache
 from models.features import DAY, Chunk, FeatureSpec, chunk_at, featurize, value_history
 from models.network import Model, NetConfig
-from models.targets import TargetSpec, compute_target, eligible, foundation_target, label_index
+from models.targets import TargetSpec, compute_target, eligible, foundation_target, label_positions
 
 Log = Callable[[str], None]
 
@@ -104,8 +104,7 @@ def chunk_plan(cache: Cache, chunk_entities: int) -> list[tuple[int, int, int]]:
 
 def label_history(chunk: Chunk, target: TargetSpec, vocab_size: int, half_lives) -> np.ndarray:
     """[n, labels, channels] history of each label for each entity (counts log-scaled)."""
-    index = label_index(target.labels, vocab_size)
-    pos = index[chunk.shard.columns[target.column][chunk.rows]]
+    pos = label_positions(target.labels, chunk.shard.columns[target.column][chunk.rows])
     keep = pos >= 0
     hist = value_history(chunk, np.where(keep, pos, 0), len(target.labels), half_lives, keep)
     hist[:, :, :-1] = np.log1p(hist[:, :, :-1])
