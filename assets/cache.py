@@ -1,5 +1,6 @@
-"""cache: the extracted sources encoded for the model (see models.cache), rebuilt only when its
-inputs change, so every scenario trained on one foundation model reads the same cache."""
+"""cache: the extracted sources encoded for the model (see models.cache). Reused while its inputs are
+unchanged; new source partitions are appended to the cache in use (ids never change), so models
+trained on it keep scoring new data until their scheduled retraining."""
 
 import time
 from datetime import datetime, timezone
@@ -68,7 +69,9 @@ def build_cache_asset(project) -> dg.AssetsDefinition:
                            for f in t.files)
         space = workspace.ensure_space(source_bytes * 3, "the cache")  # encoded Arrow is larger than zstd Parquet
         reused = (workspace.cache_root / spec.fingerprint()[:16] / "manifest.json").exists()
-        folder = build_cache(spec, workspace.cache_root, log=context.log.info)
+        pointer = workspace.cache_root / "current.json"
+        previous = workspace.cache_root / read_json(pointer)["folder"] if pointer.exists() else None
+        folder = build_cache(spec, workspace.cache_root, previous=previous, log=context.log.info)
         write_json(workspace.cache_root / "current.json",
                    {"folder": folder.name, "at": datetime.now(timezone.utc).isoformat()})
         manifest = read_json(folder / "manifest.json")
@@ -78,6 +81,8 @@ def build_cache_asset(project) -> dg.AssetsDefinition:
         t0, t1 = (datetime.fromtimestamp(t, timezone.utc).isoformat() for t in manifest["time_range"])
         return dg.MaterializeResult(metadata={
             "fingerprint": manifest["fingerprint"][:16],
+            "lineage": manifest["lineage"][:16],
+            "mode": "reused" if reused else manifest["mode"],  # fresh | append | rebuild
             "events": dg.MetadataValue.int(manifest["n_events"]),
             "entities": dg.MetadataValue.int(manifest["n_entities"]),
             "shards": dg.MetadataValue.int(len(manifest["shards"])),

@@ -29,9 +29,9 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
         device = context.resources.executor.setup()
         cache = current_cache(workspace)
         state, config = load_checkpoint(workspace.foundation)
-        if config["cache_fingerprint"] != cache.fingerprint:
-            raise dg.Failure("the cache changed since the foundation model was trained; materialize "
-                             "foundation_model again before exporting embeddings")
+        if not cache.fits(config):
+            raise dg.Failure("the cache was rebuilt with other settings since the foundation model was trained (its "
+                             "ids differ); materialize foundation_model again before exporting embeddings")
         trunk = Trunk(NetConfig(**config["net"]))
         trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
         trunk.to(device).eval()

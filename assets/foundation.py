@@ -44,6 +44,7 @@ def build_foundation_asset(project) -> dg.AssetsDefinition:
         info = result.info
         digest = save_checkpoint(workspace.foundation, result.model, {
             "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,
+            "cache_lineage": cache.lineage,
             "feature_spec": info["feature_spec"], "net": info["net"], "targets_width": info["targets_width"],
             "data_window": {"first_cutoff": info["cutoffs"][0], "last_cutoff": info["cutoffs"][-1],
                             "last_target_time": info["last_target_time"]},

@@ -74,9 +74,9 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
             context.log.warning(f"no checkpoint of scenario {name!r} has beaten its baselines yet; scoring with the "
                                 f"newest one")
         state, config = load_checkpoint(checkpoint)
-        if config["cache_fingerprint"] != cache.fingerprint:
-            raise dg.Failure(f"the cache changed since scenario {name!r} was trained (its vocabularies may differ); "
-                             f"materialize foundation_model and scenario/{name} again before predicting")
+        if not cache.fits(config):
+            raise dg.Failure(f"the cache was rebuilt with other settings since scenario {name!r} was trained (its ids "
+                             f"differ); materialize foundation_model and scenario/{name} again before predicting")
         model, spec, task = load_model(state, config)
         fingerprint = config["weights_sha256"][:16]
         warehouse = getattr(context.resources, connection_key(sink.connection)) if sink is not None else None

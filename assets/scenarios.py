@@ -78,9 +78,9 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
         cache = current_cache(workspace)
         device = executor.setup()
         state, foundation = load_checkpoint(workspace.foundation)
-        if foundation["cache_fingerprint"] != cache.fingerprint:
-            raise dg.Failure("the cache changed since the foundation model was trained; materialize "
-                             "foundation_model again before its scenarios")
+        if not cache.fits(foundation):
+            raise dg.Failure("the cache was rebuilt with other settings since the foundation model was trained "
+                             "(its ids differ); materialize foundation_model again before its scenarios")
         cutoff = test_cutoff(project, cache)
         task = task_spec(name, scenario, cache, cutoff)
         plan = protocol(cutoff, task.target.window_days, scenario.train_cutoffs, cache.time_range[0])
@@ -106,6 +106,7 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
             "kind": "scenario", "scenario": name, "task": task.to_dict(), "label_values": label_values,
             "feature_spec": foundation["feature_spec"], "net": foundation["net"],
             "foundation_sha256": foundation["weights_sha256"], "cache_fingerprint": cache.fingerprint,
+            "cache_lineage": cache.lineage,
             "protocol": {"test_cutoff": _iso(plan.test_cutoff), "val_cutoff": result.info["val_cutoff"],
                          "train_cutoffs": result.info["train_cutoffs"]},
             "metrics": report, "headline": key, "beats_baselines": better, "finetune": config_dict(cfg),

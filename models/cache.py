@@ -4,18 +4,24 @@ Layout of one cache version, `<root>/<fingerprint[:16]>/`:
 
     manifest.json          written last; a folder without it is not a cache
     entities.arrow         one row per entity id (0..N-1): encoded entity attributes
-    vocab/<column>.parquet value -> id (1..n, most frequent first; 0 = null / unseen)
-    shard-00000.arrow ...  events sorted by (entity, ts), split by a stable hash of the entity id
+    vocab/<column>.parquet value -> id (1..n, most frequent first at the first build; 0 = null / unseen)
+    shard-00000.arrow ...  events sorted by (entity, ts), split by a stable hash of the entity id;
+                           appended events add pieces (shard-00000-0001.arrow ...) that readers merge
+
+Versions of one lineage (same settings, built from one another) give every value and entity the
+same id forever: new data appends ids, it never renumbers, so a trained model keeps working.
 
 Event columns: `entity` int32, `ts` int64 seconds, one int32 per categorical column (item
 attributes joined in through their key), one float32 per numeric column. Arrow IPC files are
 uncompressed so that reading them is a memory map, not a copy.
 
-The fingerprint covers the inputs' content and the encoding settings: same inputs, same cache.
+The fingerprint covers the inputs' content and the encoding settings: same inputs, same cache
+(within a lineage; a fresh build numbers values by frequency).
 """
 
 import functools
 import math
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,7 +35,7 @@ import pyarrow.parquet as pq
 
 from models.storage import atomic_path, combine, file_fingerprint, read_json, write_json
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 ENTITY, TS = "entity", "ts"
 
 
@@ -58,6 +64,20 @@ class CacheSpec:
             for t in settings[group]:
                 t["files"] = [file_fingerprint(f) for f in sorted(t["files"])]
         return combine(CACHE_FORMAT, settings)
+
+    def settings_fingerprint(self) -> str:
+        """The encoding settings without the data: versions with equal settings can share ids."""
+        settings = asdict(self)
+        for group in ("events", "entity_attributes", "attributes"):
+            for t in settings[group]:
+                del t["files"]
+        settings.pop("shard_events")
+        return combine(CACHE_FORMAT, settings)
+
+    def file_prints(self) -> dict[str, dict[str, str]]:
+        """source -> {file: content fingerprint}: what a later build compares to find new files."""
+        return {t.name: {f: file_fingerprint(f) for f in sorted(t.files)}
+                for t in self.events + self.entity_attributes + self.attributes}
 
 
 def infer_column_type(arrow_type: pa.DataType, name: str) -> str:
@@ -105,8 +125,18 @@ class CacheError(ValueError):
     pass
 
 
-def build_cache(spec: CacheSpec, root: str | Path, *, log: Callable[[str], None] = print, keep: int = 2) -> Path:
-    """Build (or reuse) the cache for `spec` under `root`; returns its folder."""
+MAX_SHARD_FILES = 4  # an appended shard is merged back into one file when it has more pieces than this
+
+
+def build_cache(spec: CacheSpec, root: str | Path, *, previous: str | Path | None = None,
+                log: Callable[[str], None] = print, keep: int = 2) -> Path:
+    """Build (or reuse) the cache for `spec` under `root`; returns its folder.
+
+    With `previous` (the cache in use) built with the same settings, ids stay stable: when the only
+    change is new events files, their events are encoded and appended to the previous version's
+    shards ("append"); any other change re-encodes everything with the previous vocabularies and
+    entity ids as a seed ("rebuild"). Either way a value or entity keeps the id it had, and new
+    ones get the next ids, so models trained on an earlier version keep working on the new one."""
     import duckdb  # heavy import kept out of module import time
 
     root = Path(root)
@@ -119,21 +149,53 @@ def build_cache(spec: CacheSpec, root: str | Path, *, log: Callable[[str], None]
     for t in spec.events + spec.entity_attributes + spec.attributes:
         if not t.files:
             raise CacheError(f"source {t.name!r} has no extracted Parquet files; materialize source/{t.name} first")
+    prev = _same_lineage(previous, spec, log)
+    inputs = spec.file_prints()
+    new_files = _new_events_files(prev, spec, inputs) if prev is not None else None
+    mode = "fresh" if prev is None else ("append" if new_files else "rebuild")
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         spill = tmp / "_spill"
         con = duckdb.connect(config={"temp_directory": str(spill)})
         try:
-            manifest = _build(con, spec, tmp, log)
+            if mode == "append":
+                manifest = _append(con, spec, prev, new_files, tmp, log)
+            else:
+                manifest = _build(con, spec, tmp, log, seed=prev)
         finally:
             con.close()
             shutil.rmtree(spill, ignore_errors=True)
-        manifest.update(fingerprint=fp, format=CACHE_FORMAT, build_seconds=round(time.time() - started, 3))
+        manifest.update(fingerprint=fp, format=CACHE_FORMAT, settings=spec.settings_fingerprint(), inputs=inputs,
+                        mode=mode, lineage=prev.lineage if prev else fp, parent=prev.fingerprint if prev else None,
+                        build_seconds=round(time.time() - started, 3))
         write_json(tmp / "manifest.json", manifest)
     _prune(root, keep=keep, current=out)
-    log(f"cache built in {time.time() - started:.1f}s: {manifest['n_events']:,} events, "
+    log(f"cache {mode} in {time.time() - started:.1f}s: {manifest['n_events']:,} events, "
         f"{manifest['n_entities']:,} entities, {len(manifest['shards'])} shard(s) at {out}")
     return out
+
+
+def _same_lineage(previous, spec: CacheSpec, log) -> "Cache | None":
+    if previous is None or not (Path(previous) / "manifest.json").exists():
+        return None
+    prev = Cache(previous)
+    if prev.manifest.get("format") != CACHE_FORMAT or prev.manifest.get("settings") != spec.settings_fingerprint():
+        log(f"the cache settings or format changed since {prev.path.name}: encoding from scratch (new ids; models "
+            f"trained on the old cache must be retrained)")
+        return None
+    return prev
+
+
+def _new_events_files(prev: "Cache", spec: CacheSpec, inputs: dict) -> dict[str, list[str]] | None:
+    """The events files added since `prev`, per source, when nothing `prev` read changed; else None."""
+    before = prev.manifest["inputs"]
+    added: dict[str, list[str]] = {}
+    for t in spec.events:
+        old, now = before.get(t.name, {}), inputs[t.name]
+        if any(now.get(f) != h for f, h in old.items()):
+            return None  # a file was re-extracted (late rows) or removed: re-encode
+        added[t.name] = sorted(set(now) - set(old))
+    return added if any(added.values()) else None
 
 
 def _prune(root: Path, keep: int, current: Path) -> None:
@@ -144,22 +206,24 @@ def _prune(root: Path, keep: int, current: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _build(con, spec: CacheSpec, out: Path, log) -> dict:
+def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> tuple[dict, dict, dict]:
+    """Create temp table `events`: the events of `files` (per source) with item attributes joined.
+    Returns (row statistics, event column -> type, join coverage counts per attributes source)."""
     ent = _q(spec.entity)
-    # 1. all event sources as one stream with the entity id as text (ids keep one type across sources)
+    # all event sources as one stream with the entity id as text (ids keep one type across sources)
     parts = []
     for i, t in enumerate(spec.events):
+        if not files.get(t.name):
+            continue
         cols = "".join(f", {_q(c)}" for c in t.columns)
         parts.append(f"SELECT CAST({ent} AS VARCHAR) AS __entity, {_utc(_q(t.timestamp), _field_type(t, t.timestamp))} AS __ts, "
-                     f"{i} AS __source{cols} FROM {_files_sql(t.files)}")
-    con.sql("CREATE TEMP VIEW raw_events AS " + " UNION ALL BY NAME ".join(parts))
+                     f"{i} AS __source{cols} FROM {_files_sql(files[t.name])}")
+    con.sql("CREATE OR REPLACE TEMP VIEW raw_events AS " + " UNION ALL BY NAME ".join(parts))
     row = _one(con, "SELECT count(*), count(*) FILTER (WHERE __entity IS NULL), "
                       "count(*) FILTER (WHERE __ts IS NULL) FROM raw_events")
-    stats = dict(zip(("rows", "null_entity", "null_ts"), map(int, row)))
-    if stats["rows"] == 0:
-        raise CacheError("the events sources hold no rows: nothing to train on")
+    stats = dict(zip(("rows", "null_entity", "null_timestamp"), map(int, row)))
 
-    # 2. item attributes joined through their key (one row per key: duplicates would copy events)
+    # item attributes joined through their key (one row per key: duplicates would copy events)
     event_cols: dict[str, str] = {}
     for t in spec.events:
         for c, kind in t.columns.items():
@@ -181,25 +245,35 @@ def _build(con, spec: CacheSpec, out: Path, log) -> dict:
                           for c in cols)
         joins.append((alias, t, cols, f"SELECT CAST({_q(t.key)} AS VARCHAR) AS __key, {picks} FROM "
                                       f"{_files_sql(t.files)} GROUP BY 1"))
-    select_cols = [f"e.{_q(c)}" for t in spec.events for c in t.columns]
-    select_cols = list(dict.fromkeys(select_cols))
+    select_cols = list(dict.fromkeys(f"e.{_q(c)}" for t in spec.events for c in t.columns))
     from_sql = "raw_events e"
     for alias, t, cols, sub in joins:
         from_sql += f" LEFT JOIN ({sub}) {alias} ON CAST(e.{_q(t.key)} AS VARCHAR) = {alias}.__key"
         select_cols += [f"{alias}.{_q(c)}" for c in cols]
-        hit = _one(con, f"SELECT count(*) FILTER (WHERE {alias}.__key IS NOT NULL), count(e.{_q(t.key)}) "
-                          f"FROM raw_events e LEFT JOIN ({sub}) {alias} ON CAST(e.{_q(t.key)} AS VARCHAR) = {alias}.__key"
-                          )
-        coverage[t.name] = round(hit[0] / hit[1], 6) if hit[1] else 0.0
-    con.sql(f"CREATE TEMP TABLE events AS SELECT e.__entity, e.__ts, e.__source, {', '.join(select_cols)} "
-                f"FROM {from_sql} WHERE e.__entity IS NOT NULL AND e.__ts IS NOT NULL")
+        hits, keys = _one(con, f"SELECT count(*) FILTER (WHERE {alias}.__key IS NOT NULL), count(e.{_q(t.key)}) "
+                                 f"FROM raw_events e LEFT JOIN ({sub}) {alias} ON CAST(e.{_q(t.key)} AS VARCHAR) = {alias}.__key")
+        coverage[t.name] = [int(hits), int(keys)]
+    con.sql(f"CREATE OR REPLACE TEMP TABLE events AS SELECT e.__entity, e.__ts, e.__source, {', '.join(select_cols)} "
+            f"FROM {from_sql} WHERE e.__entity IS NOT NULL AND e.__ts IS NOT NULL")
+    return stats, event_cols, coverage
 
-    # 3. vocabularies: most frequent value first, ties by value, so ids are deterministic
+
+def _all_files(spec: CacheSpec) -> dict[str, list[str]]:
+    return {t.name: t.files for t in spec.events}
+
+
+def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None" = None) -> dict:
+    stats, event_cols, coverage = _stage_events(con, spec, _all_files(spec))
+    if stats["rows"] == 0:
+        raise CacheError("the events sources hold no rows: nothing to train on")
+
+    # vocabularies: most frequent value first, ties by value, so ids are deterministic; a seed's ids kept
     (out / "vocab").mkdir()
     columns: dict[str, dict] = {}
     for c, kind in event_cols.items():
         if kind == "categorical":
-            n = _write_vocab(con, f"SELECT CAST({_q(c)} AS VARCHAR) AS v FROM events", out / "vocab" / f"{c}.parquet", f"v_{len(columns)}")
+            n = _write_vocab(con, f"SELECT CAST({_q(c)} AS VARCHAR) AS v FROM events", out / "vocab" / f"{c}.parquet",
+                             f"v_{len(columns)}", seed=seed and seed.path / "vocab" / f"{c}.parquet")
             columns[c] = {"type": "categorical", "vocab_size": n}
         else:
             mean, std, lo, hi, nulls = _one(
@@ -207,18 +281,171 @@ def _build(con, spec: CacheSpec, out: Path, log) -> dict:
                      f"(SELECT CAST({_q(c)} AS DOUBLE) AS x FROM events)")
             columns[c] = {"type": "numeric", "mean": mean, "std": std, "min": lo, "max": hi, "nulls": int(nulls)}
 
-    # 4. entity ids: every entity seen in events or in an entity attribute table, ordered by id text
-    ent_sources = ["SELECT DISTINCT __entity AS v FROM events"] + [
-        f"SELECT DISTINCT CAST({ent} AS VARCHAR) AS v FROM {_files_sql(t.files)}" for t in spec.entity_attributes]
-    con.sql(f"CREATE TEMP TABLE entity_ids AS SELECT v, CAST(row_number() OVER (ORDER BY v) - 1 AS INTEGER) AS id "
-                f"FROM ({' UNION '.join(ent_sources)}) WHERE v IS NOT NULL")
+    # entity ids: every entity seen in events or in an entity attribute table, new ones ordered by id text
+    _stage_entity_ids(con, spec, seed)
     n_entities = _one(con, "SELECT count(*) FROM entity_ids")[0]
-    entity_type = _entity_arrow_type(spec)
-    pq.write_table(con.sql("SELECT v AS value, id FROM entity_ids ORDER BY id").to_arrow_table(), out / "vocab" / "__entity.parquet")
+    _write_entity_vocab(con, out)
 
-    # 5. events, encoded, sorted by (shard, entity, ts) and streamed into one Arrow file per shard
+    # events, encoded, sorted by (shard, entity, ts) and streamed into one Arrow file per shard
     n_events = _one(con, "SELECT count(*) FROM events")[0]
     n_shards = max(1, math.ceil(n_events / spec.shard_events))
+    shards = [{"files": [f], "rows": r, "entities": e} for _, f, r, e in
+              _write_shards(_encoded(con, columns, n_shards), out, n_shards, lambda s: f"shard-{s:05d}.arrow",
+                            all_shards=True)]
+    log(f"encoded {n_events:,} events into {n_shards} shard(s)")
+
+    entity_columns = _write_entity_table(con, spec, out, seed)
+    t_min, t_max = _one(con, f"SELECT min({_epoch_s('__ts')}), max({_epoch_s('__ts')}) FROM events")
+    return {
+        "entity": spec.entity,
+        "entity_type": str(_entity_arrow_type(spec)),
+        "n_entities": int(n_entities),
+        "n_events": int(n_events),
+        "time_range": [int(t_min), int(t_max)],
+        "columns": columns,
+        "entity_columns": entity_columns,
+        "shards": shards,
+        "appends": 0,
+        "dropped": {"null_entity": stats["null_entity"], "null_timestamp": stats["null_timestamp"]},
+        "join_counts": coverage,
+        "join_coverage": _coverage(coverage),
+        "sources": {t.name: sorted(t.files) for t in spec.events + spec.entity_attributes + spec.attributes},
+    }
+
+
+def _append(con, spec: CacheSpec, prev: "Cache", files: dict[str, list[str]], out: Path, log) -> dict:
+    """Encode only the events of new files and add them to `prev`'s shards, which are hard-linked
+    (never copied, never modified): past events are not read, let alone re-encoded."""
+    stats, event_cols, coverage = _stage_events(con, spec, files)
+    pm = prev.manifest
+    (out / "vocab").mkdir()
+    columns: dict[str, dict] = {}
+    for k, (c, kind) in enumerate(event_cols.items()):
+        info = dict(pm["columns"][c])
+        if kind == "categorical":
+            info["vocab_size"] = _write_vocab(con, f"SELECT CAST({_q(c)} AS VARCHAR) AS v FROM events",
+                                              out / "vocab" / f"{c}.parquet", f"v_{k}",
+                                              seed=prev.path / "vocab" / f"{c}.parquet", add_counts=True)
+        columns[c] = info  # numeric statistics stay those of the first build: the models standardize with them
+    _stage_entity_ids(con, spec, prev, add_events=True)
+    n_entities = _one(con, "SELECT count(*) FROM entity_ids")[0]
+    _write_entity_vocab(con, out)
+
+    seq = pm.get("appends", 0) + 1
+    n_shards = len(pm["shards"])
+    delta = {s: (f, r, e) for s, f, r, e in _write_shards(
+        _encoded(con, columns, n_shards, new_to_shard=True), out, n_shards,
+        lambda s: f"shard-{s:05d}-{seq:04d}.arrow")}
+    shards = []
+    for s, meta in enumerate(pm["shards"]):
+        for f in meta["files"]:
+            _link(prev.path / f, out / f)
+        meta = {"files": list(meta["files"]), "rows": meta["rows"], "entities": meta["entities"]}
+        if s in delta:
+            f, rows, new_entities = delta[s]
+            meta.update(files=meta["files"] + [f], rows=meta["rows"] + rows, entities=meta["entities"] + new_entities)
+        if len(meta["files"]) > MAX_SHARD_FILES:
+            merged = f"shard-{s:05d}-{seq:04d}-merged.arrow"
+            _merge_shard_files([out / f for f in meta["files"]], out / merged)
+            for f in meta["files"]:
+                (out / f).unlink()
+            meta["files"] = [merged]
+        shards.append(meta)
+    n_new = sum(r for _, r, _ in delta.values())
+    log(f"appended {n_new:,} events from {sum(map(len, files.values()))} new file(s) to {n_shards} shard(s)")
+
+    entity_columns = _write_entity_table(con, spec, out, prev)
+    t_min, t_max = pm["time_range"]
+    if n_new:
+        lo, hi = _one(con, f"SELECT min({_epoch_s('__ts')}), max({_epoch_s('__ts')}) FROM events")
+        t_min, t_max = min(t_min, int(lo)), max(t_max, int(hi))
+    counts = {name: [a + b for a, b in zip(pm["join_counts"].get(name, [0, 0]), coverage.get(name, [0, 0]))]
+              for name in set(pm["join_counts"]) | set(coverage)}
+    return {
+        **{k: pm[k] for k in ("entity", "entity_type")},
+        "n_entities": int(n_entities),
+        "n_events": pm["n_events"] + n_new,
+        "time_range": [t_min, t_max],
+        "columns": columns,
+        "entity_columns": entity_columns,
+        "shards": shards,
+        "appends": seq,
+        "dropped": {"null_entity": pm["dropped"]["null_entity"] + stats["null_entity"],
+                    "null_timestamp": pm["dropped"]["null_timestamp"] + stats["null_timestamp"]},
+        "join_counts": counts,
+        "join_coverage": _coverage(counts),
+        "sources": {t.name: sorted(t.files) for t in spec.events + spec.entity_attributes + spec.attributes},
+    }
+
+
+def _coverage(counts: dict) -> dict:
+    return {name: round(hits / keys, 6) if keys else 0.0 for name, (hits, keys) in counts.items()}
+
+
+def _link(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # a filesystem without hard links: copy (still never modifies the previous version)
+        shutil.copyfile(src, dst)
+
+
+def _one(con, sql: str) -> tuple:
+    """The single row of a query (DuckDB 2 relations keep no cursor, so fetch all of one row)."""
+    return con.sql(sql).fetchall()[0]
+
+
+def _write_vocab(con, values_sql: str, path: Path, table: str, seed: Path | None = None, add_counts: bool = False) -> int:
+    """Write value -> id (1..n) and the value's count; create temp table `table` (v, id) for encoding.
+    Without a seed, ids go by count (descending), then value. With one, the seed's values keep their
+    ids and new values follow them; counts are recounted, or added to the seed's with `add_counts`."""
+    counted = f"SELECT v, count(*) AS n FROM ({values_sql}) WHERE v IS NOT NULL GROUP BY v"
+    if seed is None or not Path(seed).exists():
+        con.sql(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT v, CAST(row_number() OVER (ORDER BY n DESC, v) AS INTEGER) "
+                f"AS id, n AS count FROM ({counted})")
+    else:
+        old = f"read_parquet('{str(seed).replace(chr(39), chr(39) * 2)}')"
+        base = "coalesce(s.count, 0) + " if add_counts else ""
+        con.sql(f"CREATE OR REPLACE TEMP TABLE {table} AS "
+                f"SELECT s.value AS v, s.id, {base}coalesce(c.n, 0) AS count FROM {old} s LEFT JOIN ({counted}) c ON s.value = c.v "
+                f"UNION ALL "
+                f"SELECT c.v, CAST((SELECT coalesce(max(id), 0) FROM {old}) + row_number() OVER (ORDER BY c.n DESC, c.v) AS INTEGER), c.n "
+                f"FROM ({counted}) c ANTI JOIN {old} s ON c.v = s.value")
+    pq.write_table(con.sql(f"SELECT v AS value, id, count FROM {table} ORDER BY id").to_arrow_table(), path)
+    return int(_one(con, f"SELECT count(*) FROM {table}")[0])
+
+
+def _stage_entity_ids(con, spec: CacheSpec, seed: "Cache | None", add_events: bool = False) -> None:
+    """Temp table entity_ids (v, id, events, before): every entity of the events and entity attribute
+    tables; a seed's entities keep their ids; `before` = events the entity had before this build."""
+    ent = _q(spec.entity)
+    ent_sources = ["SELECT DISTINCT __entity AS v FROM events"] + [
+        f"SELECT DISTINCT CAST({ent} AS VARCHAR) AS v FROM {_files_sql(t.files)}" for t in spec.entity_attributes]
+    con.sql(f"CREATE OR REPLACE TEMP TABLE __seen AS SELECT s.v, coalesce(c.n, 0) AS n FROM "
+            f"(SELECT v FROM ({' UNION '.join(ent_sources)}) WHERE v IS NOT NULL) s "
+            f"LEFT JOIN (SELECT __entity AS v, count(*) AS n FROM events GROUP BY 1) c ON s.v = c.v")
+    if seed is None:
+        con.sql("CREATE OR REPLACE TEMP TABLE entity_ids AS SELECT v, CAST(row_number() OVER (ORDER BY v) - 1 AS INTEGER) "
+                "AS id, n AS events, CAST(0 AS BIGINT) AS before FROM __seen")
+        return
+    old = f"read_parquet('{str(seed.path / 'vocab' / '__entity.parquet').replace(chr(39), chr(39) * 2)}')"
+    before = "coalesce(o.events, 0)" if add_events else "0"
+    con.sql(f"CREATE OR REPLACE TEMP TABLE entity_ids AS "
+            f"SELECT o.value AS v, o.id, {before} + coalesce(s.n, 0) AS events, CAST({before} AS BIGINT) AS before "
+            f"FROM {old} o LEFT JOIN __seen s ON o.value = s.v "
+            f"UNION ALL "
+            f"SELECT s.v, CAST((SELECT coalesce(max(id), -1) FROM {old}) + row_number() OVER (ORDER BY s.v) AS INTEGER), "
+            f"s.n, CAST(0 AS BIGINT) FROM __seen s ANTI JOIN {old} o ON s.v = o.value")
+
+
+def _write_entity_vocab(con, out: Path) -> None:
+    pq.write_table(con.sql("SELECT v AS value, id, events FROM entity_ids ORDER BY id").to_arrow_table(),
+                   out / "vocab" / "__entity.parquet")
+
+
+def _encoded(con, columns: dict[str, dict], n_shards: int, new_to_shard: bool = False) -> pa.RecordBatchReader:
+    """The staged events encoded, ordered by (shard, entity, ts). The shard is a stable hash of the
+    entity id, so an entity's events always go to the same shard, whatever the build.
+    With `new_to_shard`, a column `__new` marks the first row of entities that had no events before."""
     enc = ["CAST(ids.id AS INTEGER) AS entity", f"{_epoch_s('e.__ts')} AS ts"]
     vjoins = ""
     for k, (c, info) in enumerate(columns.items()):
@@ -227,40 +454,11 @@ def _build(con, spec: CacheSpec, out: Path, log) -> dict:
             enc.append(f"CAST(coalesce(v_{k}.id, 0) AS INTEGER) AS {_q(c)}")
         else:
             enc.append(f"CAST(coalesce(CAST(e.{_q(c)} AS DOUBLE), 'NaN') AS FLOAT) AS {_q(c)}")
+    if new_to_shard:
+        enc.append("ids.before = 0 AND row_number() OVER (PARTITION BY ids.id ORDER BY e.__ts) = 1 AS __new")
     shard_expr = f"CAST(('0x' || substr(md5(e.__entity), 1, 12)) AS UBIGINT) % {n_shards}"
-    sql = (f"SELECT {shard_expr} AS __shard, {', '.join(enc)} FROM events e JOIN entity_ids ids ON e.__entity = ids.v"
-           f"{vjoins} ORDER BY __shard, entity, ts")
-    shards = _write_shards(con.sql(sql).to_arrow_reader(1 << 16), out, n_shards)
-    log(f"encoded {n_events:,} events into {n_shards} shard(s)")
-
-    # 6. entity attributes, one row per entity id
-    entity_columns = _write_entity_table(con, spec, out / "entities.arrow")
-    t_min, t_max = _one(con, f"SELECT min({_epoch_s('__ts')}), max({_epoch_s('__ts')}) FROM events")
-    return {
-        "entity": spec.entity,
-        "entity_type": str(entity_type),
-        "n_entities": int(n_entities),
-        "n_events": int(n_events),
-        "time_range": [int(t_min), int(t_max)],
-        "columns": columns,
-        "entity_columns": entity_columns,
-        "shards": shards,
-        "dropped": {"null_entity": stats["null_entity"], "null_timestamp": stats["null_ts"]},
-        "join_coverage": coverage,
-        "sources": {t.name: sorted(t.files) for t in spec.events + spec.entity_attributes + spec.attributes},
-    }
-
-
-def _one(con, sql: str) -> tuple:
-    """The single row of a query (DuckDB 2 relations keep no cursor, so fetch all of one row)."""
-    return con.sql(sql).fetchall()[0]
-
-
-def _write_vocab(con, values_sql: str, path: Path, table: str) -> int:
-    con.sql(f"CREATE TEMP TABLE {table} AS SELECT v, CAST(row_number() OVER (ORDER BY count(*) DESC, v) AS INTEGER) AS id, "
-                f"count(*) AS count FROM ({values_sql}) WHERE v IS NOT NULL GROUP BY v")
-    pq.write_table(con.sql(f"SELECT v AS value, id, count FROM {table} ORDER BY id").to_arrow_table(), path)
-    return int(_one(con, f"SELECT count(*) FROM {table}")[0])
+    return con.sql(f"SELECT {shard_expr} AS __shard, {', '.join(enc)} FROM events e JOIN entity_ids ids ON e.__entity = ids.v"
+                   f"{vjoins} ORDER BY __shard, entity, ts").to_arrow_reader(1 << 16)
 
 
 def _entity_arrow_type(spec: CacheSpec) -> pa.DataType:
@@ -271,7 +469,9 @@ def _entity_arrow_type(spec: CacheSpec) -> pa.DataType:
     return schema.field(spec.entity).type
 
 
-def _write_shards(reader: pa.RecordBatchReader, out: Path, n_shards: int) -> list[dict]:
+def _write_shards(reader: pa.RecordBatchReader, out: Path, n_shards: int, name, all_shards: bool = False) -> list[tuple]:
+    """Stream (shard, entity, ts)-ordered batches into one Arrow file per shard, named name(shard).
+    Returns (shard, file, rows, entities) per shard written; entities are those marked `__new` if present."""
     shards, writer, current, rows, ents = [], None, None, 0, 0
     last_entity = None
 
@@ -279,7 +479,7 @@ def _write_shards(reader: pa.RecordBatchReader, out: Path, n_shards: int) -> lis
         nonlocal writer
         if writer is not None:
             writer.close()
-            shards.append({"file": f"shard-{current:05d}.arrow", "rows": rows, "entities": ents})
+            shards.append((current, name(current), rows, ents))
             writer = None
 
     for batch in reader:
@@ -290,17 +490,53 @@ def _write_shards(reader: pa.RecordBatchReader, out: Path, n_shards: int) -> lis
             if writer is None or sid[lo] != current:
                 close()
                 current, rows, ents, last_entity = int(sid[lo]), 0, 0, None
-                writer = ipc.new_file(str(out / f"shard-{current:05d}.arrow"), part.schema)
-            e = part.column("entity").to_numpy()
-            ents += int(np.count_nonzero(np.diff(e))) + 1 - (1 if last_entity == e[0] else 0)
-            last_entity = e[-1]
+                writer = ipc.new_file(str(out / name(current)), _stored_schema(part.schema))
+            if "__new" in part.schema.names:
+                ents += int(np.count_nonzero(part.column("__new").to_numpy(zero_copy_only=False)))
+                part = part.drop_columns(["__new"])
+            else:
+                e = part.column("entity").to_numpy()
+                ents += int(np.count_nonzero(np.diff(e))) + 1 - (1 if last_entity == e[0] else 0)
+                last_entity = e[-1]
             writer.write_batch(part)
             rows += len(part)
     close()
+    if all_shards:  # every shard gets a file, so shard i is always manifest["shards"][i]
+        written = {s for s, *_ in shards}
+        for s in range(n_shards):
+            if s not in written:
+                with ipc.new_file(str(out / name(s)), _stored_schema(reader.schema).remove(0)):
+                    pass
+                shards.append((s, name(s), 0, 0))
+        shards.sort()
     return shards
 
 
-def _write_entity_table(con, spec: CacheSpec, path: Path) -> dict:
+def _stored_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f for f in schema if f.name != "__new"])
+
+
+def _merge_shard_files(paths: list[Path], out: Path) -> None:
+    """Merge sorted pieces of one shard into one (entity, ts)-sorted file (a stable sort: earlier
+    pieces first among equal timestamps)."""
+    table = _read_sorted(paths)
+    with ipc.new_file(str(out), table.schema) as w:
+        w.write_table(table)
+
+
+def _read_sorted(paths: list[Path]) -> pa.Table:
+    tables = [ipc.open_file(pa.memory_map(str(p))).read_all() for p in paths]
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    if len(tables) > 1:
+        order = np.lexsort((table.column("ts").to_numpy(), table.column("entity").to_numpy()))
+        table = table.take(pa.array(order))
+    return table
+
+
+def _write_entity_table(con, spec: CacheSpec, out: Path, seed: "Cache | None" = None) -> dict:
+    """entities.arrow: one row per entity id with its encoded attributes (always rewritten whole:
+    it is one row per entity, and attribute tables are replaced, not appended)."""
+    path = out / "entities.arrow"
     ent = _q(spec.entity)
     info: dict[str, dict] = {}
     sel = ["ids.id AS entity"]
@@ -318,7 +554,8 @@ def _write_entity_table(con, spec: CacheSpec, path: Path) -> dict:
             if kind == "categorical":
                 vt = f"ev_{len(info)}"
                 n = _write_vocab(con, f"SELECT CAST({_q(c)} AS VARCHAR) AS v FROM {_files_sql(t.files)}",
-                                 path.parent / "vocab" / f"entity.{c}.parquet", vt)
+                                 out / "vocab" / f"entity.{c}.parquet", vt,
+                                 seed=seed and seed.path / "vocab" / f"entity.{c}.parquet")
                 joins += f" LEFT JOIN {vt} ON CAST({alias}.{_q(c)} AS VARCHAR) = {vt}.v"
                 sel.append(f"CAST(coalesce({vt}.id, 0) AS INTEGER) AS {_q(c)}")
                 info[c] = {"type": "categorical", "vocab_size": n}
@@ -335,8 +572,6 @@ def _write_entity_table(con, spec: CacheSpec, path: Path) -> dict:
             meta.update(mean=float(np.nanmean(col)) if np.isfinite(col).any() else 0.0,
                         std=float(np.nanstd(col)) if np.isfinite(col).any() else 1.0)
             table = table.set_column(table.schema.get_field_index(c), c, pa.array(col, pa.float64()))
-    if isinstance(table, pa.RecordBatchReader):
-        table = table.read_all()
     with ipc.new_file(str(path), table.schema) as w:
         w.write_table(table)
     return info
@@ -370,13 +605,20 @@ class Cache:
         self.entity_columns: dict[str, dict] = self.manifest["entity_columns"]
         self.n_entities: int = self.manifest["n_entities"]
         self.time_range: tuple[int, int] = tuple(self.manifest["time_range"])
+        # versions of one lineage share ids (see build_cache); a model trained on any of them fits all
+        self.lineage: str = self.manifest.get("lineage", self.fingerprint)
+
+    def fits(self, checkpoint_config: dict) -> bool:
+        """Whether a model trained on the cache recorded in `checkpoint_config` can read this one."""
+        return (checkpoint_config.get("cache_fingerprint") == self.fingerprint
+                or checkpoint_config.get("cache_lineage") == self.lineage)
 
     @property
     def shard_count(self) -> int:
         return len(self.manifest["shards"])
 
     def shard(self, i: int) -> Shard:
-        table = ipc.open_file(pa.memory_map(str(self.path / self.manifest["shards"][i]["file"]))).read_all()
+        table = _read_sorted([self.path / f for f in self.manifest["shards"][i]["files"]])
         cols = {c: table.column(c).to_numpy() for c in self.columns}
         entity = table.column("entity").to_numpy()
         cut = np.flatnonzero(np.diff(entity)) + 1

@@ -9,7 +9,9 @@
 
 Nothing retrains when its inputs have not changed: "the data" is the cache fingerprint of the
 extracted sources (what `cache` would build), compared with the `cache_fingerprint` recorded in the
-checkpoints' config.json. A skipped tick says why in the UI.
+checkpoints' config.json. A model fits a cache of its own lineage (new data appended to the cache
+it was trained on keeps every id), so daily scoring goes on between retrainings. A skipped tick says
+why in the UI.
 """
 
 from datetime import timedelta
@@ -21,6 +23,7 @@ from assets.embeddings import EMBEDDINGS_KEY
 from assets.predictions import predictions_key
 from assets.scenarios import scenario_key
 from assets.serving import serving_checkpoint
+from models.cache import Cache
 from models.storage import read_json
 
 
@@ -34,12 +37,12 @@ def data_fingerprint(project, workspace) -> str:
     return cache_spec(project, workspace).fingerprint()
 
 
-def current_cache_fingerprint(workspace) -> str | None:
+def cache_in_use(workspace) -> Cache | None:
     pointer = workspace.cache_root / "current.json"
     if not pointer.exists():
         return None
-    manifest = workspace.cache_root / read_json(pointer)["folder"] / "manifest.json"
-    return read_json(manifest)["fingerprint"] if manifest.exists() else None
+    folder = workspace.cache_root / read_json(pointer)["folder"]
+    return Cache(folder) if (folder / "manifest.json").exists() else None
 
 
 def foundation_request(project, workspace) -> dg.RunRequest | dg.SkipReason:
@@ -64,10 +67,10 @@ def scenarios_request(project, workspace) -> dg.RunRequest | dg.SkipReason:
     if foundation is None:
         return dg.SkipReason("no foundation model yet: the foundation schedule (or materializing foundation_model) "
                              "trains it and its scenarios")
-    if foundation.get("cache_fingerprint") != fp:
-        return dg.SkipReason("the extracted data changed since the foundation model was trained; scenarios need a "
-                             "foundation model trained on the same cache, so the foundation schedule retrains them "
-                             "together")
+    cache = cache_in_use(workspace)
+    if cache is None or not cache.fits(foundation):
+        return dg.SkipReason("the cache was rebuilt with other settings since the foundation model was trained; the "
+                             "foundation schedule retrains it and its scenarios together")
     stale = []
     for name in project.scenarios:
         cfg = checkpoint_config(workspace.scenario(name))
@@ -84,8 +87,8 @@ def scenarios_request(project, workspace) -> dg.RunRequest | dg.SkipReason:
 def predictions_request(project, workspace, day: str, partitions_def, with_embeddings: bool) -> dg.RunRequest | dg.SkipReason:
     if not partitions_def.has_partition_key(day):
         return dg.SkipReason(f"{day} is not a predictions partition ({partitions_def})")
-    cache_fp = current_cache_fingerprint(workspace)
-    if cache_fp is None:
+    cache = cache_in_use(workspace)
+    if cache is None:
         return dg.SkipReason("no cache yet: materialize the sources and `cache`, then train")
     keys, left_out = [], []
     for name in project.prediction_scenarios:
@@ -93,17 +96,17 @@ def predictions_request(project, workspace, day: str, partitions_def, with_embed
         cfg = checkpoint_config(folder)
         if cfg is None:
             left_out.append(f"{name}: not trained yet")
-        elif cfg.get("cache_fingerprint") != cache_fp:
-            left_out.append(f"{name}: its serving checkpoint was trained on another cache (it scores again after "
-                            f"retraining)")
+        elif not cache.fits(cfg):
+            left_out.append(f"{name}: its serving checkpoint was trained on a cache with other settings (it scores "
+                            f"again after retraining)")
         else:
             keys.append(predictions_key(name))
     if with_embeddings:
         foundation = checkpoint_config(workspace.foundation)
-        if foundation is not None and foundation.get("cache_fingerprint") == cache_fp:
+        if foundation is not None and cache.fits(foundation):
             keys.append(EMBEDDINGS_KEY)
         else:
-            left_out.append("embeddings: the foundation model was trained on another cache or not at all")
+            left_out.append("embeddings: the foundation model was trained on a cache with other settings or not at all")
     if not keys:
         return dg.SkipReason(f"nothing to score for {day}: " + "; ".join(left_out))
     return dg.RunRequest(run_key=f"score:{day}", partition_key=day, asset_selection=keys,

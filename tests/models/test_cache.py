@@ -288,3 +288,110 @@ def test_naive_timestamps_do_not_depend_on_the_local_time_zone(new_york_build):
 def test_time_zone_aware_timestamps_keep_their_utc_instant(new_york_build):
     times, instant = new_york_build
     assert times["aware"] == instant
+
+
+# --------------------------------------------------------------------------- new data: append / rebuild
+
+from models.cache import MAX_SHARD_FILES  # noqa: E402
+
+FIRST = [r for r in KEPT if r[1] <= 6.0]
+LATER = [r for r in KEPT if r[1] > 6.0] + [
+    ("c1", 13.0, "p_new", 7.0),  # a new product for an old customer
+    ("c_new", 14.0, "p_a", 9.0),  # a new customer
+    ("c99", 15.0, "p_b", 5.0),  # first events of a customer known only from the customers table
+]
+
+
+def _grow(sources, prev, files, root="cache", **kw):
+    events = sources.events(*files)
+    customers = TableInput("customers", [sources.write("customers", **CUSTOMERS)],
+                           {"customer_id": "categorical", "segment": "categorical", "age": "numeric"})
+    products = TableInput("products", [sources.write("products", **PRODUCTS)],
+                          {"product_id": "categorical", "brand": "categorical"}, key="product_id")
+    spec = sources.spec(events, [customers], [products], **kw)
+    return Cache(build_cache(spec, sources.root / root, previous=prev and prev.path, log=lambda _: None))
+
+
+def _snapshot(cache):
+    return {f.name: f.read_bytes() for f in cache.path.rglob("*") if f.is_file()}
+
+
+def test_new_partition_is_appended_and_every_id_stays(sources, frame):
+    first = _grow(sources, None, [_write_events(sources, FIRST, "day1")], shard_events=4)
+    before = _snapshot(first)
+    grown = _grow(sources, first, [_write_events(sources, FIRST, "day1"), _write_events(sources, LATER, "day2")],
+                  shard_events=4)
+    m = grown.manifest
+    assert m["mode"] == "append" and m["appends"] == 1
+    assert m["lineage"] == first.lineage == first.fingerprint and m["parent"] == first.fingerprint
+    assert grown.fits({"cache_lineage": first.lineage}) and grown.shard_count == first.shard_count
+    # ids given before never change; new values and entities get the next ids
+    old_vocab, new_vocab = first.vocab("product_id").to_pylist(), grown.vocab("product_id").to_pylist()
+    assert [(v["value"], v["id"]) for v in new_vocab[:len(old_vocab)]] == [(v["value"], v["id"]) for v in old_vocab]
+    assert [v["value"] for v in new_vocab[len(old_vocab):]] == ["p_new", "p_z"]  # count, then value
+    counts = {v["value"]: v["count"] for v in new_vocab}
+    assert counts["p_a"] == sum(1 for r in FIRST + LATER if r[2] == "p_a")
+    old_ids = first.entity_ids(np.arange(first.n_entities)).to_pylist()
+    assert grown.entity_ids(np.arange(first.n_entities)).to_pylist() == old_ids
+    assert grown.entity_ids(np.arange(first.n_entities, grown.n_entities)).to_pylist() == ["c5", "c_new"]
+    # the events are exactly the union, sorted, with per-shard counts that match the merged pieces
+    f = frame(grown)
+    assert _decode(grown, f) == sorted(((c, at(d), p, pr) for c, d, p, pr in FIRST + LATER), key=repr)
+    assert m["n_events"] == len(FIRST) + len(LATER) == sum(s["rows"] for s in m["shards"])
+    for i, meta in enumerate(m["shards"]):
+        sh = grown.shard(i)
+        assert (len(sh.ts), len(sh.entities)) == (meta["rows"], meta["entities"])
+        assert np.all(np.diff(sh.entity.astype(np.int64) * 10**12 + sh.ts) >= 0)
+    assert m["time_range"] == [at(min(r[1] for r in FIRST)), at(max(r[1] for r in LATER))]
+    assert any(len(s["files"]) == 2 for s in m["shards"])  # old pieces linked, new ones beside them
+    # the version in use before is untouched, byte for byte, and still readable
+    assert _snapshot(first) == before and Cache(first.path).manifest["n_events"] == len(FIRST)
+
+
+def test_appended_cache_holds_the_same_events_as_a_fresh_build(sources, frame):
+    files = [_write_events(sources, FIRST, "day1"), _write_events(sources, LATER, "day2")]
+    first = _grow(sources, None, files[:1])
+    grown = _grow(sources, first, files)
+    fresh = _grow(sources, None, files, root="fresh")
+    assert grown.fingerprint == fresh.fingerprint  # same inputs...
+    assert fresh.manifest["mode"] == "fresh" and fresh.lineage != grown.lineage  # ...but ids of another lineage
+    assert not fresh.fits({"cache_lineage": grown.lineage, "cache_fingerprint": "x"})
+    assert _decode(grown, frame(grown)) == _decode(fresh, frame(fresh))
+    assert grown.manifest["n_entities"] == fresh.manifest["n_entities"]
+    assert grown.manifest["join_coverage"] == fresh.manifest["join_coverage"]
+
+
+def test_a_changed_partition_reencodes_with_the_same_ids(sources, frame):
+    first = _grow(sources, None, [_write_events(sources, FIRST, "day1")])
+    late = FIRST + [("c2", 6.0, "p_late", 1.0)]  # late rows: day1 re-extracted
+    rebuilt = _grow(sources, first, [_write_events(sources, late, "day1")])
+    assert rebuilt.manifest["mode"] == "rebuild" and rebuilt.lineage == first.lineage
+    old_vocab = first.vocab("product_id").to_pylist()
+    assert rebuilt.vocab("product_id").to_pylist()[:len(old_vocab)] == old_vocab  # ids and counts kept
+    assert rebuilt.vocab("product_id").column("value").to_pylist()[-1] == "p_late"
+    assert _decode(rebuilt, frame(rebuilt)) == sorted(((c, at(d), p, pr) for c, d, p, pr in late), key=repr)
+    assert all(len(s["files"]) == 1 for s in rebuilt.manifest["shards"])
+
+
+def test_many_appends_are_merged_back_into_one_file_per_shard(sources, frame):
+    days = [[r for r in KEPT + LATER if d <= r[1] < d + 3] for d in range(0, 16, 3)]
+    files, cache = [], None
+    for i, rows in enumerate(days):
+        files.append(_write_events(sources, rows, f"part{i}"))
+        cache = _grow(sources, cache, files, shard_events=8)
+    m = cache.manifest
+    assert m["appends"] == len(days) - 1 > MAX_SHARD_FILES
+    assert all(1 <= len(s["files"]) <= MAX_SHARD_FILES for s in m["shards"])
+    assert any(f.endswith("-merged.arrow") for s in m["shards"] for f in s["files"])
+    everything = [r for rows in days for r in rows]
+    assert _decode(cache, frame(cache)) == sorted(((c, at(d), p, pr) for c, d, p, pr in everything), key=repr)
+    for i, meta in enumerate(m["shards"]):
+        assert len(cache.shard(i).entities) == meta["entities"]
+
+
+def test_other_settings_start_a_new_lineage(sources):
+    first = _grow(sources, None, [_write_events(sources, FIRST, "day1")])
+    spec = sources.spec(sources.events(_write_events(sources, FIRST, "day1"), columns={"product_id": "categorical"}))
+    other = Cache(build_cache(spec, sources.root / "cache", previous=first.path, log=lambda _: None))
+    assert other.manifest["mode"] == "fresh" and other.lineage != first.lineage
+    assert not other.fits({"cache_lineage": first.lineage, "cache_fingerprint": first.fingerprint})
