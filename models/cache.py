@@ -75,8 +75,10 @@ class CacheSpec:
         return combine(CACHE_FORMAT, settings)
 
     def file_prints(self) -> dict[str, dict[str, str]]:
-        """source -> {file: content fingerprint}: what a later build compares to find new files."""
-        return {t.name: {f: file_fingerprint(f) for f in sorted(t.files)}
+        """source -> {file: content fingerprint}: what a later build compares to find new files.
+        Files without rows are left out: a partition extracted before its data landed (a day in the
+        future) becomes a new file, not a changed one, when it gets rows."""
+        return {t.name: {f: file_fingerprint(f) for f in sorted(t.files) if pq.read_metadata(f).num_rows}
                 for t in self.events + self.entity_attributes + self.attributes}
 
 

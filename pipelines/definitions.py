@@ -19,7 +19,7 @@ from pipelines.config import Project, load_project
 from pipelines.jobs import build_jobs
 from pipelines.partitions import events_partitions, predictions_partitions
 from pipelines.schedules import build_schedules
-from pipelines.sensors import build_sensors, cache_automation_sensor, with_cache_automation
+from pipelines.sensors import build_scoring_sensor, build_sensors, cache_automation_sensor, with_cache_automation
 from resources.duckdb import DuckDBWarehouse
 from resources.executor import TrainingExecutor
 from resources.parquet import ParquetWarehouse
@@ -109,6 +109,8 @@ def build_definitions(project: Project) -> dg.Definitions:
     assets = with_cache_automation(build_assets(project))
     jobs = build_jobs(project)
     sensors = build_sensors(project, assets, jobs) + [cache_automation_sensor(project)]
+    scoring = build_scoring_sensor(project, jobs, assets)
+    sensors += [scoring] if scoring is not None else []
     return dg.Definitions(assets=assets, asset_checks=build_checks(project), resources=build_resources(project),
                           jobs=list(jobs.values()), sensors=sensors, schedules=build_schedules(project, jobs, assets))
 

@@ -84,7 +84,8 @@ def scenarios_request(project, workspace) -> dg.RunRequest | dg.SkipReason:
                          tags={"habitus/reason": f"stale: {', '.join(stale)}"})
 
 
-def predictions_request(project, workspace, day: str, partitions_def, with_embeddings: bool) -> dg.RunRequest | dg.SkipReason:
+def predictions_request(project, workspace, day: str, partitions_def, with_embeddings: bool,
+                        run_key: str | None = None) -> dg.RunRequest | dg.SkipReason:
     if not partitions_def.has_partition_key(day):
         return dg.SkipReason(f"{day} is not a predictions partition ({partitions_def})")
     cache = cache_in_use(workspace)
@@ -109,7 +110,7 @@ def predictions_request(project, workspace, day: str, partitions_def, with_embed
             left_out.append("embeddings: the foundation model was trained on a cache with other settings or not at all")
     if not keys:
         return dg.SkipReason(f"nothing to score for {day}: " + "; ".join(left_out))
-    return dg.RunRequest(run_key=f"score:{day}", partition_key=day, asset_selection=keys,
+    return dg.RunRequest(run_key=run_key or f"score:{day}", partition_key=day, asset_selection=keys,
                          tags={"habitus/left_out": "; ".join(left_out)[:1000]} if left_out else {})
 
 

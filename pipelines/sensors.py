@@ -11,10 +11,15 @@ ticks. The cursor (JSON) remembers the numbers of every partition it has request
 
 The first tick (no cursor) takes partitions already materialized in this Dagster instance as up to
 date and requests the others that hold data. Rows of the period in progress wait until it ends.
+
+Then the chain runs on its own: the cache automation sensor appends the new partitions to the cache
+once their blocking checks passed, and `score_after_cache` scores the days the new cache covers
+with the checkpoints in service. Retraining waits for its schedule (pipelines/schedules.py).
 """
 
 import hashlib
 import json
+from datetime import date, datetime, timedelta, timezone
 
 import dagster as dg
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
@@ -22,6 +27,7 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 from assets.cache import CACHE_KEY
 from assets.sources import connection_key, source_key
 from pipelines.jobs import extract_job_name
+from pipelines.schedules import cache_in_use, predictions_request
 
 GRAIN = {"monthly": "month", "daily": "day"}
 
@@ -141,3 +147,60 @@ def cache_automation_sensor(project) -> dg.AutomationConditionSensorDefinition:
         minimum_interval_seconds=project.schedules.sensor_interval,
         default_status=dg.DefaultSensorStatus.RUNNING if project.schedules.running else dg.DefaultSensorStatus.STOPPED,
         description="Rebuilds the cache after new source partitions were extracted and their blocking checks passed")
+
+
+def _day(epoch_s: int) -> date:
+    return datetime.fromtimestamp(epoch_s, timezone.utc).date()
+
+
+def days_to_score(newest: date, state: dict | None, fingerprint: str, limit: int) -> list[str]:
+    """The days a new cache version should be scored for: those after the newest day scored before,
+    up to the cache's newest event day (at most `limit`, the newest ones); the newest day again when
+    the cache changed without getting newer (late rows); just the newest day on the first tick."""
+    if state is not None and state["fingerprint"] == fingerprint:
+        return []
+    start = newest if state is None else min(date.fromisoformat(state["newest_day"]) + timedelta(days=1), newest)
+    start = max(start, newest - timedelta(days=limit - 1))
+    return [(start + timedelta(days=i)).isoformat() for i in range((newest - start).days + 1)]
+
+
+def build_scoring_sensor(project, jobs: dict, assets: list[dg.AssetsDefinition]) -> dg.SensorDefinition | None:
+    from assets.embeddings import EMBEDDINGS_KEY
+    from assets.predictions import predictions_key
+
+    by_key = {k: a for a in assets for k in a.keys}
+    scored = [by_key[predictions_key(n)] for n in project.prediction_scenarios if predictions_key(n) in by_key]
+    with_embeddings = EMBEDDINGS_KEY in by_key
+    if not scored and not with_embeddings:
+        return None
+    partitions_def = (scored or [by_key[EMBEDDINGS_KEY]])[0].partitions_def
+    per_run = 31
+
+    @dg.sensor(
+        name="score_after_cache", job=jobs["score"], minimum_interval_seconds=project.schedules.sensor_interval,
+        default_status=dg.DefaultSensorStatus.RUNNING if project.schedules.running else dg.DefaultSensorStatus.STOPPED,
+        required_resource_keys={"workspace"},
+        description="Scores the days a new version of the cache covers, with the checkpoints in service")
+    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        cache = cache_in_use(context.resources.workspace)
+        if cache is None:
+            return dg.SensorResult(skip_reason="no cache yet")
+        state = json.loads(context.cursor) if context.cursor else None
+        newest = _day(cache.time_range[1])
+        days = days_to_score(newest, state, cache.fingerprint, per_run)
+        cursor = json.dumps({"fingerprint": cache.fingerprint, "newest_day": newest.isoformat()})
+        if not days:
+            return dg.SensorResult(skip_reason=f"the cache in use ({cache.fingerprint[:16]}) was scored already",
+                                   cursor=context.cursor)
+        requests, skipped = [], []
+        for day in days:
+            r = predictions_request(project, context.resources.workspace, day, partitions_def, with_embeddings,
+                                    run_key=f"score:{day}:{cache.fingerprint[:16]}")
+            (requests if isinstance(r, dg.RunRequest) else skipped).append(r)
+        if not requests:
+            return dg.SensorResult(skip_reason="; ".join(s.skip_message for s in skipped[:3]), cursor=cursor)
+        context.log.info(f"cache {cache.fingerprint[:16]} ({cache.manifest.get('mode')}) covers up to {newest}: "
+                         f"scoring {', '.join(days)}")
+        return dg.SensorResult(run_requests=requests, cursor=cursor)
+
+    return _sensor

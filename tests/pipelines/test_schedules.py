@@ -2,7 +2,6 @@
 inputs (the extracted data, the foundation model) have not changed. Checkpoints are written as the
 assets write them (config.json); the schedules read nothing else."""
 
-import contextlib
 import json
 from datetime import datetime, timezone
 
@@ -15,25 +14,11 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 from assets.serving import passed_path
 from pipelines.config import ConfigError, load_project
 from pipelines.definitions import build_assets, build_definitions, build_resources
-from pipelines.schedules import data_fingerprint
+from pipelines.schedules import cache_in_use, data_fingerprint
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 
 
-@contextlib.contextmanager
-def clean_instance_for_test():
-    """dg.instance_for_test(), restoring Dagster's current defs-state storage afterwards. In 1.13.27 an
-    instance entered while another is current can leave a context manager behind that, when garbage
-    collected later, sets the storage of a disposed instance as current; the next Definitions load in
-    this process then fails with 'undefined DagsterInstance weakref'. Collect those here and reset."""
-    import gc
-
-    from dagster._core.storage.defs_state.base import set_defs_state_storage
-
-    with set_defs_state_storage(None):
-        with dg.instance_for_test() as instance:
-            yield instance
-        gc.collect()
 TICK = datetime(2026, 11, 2, 5, 0, tzinfo=timezone.utc)  # a Monday, 05:00: scores 2026-11-01
 
 
@@ -59,12 +44,6 @@ def project(tmp_path):
             "TIMESTAMP '2026-09-01' + to_seconds(i * 3000) AS ts, 'p' || (i % 7) AS product_id FROM range(1500) t(i)")
     con.close()
     return _project(tmp_path)
-
-
-@pytest.fixture
-def instance():
-    with clean_instance_for_test() as inst:
-        yield inst
 
 
 def _extract(project, start="2026-09-01", end="2026-10-01", cache=False):
@@ -132,16 +111,17 @@ def test_foundation_retrains_only_when_the_data_changed(project, instance):
 
 
 def test_scenarios_retrain_only_the_stale_ones(project, instance):
-    _extract(project)
+    _extract(project, cache=True)
     ws, fp = _ws(project), data_fingerprint(project, _ws(project))
+    lineage = cache_in_use(ws).lineage
     data = _tick(project, instance, "scenarios_schedule")
     assert data.run_requests == [] and "no foundation model yet" in data.skip_message
 
-    _checkpoint(ws.foundation, cache_fingerprint="older data", weights_sha256="f0")
+    _checkpoint(ws.foundation, cache_fingerprint="older data", cache_lineage="other settings", weights_sha256="f0")
     data = _tick(project, instance, "scenarios_schedule")
-    assert data.run_requests == [] and "the foundation schedule retrains them together" in data.skip_message
+    assert data.run_requests == [] and "the foundation schedule retrains it and its scenarios" in data.skip_message
 
-    _checkpoint(ws.foundation, cache_fingerprint=fp, weights_sha256="f1")
+    _checkpoint(ws.foundation, cache_fingerprint=fp, cache_lineage=lineage, weights_sha256="f1")
     _checkpoint(ws.scenario("churn"), cache_fingerprint=fp, foundation_sha256="f1", weights_sha256="s1")
     _checkpoint(ws.scenario("items"), cache_fingerprint=fp, foundation_sha256="f0", weights_sha256="s2")
     data = _tick(project, instance, "scenarios_schedule")
@@ -150,6 +130,16 @@ def test_scenarios_retrain_only_the_stale_ones(project, instance):
     _checkpoint(ws.scenario("items"), cache_fingerprint=fp, foundation_sha256="f1", weights_sha256="s3")
     data = _tick(project, instance, "scenarios_schedule")
     assert data.run_requests == [] and "every scenario was trained on the current data" in data.skip_message
+
+    # a new day appended to the cache: the scenarios are stale, the foundation model (same lineage) still fits
+    con = duckdb.connect(str(project.connections["warehouse"].path))
+    con.sql("INSERT INTO purchases VALUES ('c1', TIMESTAMP '2026-11-01 10:00:00', 'p1')")
+    con.close()
+    _extract(project, "2026-11-01", "2026-11-01", cache=True)
+    assert cache_in_use(ws).manifest["mode"] == "append" and cache_in_use(ws).lineage == lineage
+    (request,) = _tick(project, instance, "scenarios_schedule").run_requests
+    assert request.asset_selection == [dg.AssetKey("cache"), dg.AssetKey(["scenario", "churn"]),
+                                       dg.AssetKey(["scenario", "items"])]
 
 
 def test_predictions_score_the_previous_day_with_the_serving_checkpoint(project, instance):
@@ -161,7 +151,7 @@ def test_predictions_score_the_previous_day_with_the_serving_checkpoint(project,
     data = _tick(project, instance, "predictions_schedule")
     assert data.run_requests == []
     assert data.skip_message == ("nothing to score for 2026-11-01: churn: not trained yet; embeddings: the "
-                                 "foundation model was trained on another cache or not at all")
+                                 "foundation model was trained on a cache with other settings or not at all")
 
     _checkpoint(ws.foundation, cache_fingerprint=cache_fp, weights_sha256="f1")
     _checkpoint(ws.scenario("churn"), cache_fingerprint=cache_fp, weights_sha256="s1")
@@ -170,10 +160,16 @@ def test_predictions_score_the_previous_day_with_the_serving_checkpoint(project,
     assert request.asset_selection == [dg.AssetKey(["predictions", "churn"]), dg.AssetKey("embeddings")]
 
     # the checkpoint that passed its check serves, even when a newer one exists
-    _checkpoint(passed_path(ws, "churn"), cache_fingerprint="an older cache", weights_sha256="s0")
+    _checkpoint(passed_path(ws, "churn"), cache_fingerprint="an older cache", cache_lineage="other settings",
+                weights_sha256="s0")
     (request,) = _tick(project, instance, "predictions_schedule").run_requests
     assert request.asset_selection == [dg.AssetKey("embeddings")]
-    assert "churn: its serving checkpoint was trained on another cache" in request.tags["habitus/left_out"]
+    assert "churn: its serving checkpoint was trained on a cache with other settings" in request.tags["habitus/left_out"]
+    # a checkpoint trained on an older version of the same lineage (new data appended since) still serves
+    _checkpoint(passed_path(ws, "churn"), cache_fingerprint="an older version", cache_lineage=cache_in_use(ws).lineage,
+                weights_sha256="s0")
+    (request,) = _tick(project, instance, "predictions_schedule").run_requests
+    assert request.asset_selection == [dg.AssetKey(["predictions", "churn"]), dg.AssetKey("embeddings")]
 
 
 def test_predictions_skip_days_outside_the_partitions(project, instance):
@@ -187,7 +183,7 @@ def test_definitions_wire_every_job_sensor_and_schedule(project):
     repo = defs.get_repository_def()
     assert {j.name for j in repo.get_all_jobs() if not j.name.startswith("__")} == {
         "extract_purchases", "train", "train_scenarios", "score"}
-    assert {s.name for s in repo.sensor_defs} == {"purchases_new_data", "cache_after_new_data"}
+    assert {s.name for s in repo.sensor_defs} == {"purchases_new_data", "cache_after_new_data", "score_after_cache"}
     checks = {(k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys}
     assert checks == {("source/purchases", "schema_matches_config"), ("source/purchases", "keys_present"),
                       ("source/purchases", "timestamps_plausible"), ("source/purchases", "volume_guidelines"),

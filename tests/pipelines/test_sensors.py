@@ -1,7 +1,6 @@
 """The new-data sensors: a Dagster test instance, a small DuckDB (and Parquet) warehouse, and cursors
 carried from tick to tick, as the sensor daemon would."""
 
-import contextlib
 import json
 import time
 from datetime import datetime, timedelta, timezone
@@ -21,20 +20,6 @@ from pipelines.sensors import plan_runs
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 
 
-@contextlib.contextmanager
-def clean_instance_for_test():
-    """dg.instance_for_test(), restoring Dagster's current defs-state storage afterwards. In 1.13.27 an
-    instance entered while another is current can leave a context manager behind that, when garbage
-    collected later, sets the storage of a disposed instance as current; the next Definitions load in
-    this process then fails with 'undefined DagsterInstance weakref'. Collect those here and reset."""
-    import gc
-
-    from dagster._core.storage.defs_state.base import set_defs_state_storage
-
-    with set_defs_state_storage(None):
-        with dg.instance_for_test() as instance:
-            yield instance
-        gc.collect()
 
 
 def _rows(month: int, n: int, day: int = 3, first_customer: int = 0) -> list[tuple]:
@@ -71,12 +56,6 @@ def warehouse(tmp_path):
     con.close()
     _insert(path, _rows(3, 10) + _rows(4, 8) + _rows(5, 6))
     return path
-
-
-@pytest.fixture
-def instance():
-    with clean_instance_for_test() as inst:
-        yield inst
 
 
 class Ticker:
