@@ -30,22 +30,43 @@ def _instance():
 
 
 def materialize_all(project, *, log=print) -> dict:
-    """Extract every partition, build the cache, train, fine-tune, and score the newest day."""
+    """Extract every partition, build the cache, train, fine-tune, and score the newest day, running
+    the asset checks of each stage with it (as the jobs do in the UI). Failed checks are logged and
+    returned; a failed blocking check stops what depends on it, as in Dagster."""
     import dagster as dg
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from assets.cache import current_cache
+    from assets.checks import build_checks
     from assets.predictions import predictions_key
     from assets.sources import source_key
     from pipelines.definitions import build_assets, build_resources
 
     assets, resources, instance = build_assets(project), build_resources(project), _instance()
-    timings = {}
+    checks = build_checks(project)
+    timings, failed, passed = {}, [], 0
 
     def run(selection, what, **kw):
+        nonlocal passed
         started = time.time()
         log(f"materializing {what} ...")
-        dg.materialize(assets, selection=selection, resources=resources, instance=instance, **kw)
+        keys = set(selection)
+        own_checks = [c for c in checks if any(k.asset_key in keys for k in c.check_keys)]
+        result = dg.materialize([*assets, *own_checks], selection=selection, resources=resources, instance=instance,
+                                raise_on_error=False, **kw)
+        for e in result.get_asset_check_evaluations():
+            if e.passed:
+                passed += 1
+            else:
+                failed.append(f"{e.asset_key.to_user_string()} {e.check_name} ({e.severity.value.lower()}): "
+                              f"{e.description or ''}".strip())
+                log(f"  check failed: {failed[-1]}")
+        # a failed blocking check fails its step (Dagster) but the asset itself was written: only a
+        # missing materialization is a failure of the run
+        missing = keys - {e.asset_key for e in result.get_asset_materialization_events()}
+        if missing:
+            raise RuntimeError(f"materializing {', '.join(sorted(k.to_user_string() for k in missing))} failed; "
+                               f"see the log above")
         timings[what] = round(time.time() - started, 1)
         log(f"  done in {timings[what]}s")
 
@@ -61,7 +82,7 @@ def materialize_all(project, *, log=print) -> dict:
     day = datetime.fromtimestamp(cache.time_range[1], timezone.utc).date().isoformat()
     run([predictions_key(n) for n in project.prediction_scenarios] + [dg.AssetKey("embeddings")],
         f"predictions and embeddings for {day}", partition_key=day)
-    return {"timings": timings, "prediction_day": day}
+    return {"timings": timings, "prediction_day": day, "checks_passed": passed, "checks_failed": failed}
 
 
 def report(project, prediction_day: str | None = None) -> str:
@@ -151,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"demo warehouse {path}: {counts} in {time.time() - started:.1f}s")
     started = time.time()
     result = materialize_all(project)
-    print(f"\nall assets materialized in {time.time() - started:.0f}s\n")
+    print(f"\nall assets materialized in {time.time() - started:.0f}s; asset checks: {result['checks_passed']} passed, "
+          f"{len(result['checks_failed'])} failed\n")
     print(report(project, result["prediction_day"]))
     return 0
 

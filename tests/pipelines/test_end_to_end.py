@@ -68,6 +68,14 @@ def test_definitions_hold_every_stage(tmp_path):
                     "embeddings"}
 
 
+def test_asset_checks_run_with_each_stage(run):
+    _, _, result = run
+    assert result["checks_passed"] >= 5
+    # what may fail on a tiny warehouse: the volume guidelines (a warning) and models that lose to a baseline
+    assert all("volume_guidelines (warn)" in f or "beats_baselines" in f for f in result["checks_failed"]), \
+        result["checks_failed"]
+
+
 def test_sources_hold_every_warehouse_row(run):
     root, project, _ = run
     files = sorted((root / "ws" / "sources" / "purchases").glob("*.parquet"))
