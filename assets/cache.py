@@ -10,6 +10,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from assets.sources import source_key
+from pipelines.partitions import events_partitions
 from models.cache import Cache, CacheSpec, TableInput, build_cache, infer_column_type
 from models.storage import folder_bytes, read_json, write_json
 from resources.workspace import Workspace
@@ -19,8 +20,18 @@ CACHE_KEY = dg.AssetKey("cache")
 MIN_ENTITIES, MIN_EVENTS_PER_MONTH, MIN_HISTORY_DAYS = 10_000, 100_000, 90
 
 
-def table_input(project, source, workspace: Workspace) -> TableInput:
+def source_files(source, workspace: Workspace) -> tuple[list[str], list[str]]:
+    """(files to read, files left out): an events source's partitions of the current partitioning
+    only, so files left by another `partition:` or `start:` setting are never read twice."""
     files = sorted(str(p) for p in workspace.sources(source.name).glob("*.parquet"))
+    if source.role != "events":
+        return [f for f in files if Path(f).stem == "all"], [f for f in files if Path(f).stem != "all"]
+    keys = set(events_partitions(source).get_partition_keys())
+    return [f for f in files if Path(f).stem in keys], [f for f in files if Path(f).stem not in keys]
+
+
+def table_input(project, source, workspace: Workspace) -> TableInput:
+    files, _ = source_files(source, workspace)
     if not files:
         raise dg.Failure(f"source/{source.name} has no extracted partitions in {workspace.sources(source.name)}; "
                          f"materialize it first")
@@ -64,6 +75,11 @@ def build_cache_asset(project) -> dg.AssetsDefinition:
               kinds={"duckdb", "arrow"}, description="Encoded, entity-sorted, sharded events + vocabularies")
     def cache(context: dg.AssetExecutionContext, workspace: Workspace) -> dg.MaterializeResult:
         started = time.time()
+        for source in project.sources:
+            left_out = source_files(source, workspace)[1]
+            if left_out:
+                context.log.warning(f"source/{source.name}: {len(left_out)} file(s) are not partitions of the current "
+                                    f"config and are not read (e.g. {left_out[0]}); delete them if they are stale")
         spec = cache_spec(project, workspace)
         source_bytes = sum(Path(f).stat().st_size for t in spec.events + spec.entity_attributes + spec.attributes
                            for f in t.files)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from datetime import date
+from datetime import date, datetime, timedelta
 
 import duckdb
 import numpy as np
@@ -455,6 +455,28 @@ def generate_demo_warehouse(path: str | os.PathLike, *, customers: int = 20_000,
     return {name: table.num_rows for name, table in tables.items()}
 
 
+def append_demo_day(path: str | os.PathLike, *, seed: int = 0) -> tuple[str, int]:
+    """Add the next day of purchases to a demo warehouse (what a nightly load would do), so the
+    new-data sensor has something to find. The day is simulated with the warehouse's own sizes and
+    first day, one day longer than the data it holds. Returns (the day, rows added)."""
+    con = duckdb.connect(os.fspath(path))
+    try:
+        first, last = con.sql("SELECT min(ts)::DATE, max(ts)::DATE FROM purchases").fetchall()[0]
+        sizes = [con.sql(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in ("customers", "products", "stores")]
+        day = last + timedelta(days=1)
+        tables = _arrow_tables(first, *_simulate(first, (day - first).days + 1, *sizes, seed))
+        purchases = tables["purchases"]
+        start = pa.scalar(datetime(day.year, day.month, day.day), pa.timestamp("us"))
+        new = purchases.filter(pc.greater_equal(purchases.column("ts"), start.cast(purchases.schema.field("ts").type)))
+        con.register("new_day", new)
+        con.sql("INSERT INTO purchases SELECT * FROM new_day")  # one statement: all of the day or none
+        con.unregister("new_day")
+        con.sql("CHECKPOINT")
+    finally:
+        con.close()
+    return day.isoformat(), new.num_rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="habitus demo-data", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"DuckDB file to (re)write (default {DEFAULT_OUT})")
@@ -464,7 +486,13 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start", default="2026-03-01", help="first day (inclusive)")
     parser.add_argument("--end", default="2026-10-31", help="last day (inclusive)")
+    parser.add_argument("--append-day", action="store_true",
+                        help="add the next day of purchases to the existing warehouse instead of rewriting it")
     args = parser.parse_args(argv)
+    if args.append_day:
+        day, rows = append_demo_day(args.out, seed=args.seed)
+        print(f"{args.out}: added {rows:,} purchases on {day}")
+        return
     counts = generate_demo_warehouse(args.out, customers=args.customers, products=args.products,
                                      stores=args.stores, start=args.start, end=args.end, seed=args.seed)
     print(f"wrote {args.out}")

@@ -260,3 +260,27 @@ def test_price_tier_depends_on_segment(rows):
     budget = rows["price_tier"] == "budget"
     by_segment = {s: budget[rows["segment"] == s].mean() for s in ("value", "premium")}
     assert by_segment["value"] > by_segment["premium"] + 0.1, by_segment
+
+
+def test_append_day_adds_the_next_day_only(tmp_path):
+    from pipelines.demo_data import append_demo_day
+
+    path = tmp_path / "w.duckdb"
+    generate_demo_warehouse(path, customers=300, products=40, stores=3, start="2026-09-01", end="2026-09-30")
+    con = duckdb.connect(str(path))
+    before = con.sql("SELECT count(*) FROM purchases").fetchall()[0][0]
+    con.close()
+    day, rows = append_demo_day(path)
+    assert day == "2026-10-01" and rows > 0
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        assert con.sql("SELECT count(*) FROM purchases").fetchall()[0][0] == before + rows
+        assert con.sql("SELECT count(*), min(ts)::DATE, max(ts)::DATE FROM purchases WHERE ts >= DATE '2026-10-01'"
+                       ).fetchall()[0] == (rows, date(2026, 10, 1), date(2026, 10, 1))
+        # the new day's customers and products exist in the attribute tables (the joins keep working)
+        assert con.sql("SELECT count(*) FROM purchases p ANTI JOIN customers c USING (customer_id) "
+                       "WHERE p.ts >= DATE '2026-10-01'").fetchall()[0][0] == 0
+        assert con.sql("SELECT count(*) FROM purchases p ANTI JOIN products c USING (product_id) "
+                       "WHERE p.ts >= DATE '2026-10-01'").fetchall()[0][0] == 0
+    finally:
+        con.close()
