@@ -131,12 +131,13 @@ def test_scenarios_retrain_only_the_stale_ones(project, instance):
     data = _tick(project, instance, "scenarios_schedule")
     assert data.run_requests == [] and "every scenario was trained on the current data" in data.skip_message
 
-    # a new day appended to the cache: the scenarios are stale, the foundation model (same lineage) still fits
+    # late rows re-encode the cache with the same ids: the scenarios are stale, the foundation model (same
+    # lineage) still fits
     con = duckdb.connect(str(project.connections["warehouse"].path))
-    con.sql("INSERT INTO purchases VALUES ('c1', TIMESTAMP '2026-11-01 10:00:00', 'p1')")
+    con.sql("INSERT INTO purchases VALUES ('c1', TIMESTAMP '2026-10-20 10:00:00', 'p1')")
     con.close()
-    _extract(project, "2026-11-01", "2026-11-01", cache=True)
-    assert cache_in_use(ws).manifest["mode"] == "append" and cache_in_use(ws).lineage == lineage
+    _extract(project, "2026-10-01", "2026-10-01", cache=True)
+    assert cache_in_use(ws).manifest["mode"] == "rebuild" and cache_in_use(ws).lineage == lineage
     (request,) = _tick(project, instance, "scenarios_schedule").run_requests
     assert request.asset_selection == [dg.AssetKey("cache"), dg.AssetKey(["scenario", "churn"]),
                                        dg.AssetKey(["scenario", "items"])]
