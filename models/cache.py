@@ -209,27 +209,28 @@ def _prune(root: Path, keep: int, current: Path) -> None:
 
 
 def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> tuple[dict, dict, dict]:
-    """Create temp table `events`: the events of `files` (per source) with item attributes joined.
-    Returns (row statistics, event column -> type, join coverage counts per attributes source)."""
+    """Create temp table `events`: the events of `files` (per source) that pass the quarantine
+    (models.quarantine), with item attributes joined. Returns (quarantine counts, event column ->
+    type, join coverage counts per attributes source)."""
+    from models.quarantine import quarantine
+
     ent = _q(spec.entity)
     # all event sources as one stream with the entity id as text (ids keep one type across sources)
     parts = []
     for i, t in enumerate(spec.events):
         if not files.get(t.name):
             continue
-        cols = "".join(f", {_q(c)}" for c in t.columns)
+        cols = "".join(f", {_column_sql(t, c)} AS {_q(c)}" for c in t.columns)
         parts.append(f"SELECT CAST({ent} AS VARCHAR) AS __entity, {_utc(_q(t.timestamp), _field_type(t, t.timestamp))} AS __ts, "
                      f"{i} AS __source{cols} FROM {_files_sql(files[t.name])}")
     con.sql("CREATE OR REPLACE TEMP VIEW raw_events AS " + " UNION ALL BY NAME ".join(parts))
-    row = _one(con, "SELECT count(*), count(*) FILTER (WHERE __entity IS NULL), "
-                      "count(*) FILTER (WHERE __ts IS NULL) FROM raw_events")
-    stats = dict(zip(("rows", "null_entity", "null_timestamp"), map(int, row)))
-
-    # item attributes joined through their key (one row per key: duplicates would copy events)
     event_cols: dict[str, str] = {}
     for t in spec.events:
         for c, kind in t.columns.items():
-            event_cols.setdefault(c, kind)
+            event_cols.setdefault(c, "numeric" if kind == "timestamp" else kind)
+    kept, stats = quarantine(con, "raw_events", event_cols, now_s=int(time.time()))
+
+    # item attributes joined through their key (one row per key: duplicates would copy events)
     joins, coverage = [], {}
     for j, t in enumerate(spec.attributes):
         if t.key not in event_cols:
@@ -248,16 +249,24 @@ def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> tuple[di
         joins.append((alias, t, cols, f"SELECT CAST({_q(t.key)} AS VARCHAR) AS __key, {picks} FROM "
                                       f"{_files_sql(t.files)} GROUP BY 1"))
     select_cols = list(dict.fromkeys(f"e.{_q(c)}" for t in spec.events for c in t.columns))
-    from_sql = "raw_events e"
+    from_sql = f"{_q(kept)} e"
     for alias, t, cols, sub in joins:
         from_sql += f" LEFT JOIN ({sub}) {alias} ON CAST(e.{_q(t.key)} AS VARCHAR) = {alias}.__key"
         select_cols += [f"{alias}.{_q(c)}" for c in cols]
         hits, keys = _one(con, f"SELECT count(*) FILTER (WHERE {alias}.__key IS NOT NULL), count(e.{_q(t.key)}) "
-                                 f"FROM raw_events e LEFT JOIN ({sub}) {alias} ON CAST(e.{_q(t.key)} AS VARCHAR) = {alias}.__key")
+                                 f"FROM {_q(kept)} e LEFT JOIN ({sub}) {alias} ON CAST(e.{_q(t.key)} AS VARCHAR) = {alias}.__key")
         coverage[t.name] = [int(hits), int(keys)]
     con.sql(f"CREATE OR REPLACE TEMP TABLE events AS SELECT e.__entity, e.__ts, e.__source, {', '.join(select_cols)} "
-            f"FROM {from_sql} WHERE e.__entity IS NOT NULL AND e.__ts IS NOT NULL")
+            f"FROM {from_sql}")
     return stats, event_cols, coverage
+
+
+def _column_sql(t: TableInput, column: str) -> str:
+    """An events column as read: a time becomes seconds since 1970 (the model reads it as a number)."""
+    if t.columns[column] == "timestamp" or pa.types.is_timestamp(_field_type(t, column)) \
+            or pa.types.is_date(_field_type(t, column)):
+        return _epoch_s(_utc(_q(column), _field_type(t, column)))
+    return _q(column)
 
 
 def _all_files(spec: CacheSpec) -> dict[str, list[str]]:
@@ -266,8 +275,11 @@ def _all_files(spec: CacheSpec) -> dict[str, list[str]]:
 
 def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None" = None) -> dict:
     stats, event_cols, coverage = _stage_events(con, spec, _all_files(spec))
-    if stats["rows"] == 0:
-        raise CacheError("the events sources hold no rows: nothing to train on")
+    if stats["rows_in"] == 0:
+        raise CacheError("the events sources hold no rows: nothing to train on; extract source partitions with data")
+    if stats["rows_kept"] == 0:
+        from models.quarantine import summary
+        raise CacheError(f"every event row was quarantined ({summary(stats)}); fix the source data or the config")
 
     # vocabularies: most frequent value first, ties by value, so ids are deterministic; a seed's ids kept
     (out / "vocab").mkdir()
@@ -309,6 +321,7 @@ def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None" = None) ->
         "shards": shards,
         "appends": 0,
         "dropped": {"null_entity": stats["null_entity"], "null_timestamp": stats["null_timestamp"]},
+        "quarantine": stats,
         "join_counts": coverage,
         "join_coverage": _coverage(coverage),
         "sources": {t.name: sorted(t.files) for t in spec.events + spec.entity_attributes + spec.attributes},
@@ -374,10 +387,20 @@ def _append(con, spec: CacheSpec, prev: "Cache", files: dict[str, list[str]], ou
         "appends": seq,
         "dropped": {"null_entity": pm["dropped"]["null_entity"] + stats["null_entity"],
                     "null_timestamp": pm["dropped"]["null_timestamp"] + stats["null_timestamp"]},
+        "quarantine": _add_counts(pm.get("quarantine", {}), stats),
         "join_counts": counts,
         "join_coverage": _coverage(counts),
         "sources": {t.name: sorted(t.files) for t in spec.events + spec.entity_attributes + spec.attributes},
     }
+
+
+def _add_counts(before: dict, now: dict) -> dict:
+    """Quarantine counts of a version and its appended rows (duplicates are found within each)."""
+    out = {k: before.get(k, 0) + v for k, v in now.items() if not k.endswith("_share")}
+    rows = out.get("rows_in", 0)
+    out["dropped_share"] = round((rows - out.get("rows_kept", 0)) / rows, 6) if rows else 0.0
+    out["repaired_share"] = round(out.get("rows_repaired", 0) / rows, 6) if rows else 0.0
+    return out
 
 
 def _coverage(counts: dict) -> dict:

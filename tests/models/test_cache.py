@@ -374,7 +374,7 @@ def test_a_changed_partition_reencodes_with_the_same_ids(sources, frame):
 
 
 def test_many_appends_are_merged_back_into_one_file_per_shard(sources, frame):
-    days = [[r for r in KEPT + LATER if d <= r[1] < d + 3] for d in range(0, 16, 3)]
+    days = [[r for r in FIRST + LATER if d <= r[1] < d + 3] for d in range(0, 16, 3)]
     files, cache = [], None
     for i, rows in enumerate(days):
         files.append(_write_events(sources, rows, f"part{i}"))
@@ -395,3 +395,18 @@ def test_other_settings_start_a_new_lineage(sources):
     other = Cache(build_cache(spec, sources.root / "cache", previous=first.path, log=lambda _: None))
     assert other.manifest["mode"] == "fresh" and other.lineage != first.lineage
     assert not other.fits({"cache_lineage": first.lineage, "cache_fingerprint": first.fingerprint})
+
+
+def test_quarantine_counts_are_recorded_and_added_up_over_appends(sources, frame):
+    bad = FIRST + [FIRST[0], ("c1", 4.0, "p_a", float("inf")), ("c9", 3000.0, "p_a", 1.0)]  # copy, inf, far future
+    first = _grow(sources, None, [_write_events(sources, bad, "day1")])
+    q = first.manifest["quarantine"]
+    assert (q["duplicate_event"], q["numeric_not_finite"], q["timestamp_in_future"]) == (1, 1, 1)
+    assert q["rows_in"] == len(bad) and q["rows_kept"] == len(bad) - 2 == first.manifest["n_events"]
+    later = LATER + [(None, 14.0, "p_a", 1.0)]
+    grown = _grow(sources, first, [_write_events(sources, bad, "day1"), _write_events(sources, later, "day2")])
+    g = grown.manifest["quarantine"]
+    assert g["rows_in"] == len(bad) + len(later) and g["null_entity"] == 1 and g["duplicate_event"] == 1
+    assert g["rows_kept"] == grown.manifest["n_events"] == len(bad) - 2 + len(LATER)
+    assert g["dropped_share"] == round(3 / (len(bad) + len(later)), 6)
+    assert np.isnan(frame(grown)["price"]).sum() == 1 + sum(1 for r in FIRST + LATER if r[3] is None)  # inf -> missing
