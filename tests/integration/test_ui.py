@@ -2,8 +2,10 @@
 warehouse, opened in headless Debian Chromium through Selenium.
 
 It checks that the asset graph shows every stage, materializes a small asset by clicking its
-Materialize button and sees the run succeed, and launches a backfill of the events source (every
-day since March: a run per 31 days under its backfill policy). Screenshots are saved in the test's tmp dir.
+Materialize button and sees the run succeed, launches a backfill of the events source (the days
+since October: a run per 31 days under its backfill policy), then switches on the new-data sensor,
+appends a day of purchases to the warehouse and sees the sensor's run extract exactly that day.
+Screenshots are saved in the test's tmp dir.
 Runs in `make test` (marker `ui`); skipped, with the reason, where chromium is not installed
 (.ci/run installs Debian's chromium and chromium-driver).
 """
@@ -19,10 +21,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines.config import load_project
-from pipelines.demo_data import generate_demo_warehouse
+from pipelines.demo_data import append_demo_day, generate_demo_warehouse
 from pipelines.partitions import events_partitions
 
 pytestmark = pytest.mark.ui
@@ -32,6 +35,7 @@ STAGES = {"source/purchases", "source/customers", "source/products", "source/sto
           "scenario/churn", "scenario/brand_propensity", "scenario/spend", "scenario/next_products",
           "predictions/churn", "predictions/brand_propensity", "predictions/spend", "predictions/next_products",
           "embeddings"}
+DATA_START = "2026-10-01"  # a month of data: the backfill is two runs, not nine
 # dagster dev ignores SIGTERM when started from a script; restoring SIGINT's default lets SIGTERM stop it
 UNIGNORE = "import os,signal,sys;signal.signal(signal.SIGINT,signal.SIG_DFL);os.execvp(sys.argv[1],sys.argv[1:])"
 
@@ -56,7 +60,8 @@ class DagsterDev:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / "dagster_dev.log"
         env = {**os.environ, "DAGSTER_HOME": str(root / "dagster_home"), "HABITUS_CONFIG": str(ROOT / "examples" / "demo.yaml"),
-               "HABITUS_WORKSPACE": str(root / "ws"), "HABITUS_DEMO_WAREHOUSE": str(root / "warehouse.duckdb")}
+               "HABITUS_WORKSPACE": str(root / "ws"), "HABITUS_DEMO_WAREHOUSE": str(root / "warehouse.duckdb"),
+               "HABITUS_SENSOR_INTERVAL": "5"}
         Path(env["DAGSTER_HOME"]).mkdir()
         dagster = str(Path(sys.executable).parent / "dagster")
         self._out = open(self.log, "wb")
@@ -98,6 +103,18 @@ class DagsterDev:
         return self.graphql(f"{{ runsOrError{flt} {{ ... on Runs {{ results {{ runId status tags {{ key value }} "
                             f"assetSelection {{ path }} }} }} }} }}")["runsOrError"]["results"]
 
+    def sensor_selector(self, name: str) -> dict:
+        entry = self.graphql("""{ workspaceOrError { ... on Workspace { locationEntries { name
+                 locationOrLoadError { ... on RepositoryLocation { repositories { name } } } } } } }""")[
+            "workspaceOrError"]["locationEntries"][0]
+        return {"repositoryLocationName": entry["name"],
+                "repositoryName": entry["locationOrLoadError"]["repositories"][0]["name"], "sensorName": name}
+
+    def sensor_ticks(self, selector: dict) -> list[dict]:
+        data = self.graphql("""query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
+                 ... on Sensor { sensorState { ticks(limit: 5) { status skipReason runIds } } } } }""", {"s": selector})
+        return data["sensorOrError"]["sensorState"]["ticks"]
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -107,6 +124,16 @@ class DagsterDev:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         self._out.close()
+
+
+def _append_day(warehouse: Path):
+    """The next day of purchases, or None while the sensor holds the DuckDB file (one writer at a time)."""
+    import duckdb
+
+    try:
+        return append_demo_day(warehouse, seed=2)
+    except duckdb.IOException:
+        return None
 
 
 def _wait(what: str, probe, timeout: float = 180, every: float = 1.0):
@@ -158,7 +185,8 @@ def browser():
 
 @pytest.fixture
 def dagster_dev(tmp_path, browser):  # the browser first: without it nothing is started
-    generate_demo_warehouse(tmp_path / "warehouse.duckdb", customers=300, products=60, stores=4, seed=2)
+    generate_demo_warehouse(tmp_path / "warehouse.duckdb", customers=300, products=60, stores=4, seed=2,
+                            start=DATA_START, end="2026-10-31")
     server = DagsterDev(tmp_path)
     try:
         yield server
@@ -206,16 +234,17 @@ def test_the_ui_shows_every_stage_and_runs_a_materialization_and_a_backfill(dags
         EC.presence_of_element_located((By.XPATH, "//*[text()='rows']")))
     browser.save_screenshot(str(tmp_path / "materialized.png"))
 
-    # a backfill of every day of the events source: a run per 31 days (its backfill policy)
+    # a backfill of the days since October (the warehouse's data) of the events source: a run per 31 days
+    keys = [k for k in events_partitions(load_project(ROOT / "examples" / "demo.yaml").source("purchases"))
+            .get_partition_keys() if k >= DATA_START]
     launched = dagster_dev.graphql(
         """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
              __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }""",
-        {"p": {"assetSelection": [{"path": ["source", "purchases"]}], "allPartitions": True}}
+        {"p": {"assetSelection": [{"path": ["source", "purchases"]}], "partitionNames": keys}}
     )["launchPartitionBackfill"]
     assert launched["__typename"] == "LaunchBackfillSuccess", launched
     backfill = launched["backfillId"]
     # its runs, not the backfill's status: the backfill daemon marks it complete on a later iteration (30 s)
-    keys = events_partitions(load_project(ROOT / "examples" / "demo.yaml").source("purchases")).get_partition_keys()
     expected = -(-len(keys) // 31)
     done = ("SUCCESS", "FAILURE", "CANCELED")
     runs = _wait("the backfill's runs", lambda: (lambda rs: rs if len(rs) == expected and all(
@@ -224,9 +253,27 @@ def test_the_ui_shows_every_stage_and_runs_a_materialization_and_a_backfill(dags
     tags = {t["key"]: t["value"] for t in runs[-1]["tags"]}
     assert tags["dagster/asset_partition_range_start"] == keys[0]
     days = sorted(p.stem for p in (tmp_path / "ws" / "sources" / "purchases").glob("*.parquet"))
-    assert days == keys and len(keys) >= 245
-    for shot in ("asset_graph.png", "materialized.png"):
+    assert days == keys and len(keys) >= 59
+
+    # switch the new-data sensor on; once it has ticked (the extracted days count as done), a day lands
+    sensor = dagster_dev.sensor_selector("purchases_new_data")
+    started = dagster_dev.graphql("""mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename
+                                     ... on PythonError { message } } }""", {"s": sensor})["startSensor"]
+    assert started["__typename"] == "Sensor", started
+    _wait("the sensor's first tick", lambda: dagster_dev.sensor_ticks(sensor), timeout=120)
+    day, rows = _wait("the warehouse free for writing", lambda: _append_day(tmp_path / "warehouse.duckdb"), timeout=60)
+    new_run = _wait("the sensor's run", lambda: next((r for r in dagster_dev.runs() if any(
+        t["key"] == "dagster/sensor_name" and t["value"] == "purchases_new_data" for t in r["tags"])
+        and r["status"] in done), None), timeout=180, every=2)
+    assert new_run["status"] == "SUCCESS", dagster_dev.log.read_text()[-3000:]
+    assert {t["key"]: t["value"] for t in new_run["tags"]}["dagster/partition"] == day
+    assert pq.read_metadata(tmp_path / "ws" / "sources" / "purchases" / f"{day}.parquet").num_rows == rows
+    browser.get(f"{dagster_dev.url}/runs/{new_run['runId']}")
+    WebDriverWait(browser, 60).until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'Success')]")))
+    browser.save_screenshot(str(tmp_path / "sensor_run.png"))
+
+    for shot in ("asset_graph.png", "materialized.png", "sensor_run.png"):
         assert (tmp_path / shot).stat().st_size > 20_000
     if os.environ.get("HABITUS_UI_SCREENSHOTS"):  # keep them where a person can look
-        for shot in ("asset_graph.png", "materialized.png"):
+        for shot in ("asset_graph.png", "materialized.png", "sensor_run.png"):
             shutil.copy(tmp_path / shot, Path(os.environ["HABITUS_UI_SCREENSHOTS"]) / shot)
