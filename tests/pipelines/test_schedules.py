@@ -188,6 +188,7 @@ def test_definitions_wire_every_job_sensor_and_schedule(project):
     checks = {(k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys}
     assert checks == {("source/purchases", "schema_matches_config"), ("source/purchases", "keys_present"),
                       ("source/purchases", "timestamps_plausible"), ("source/purchases", "volume_guidelines"),
+                      ("source/purchases", "categorical_cardinality"), ("cache", "rows_quarantined"),
                       ("cache", "join_coverage"), ("cache", "free_space_for_training"),
                       ("scenario/churn", "beats_baselines"), ("scenario/items", "beats_baselines")}
     # a backfill of a year is a handful of runs: 1 for monthly sources, 12 for daily predictions
