@@ -19,6 +19,7 @@ The fingerprint covers the inputs' content and the encoding settings: same input
 (within a lineage; a fresh build numbers values by frequency).
 """
 
+import fcntl
 import functools
 import math
 import os
@@ -201,10 +202,19 @@ def _new_events_files(prev: "Cache", spec: CacheSpec, inputs: dict) -> dict[str,
 
 
 def _prune(root: Path, keep: int, current: Path) -> None:
+    """Delete all but the `keep` newest versions, except those a reader has open (a training run
+    started on an older version keeps reading it while new data is appended)."""
     versions = sorted((p for p in root.iterdir() if p.is_dir() and (p / "manifest.json").exists()),
                       key=lambda p: p.stat().st_mtime, reverse=True)
     for old in versions[keep:]:
-        if old != current:
+        if old == current:
+            continue
+        with open(old / "manifest.json", "rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # in use: the next build prunes it
+            (old / "manifest.json").unlink()  # first: a folder without a manifest is never read again
             shutil.rmtree(old, ignore_errors=True)
 
 
@@ -624,6 +634,9 @@ class Cache:
         mf = self.path / "manifest.json"
         if not mf.exists():
             raise CacheError(f"{self.path} has no manifest.json: it is not a finished cache; materialize `cache`")
+        # a shared lock on the manifest while this object lives: the version is not pruned under it
+        self._reader = open(mf, "rb")
+        fcntl.flock(self._reader, fcntl.LOCK_SH)
         self.manifest = read_json(mf)
         self.fingerprint: str = self.manifest["fingerprint"]
         self.columns: dict[str, dict] = self.manifest["columns"]

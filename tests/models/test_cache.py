@@ -410,3 +410,22 @@ def test_quarantine_counts_are_recorded_and_added_up_over_appends(sources, frame
     assert g["rows_kept"] == grown.manifest["n_events"] == len(bad) - 2 + len(LATER)
     assert g["dropped_share"] == round(3 / (len(bad) + len(later)), 6)
     assert np.isnan(frame(grown)["price"]).sum() == 1 + sum(1 for r in FIRST + LATER if r[3] is None)  # inf -> missing
+
+
+def test_a_version_in_use_is_not_pruned(sources):
+    import gc
+
+    files = [_write_events(sources, FIRST, "day1")]
+    first = _grow(sources, None, files)  # held open, as by a training run
+    cache = first
+    for i, rows in enumerate([LATER[:3], LATER[3:6], LATER[6:]]):
+        files.append(_write_events(sources, rows, f"more{i}"))
+        cache = _grow(sources, cache, files)  # keep=2: `first` is past the two newest
+    assert (first.path / "manifest.json").exists() and first.shard(0).ts.size >= 0
+    path = first.path
+    del first
+    gc.collect()
+    files.append(_write_events(sources, [("c1", 15.5, "p_a", 1.0)], "last"))
+    _grow(sources, cache, files)
+    assert not path.exists()
+    assert len([p for p in (sources.root / "cache").iterdir() if (p / "manifest.json").exists()]) == 2
