@@ -303,7 +303,9 @@ def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None" = None) ->
             mean, std, lo, hi, nulls = _one(
                 con, f"SELECT avg(x), stddev_pop(x), min(x), max(x), count(*) - count(x) FROM "
                      f"(SELECT CAST({_q(c)} AS DOUBLE) AS x FROM events)")
-            columns[c] = {"type": "numeric", "mean": mean, "std": std, "min": lo, "max": hi, "nulls": int(nulls)}
+            # rounded: a parallel sum differs in the last bits from run to run
+            columns[c] = {"type": "numeric", "mean": _round(mean), "std": _round(std), "min": lo, "max": hi,
+                          "nulls": int(nulls)}
 
     # entity ids: every entity seen in events or in an entity attribute table, new ones ordered by id text
     _stage_entity_ids(con, spec, seed)
@@ -404,6 +406,10 @@ def _append(con, spec: CacheSpec, prev: "Cache", files: dict[str, list[str]], ou
     }
 
 
+def _round(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.12g}")
+
+
 def _add_counts(before: dict, now: dict) -> dict:
     """Quarantine counts of a version and its appended rows (duplicates are found within each)."""
     out = {k: before.get(k, 0) + v for k, v in now.items() if not k.endswith("_share")}
@@ -492,8 +498,11 @@ def _encoded(con, columns: dict[str, dict], n_shards: int, new_to_shard: bool = 
     if new_to_shard:
         enc.append("ids.before = 0 AND row_number() OVER (PARTITION BY ids.id ORDER BY e.__ts) = 1 AS __new")
     shard_expr = f"CAST(('0x' || substr(md5(e.__entity), 1, 12)) AS UBIGINT) % {n_shards}"
+    # every column in the order: events of one entity in the same second (a basket) come out in one
+    # order on every run, so the same inputs give the same bytes
+    order = ", ".join(["__shard", "entity", "ts"] + [_q(c) for c in columns])
     return con.sql(f"SELECT {shard_expr} AS __shard, {', '.join(enc)} FROM events e JOIN entity_ids ids ON e.__entity = ids.v"
-                   f"{vjoins} ORDER BY __shard, entity, ts").to_arrow_reader(1 << 16)
+                   f"{vjoins} ORDER BY {order}").to_arrow_reader(1 << 16)
 
 
 def _entity_arrow_type(spec: CacheSpec) -> pa.DataType:

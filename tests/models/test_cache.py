@@ -429,3 +429,14 @@ def test_a_version_in_use_is_not_pruned(sources):
     _grow(sources, cache, files)
     assert not path.exists()
     assert len([p for p in (sources.root / "cache").iterdir() if (p / "manifest.json").exists()]) == 2
+
+
+def test_the_same_inputs_give_the_same_bytes(sources):
+    basket = FIRST + [("c1", 1.0, "p_b", 3.0), ("c1", 1.0, "p_c", 2.0)]  # three events in one second
+    files = [_write_events(sources, basket, "day1")]
+    one, two = _grow(sources, None, files, root="one"), _grow(sources, None, files, root="two")
+    a = {p.relative_to(one.path): p.read_bytes() for p in one.path.rglob("*.arrow")}
+    b = {p.relative_to(two.path): p.read_bytes() for p in two.path.rglob("*.arrow")}
+    assert a == b and a
+    strip = lambda m: {k: v for k, v in m.items() if k not in ("build_seconds",)}  # noqa: E731
+    assert strip(one.manifest) == strip(two.manifest)
