@@ -159,7 +159,9 @@ def build_cache(spec: CacheSpec, root: str | Path, *, previous: str | Path | Non
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         spill = tmp / "_spill"
-        con = duckdb.connect(config={"temp_directory": str(spill)})
+        # bounded memory: DuckDB spills sorts and joins to the workspace beyond this
+        con = duckdb.connect(config={"temp_directory": str(spill),
+                                     "memory_limit": os.environ.get("HABITUS_DUCKDB_MEMORY", "2GB")})
         try:
             if mode == "append":
                 manifest = _append(con, spec, prev, new_files, tmp, log)
@@ -262,12 +264,14 @@ def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> tuple[di
     from_sql = f"{_q(kept)} e"
     for alias, t, cols, sub in joins:
         from_sql += f" LEFT JOIN ({sub}) {alias} ON CAST(e.{_q(t.key)} AS VARCHAR) = {alias}.__key"
-        select_cols += [f"{alias}.{_q(c)}" for c in cols]
-        hits, keys = _one(con, f"SELECT count(*) FILTER (WHERE {alias}.__key IS NOT NULL), count(e.{_q(t.key)}) "
-                                 f"FROM {_q(kept)} e LEFT JOIN ({sub}) {alias} ON CAST(e.{_q(t.key)} AS VARCHAR) = {alias}.__key")
-        coverage[t.name] = [int(hits), int(keys)]
+        select_cols += [f"{alias}.{_q(c)}" for c in cols] + [f"{alias}.__key AS __hit{len(coverage)}"]
+        coverage[t.name] = (len(coverage), t.key)
     con.sql(f"CREATE OR REPLACE TEMP TABLE events AS SELECT e.__entity, e.__ts, e.__source, {', '.join(select_cols)} "
             f"FROM {from_sql}")
+    if coverage:  # counted on the built table: joining each attributes table a second time costs as much again
+        row = _one(con, "SELECT " + ", ".join(f"count(__hit{i}), count({_q(key)})" for i, key in coverage.values())
+                        + " FROM events")
+        coverage = {name: [int(row[2 * i]), int(row[2 * i + 1])] for name, (i, _) in coverage.items()}
     return stats, event_cols, coverage
 
 
