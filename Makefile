@@ -8,6 +8,7 @@ TORCH_INDEX ?=
 export DAGSTER_HOME ?= $(CURDIR)/.habitus/dagster
 
 .PHONY: demo test ui clean test-integration
+.PHONY: test-faults
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +52,10 @@ $(BQ_VENV)/.installed:
 	$(BQ_VENV)/bin/pip install -q "bqemulator==1.4.0" "duckdb==1.5.5" "duckdb-extension-spatial==1.5.5" numpy \
 		google-cloud-bigquery-storage
 	touch $@
+
+# Fault injection: the pipeline SIGKILLed at random points in subprocesses (tests/faults; a few minutes).
+test-faults: $(VENV)/.installed-dev
+	$(PY) -m pytest -m faults tests/faults $(PYTEST_ARGS)
 
 test-integration: $(VENV)/.installed-integration $(FAKESNOW_VENV)/.installed $(SPARK_VENV)/.installed $(BQ_VENV)/.installed
 	$(PY) -m pytest -m integration tests/integration $(PYTEST_ARGS)

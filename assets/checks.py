@@ -5,7 +5,12 @@
                                                         ERROR above 5% of the rows
                      timestamps_plausible   (events)    none in the future or before 1970 in the warehouse
                      volume_guidelines      (events)    10,000 entities, 100,000 events a month, 3 months (WARN)
-    cache            join_coverage                      share of event keys that find their attribute row
+    source/<name>    categorical_cardinality            categorical columns above quality.max_categories values (WARN)
+    cache            join_coverage          (blocking)  share of event keys that find their attribute row (WARN
+                                                        below 90%; ERROR below 5%, naming both key types: the
+                                                        silent no-match join of `123` against `'P-123'`)
+                     rows_quarantined       (blocking)  events dropped / repaired by the quarantine
+                                                        (models.quarantine), ERROR above quality.max_*_share
                      free_space_for_training (blocking) free >= (sources + checkpoints) * 1.2
     scenario/<name>  beats_baselines        (blocking)  the hold-out metric beats every baseline's
 
@@ -35,6 +40,7 @@ from resources.workspace import HEADROOM, WorkspaceError
 
 SEVERE_SHARE = 0.05  # above this share of rows with null or duplicate keys a source is broken, not noisy
 MIN_JOIN_COVERAGE = 0.9
+MISMATCH_COVERAGE = 0.05  # below this almost no key matches: the key's type or format differs, not its data
 CHECKPOINT_ALLOWANCE = 100 * 2**20  # room kept for checkpoints before the first one exists
 EPOCH = datetime(1970, 1, 1)
 
@@ -56,11 +62,15 @@ def _scan(files: list[str]) -> str:
 
 
 def _query(sql: str) -> tuple:
+    return _query_all(sql)[0]
+
+
+def _query_all(sql: str) -> list[tuple]:
     import duckdb
 
     con = duckdb.connect()
     try:
-        return con.sql(sql).fetchall()[0]
+        return con.sql(sql).fetchall()
     finally:
         con.close()
 
@@ -148,6 +158,49 @@ def entity_coverage(project, events_files: list[str], attribute_files: list[str]
     return round(hit / total, 6) if total else 0.0
 
 
+def key_samples(files: list[str], column: str, n: int = 3) -> tuple[str, list]:
+    """The Arrow type of `column` in the first file and a few of its values (for a mismatch message)."""
+    t = str(pq.read_schema(files[0]).field(column).type) if column in pq.read_schema(files[0]).names else "missing"
+    rows = _query_all(f"SELECT DISTINCT CAST({_q(column)} AS VARCHAR) FROM {_scan(files)} "
+                      f"WHERE {_q(column)} IS NOT NULL ORDER BY 1 LIMIT {int(n)}") if t != "missing" else []
+    return t, [r[0] for r in rows]
+
+
+def key_mismatch(events_files: list[str], event_key: str, attr_name: str, attr_files: list[str], attr_key: str) -> str:
+    """'events product_id is int64 like ['1', '2'], products.product_id is string like ['P-1', ...]'."""
+    et, ev = key_samples(events_files, event_key)
+    at, av = key_samples(attr_files, attr_key)
+    if not av:
+        return f"{attr_name} has no rows with a {attr_key}: check that table (or its extraction) is not empty"
+    return (f"events {event_key} is {et} like {ev}, {attr_name}.{attr_key} is {at} like {av}: make the key the "
+            f"same type and format on both sides (e.g. a view that casts or strips a prefix)")
+
+
+def categorical_cardinality(project, source, files: list[str]) -> dict[str, int]:
+    """Approximate distinct values of each categorical column (HyperLogLog: one pass, little memory)."""
+    from models.cache import infer_column_type
+
+    schema = pq.read_schema(files[0])
+    skip = {project.entity, source.timestamp}
+    cols = [c for c in (source.columns or schema.names) if c not in skip and c in schema.names]
+    cats = [c for c in cols if (source.types.get(c) or infer_column_type(schema.field(c).type, c)) == "categorical"]
+    if not cats:
+        return {}
+    row = _query(f"SELECT {', '.join(f'approx_count_distinct({_q(c)})' for c in cats)} FROM {_scan(files)}")
+    return dict(zip(cats, map(int, row)))
+
+
+def quarantine_counts(manifest: dict) -> dict:
+    """The cache's quarantine counts (models.quarantine); for a cache built before the quarantine
+    existed, the null ids and timestamps it dropped."""
+    if "quarantine" in manifest:
+        return dict(manifest["quarantine"])
+    dropped = manifest.get("dropped", {})
+    rows_in = manifest["n_events"] + sum(dropped.values())
+    return {"rows_in": rows_in, "rows_kept": manifest["n_events"], **dropped, "rows_repaired": 0,
+            "dropped_share": round(sum(dropped.values()) / rows_in, 6) if rows_in else 0.0, "repaired_share": 0.0}
+
+
 def space_needed(workspace, project) -> dict:
     """Bytes of the extracted sources and of the checkpoints (or an allowance before the first)."""
     source_bytes = sum(Path(f).stat().st_size for s in project.sources for f in extracted_files(workspace, s))
@@ -218,6 +271,26 @@ def source_checks(project, source) -> list[dg.AssetChecksDefinition]:
                       "bad_share": dg.MetadataValue.float(round(share, 6)), "scope": scope})
 
     checks.append(keys_present)
+    limit = project.quality.max_categories
+
+    @dg.asset_check(asset=key, name="categorical_cardinality", required_resource_keys={"workspace"},
+                    description=f"No categorical column has more than {limit:,} distinct values (quality.max_categories): "
+                                f"an id or free text used as a category makes a vocabulary the model cannot learn")
+    def categorical_cardinality_check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        files = extracted_files(context.resources.workspace, source)
+        if not files:
+            return _not_extracted(source)
+        counts = categorical_cardinality(project, source, files)
+        wide = {c: n for c, n in counts.items() if n > limit}
+        return dg.AssetCheckResult(
+            passed=not wide, severity=dg.AssetCheckSeverity.WARN,
+            description=("; ".join(f"{c}: about {n:,} distinct values (limit {limit:,}); leave it out of `columns`, "
+                                   f"declare it `types: {{{c}: numeric}}` if it is a number, or raise "
+                                   f"quality.max_categories" for c, n in wide.items())
+                         or f"{len(counts)} categorical column(s), at most {max(counts.values(), default=0):,} values"),
+            metadata={"distinct_values": dg.MetadataValue.json(counts)})
+
+    checks.append(categorical_cardinality_check)
     if source.role != "events":
         return checks
 
@@ -262,9 +335,10 @@ def source_checks(project, source) -> list[dg.AssetChecksDefinition]:
 
 
 def cache_checks(project) -> list[dg.AssetChecksDefinition]:
-    @dg.asset_check(asset=CACHE_KEY, name="join_coverage", required_resource_keys={"workspace"},
+    @dg.asset_check(asset=CACHE_KEY, name="join_coverage", required_resource_keys={"workspace"}, blocking=True,
                     description=f"Share of event keys that find their attribute row (warns below "
-                                f"{MIN_JOIN_COVERAGE:.0%}): unmatched events get no attributes")
+                                f"{MIN_JOIN_COVERAGE:.0%}): unmatched events get no attributes; below "
+                                f"{MISMATCH_COVERAGE:.0%} the key's type or format differs (ERROR, blocking)")
     def join_coverage(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         from assets.cache import current_cache
 
@@ -276,6 +350,11 @@ def cache_checks(project) -> list[dg.AssetChecksDefinition]:
             if s.role == "entity_attributes" and events and extracted_files(workspace, s):
                 coverage[s.name] = entity_coverage(project, events, extracted_files(workspace, s))
         low = {k: v for k, v in coverage.items() if v < MIN_JOIN_COVERAGE}
+        mismatched = [_mismatch_note(project, workspace, k, v) for k, v in coverage.items() if v < MISMATCH_COVERAGE]
+        if mismatched:
+            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
+                                       description="; ".join(mismatched),
+                                       metadata={"coverage": dg.MetadataValue.json(coverage)})
         return dg.AssetCheckResult(
             passed=not low, severity=dg.AssetCheckSeverity.WARN,
             description=(", ".join(f"{k}: {v:.1%} of event keys found" for k, v in low.items()) + " (check `key` "
@@ -283,6 +362,30 @@ def cache_checks(project) -> list[dg.AssetChecksDefinition]:
                         ("every attribute table covers at least " f"{MIN_JOIN_COVERAGE:.0%}" if coverage
                          else "no attribute tables"),
             metadata={"coverage": dg.MetadataValue.json(coverage)})
+
+    @dg.asset_check(asset=CACHE_KEY, name="rows_quarantined", required_resource_keys={"workspace"}, blocking=True,
+                    description=f"Events dropped (null or blank ids, impossible times, duplicates) at most "
+                                f"{project.quality.max_dropped_share:.1%} and repaired (inf, NaN, not a number) at most "
+                                f"{project.quality.max_repaired_share:.1%} of all events (quality.max_*_share)")
+    def rows_quarantined(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        from assets.cache import current_cache
+        from models.quarantine import summary
+
+        counts = quarantine_counts(current_cache(context.resources.workspace).manifest)
+        q = project.quality
+        over = []
+        if counts.get("dropped_share", 0.0) > q.max_dropped_share:
+            over.append(f"{counts['dropped_share']:.2%} of the events dropped (quality.max_dropped_share "
+                        f"{q.max_dropped_share:.2%})")
+        if counts.get("repaired_share", 0.0) > q.max_repaired_share:
+            over.append(f"{counts['repaired_share']:.2%} of the events repaired (quality.max_repaired_share "
+                        f"{q.max_repaired_share:.2%})")
+        return dg.AssetCheckResult(
+            passed=not over, severity=dg.AssetCheckSeverity.ERROR,
+            description=("; ".join(over) + f". {summary(counts)}. Fix the source data, or raise the limit in the "
+                         f"project config if these rows are expected") if over else summary(counts),
+            metadata={k: (dg.MetadataValue.float(float(v)) if isinstance(v, float) else dg.MetadataValue.int(int(v)))
+                      for k, v in counts.items() if isinstance(v, (int, float))})
 
     @dg.asset_check(asset=CACHE_KEY, name="free_space_for_training", blocking=True,
                     required_resource_keys={"workspace"},
@@ -303,7 +406,19 @@ def cache_checks(project) -> list[dg.AssetChecksDefinition]:
                                      f"(sources + checkpoints + {HEADROOM - 1:.0%})",
             metadata={**meta, "free_gb": dg.MetadataValue.float(space["free_gb"])})
 
-    return [join_coverage, free_space_for_training]
+    return [join_coverage, rows_quarantined, free_space_for_training]
+
+
+def _mismatch_note(project, workspace, name: str, coverage: float) -> str:
+    source = project.source(name)
+    key = project.entity if source.role == "entity_attributes" else source.key
+    events = next((files for s in project.events_sources if (files := extracted_files(workspace, s))
+                   and key in pq.read_schema(files[0]).names), [])
+    attr = extracted_files(workspace, source)
+    head = f"{name}: {coverage:.1%} of event keys found"
+    if not events or not attr:
+        return head
+    return f"{head}; {key_mismatch(events, key, name, attr, key)}"
 
 
 def scenario_check(project, name: str) -> dg.AssetChecksDefinition:

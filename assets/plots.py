@@ -3,6 +3,8 @@
 import base64
 from pathlib import Path
 
+from models.storage import atomic_path
+
 
 def loss_curves(curves: dict[str, list[float]], path: Path, title: str) -> str:
     """Plot each curve per epoch to `path`; returns markdown that shows the picture in the UI."""
@@ -20,7 +22,8 @@ def loss_curves(curves: dict[str, list[float]], path: Path, title: str) -> str:
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with atomic_path(path) as tmp:  # a killed run never leaves half a picture
+        fig.savefig(tmp, format="png")
     plt.close(fig)
     encoded = base64.b64encode(path.read_bytes()).decode()
     return f"![{title}](data:image/png;base64,{encoded})\n\n`{path}`"
@@ -59,7 +62,8 @@ def calibration_and_lift(y, p, path: Path, title: str) -> str:
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with atomic_path(path) as tmp:  # a killed run never leaves half a picture
+        fig.savefig(tmp, format="png")
     plt.close(fig)
     encoded = base64.b64encode(path.read_bytes()).decode()
     return f"![{title}](data:image/png;base64,{encoded})\n\n`{path}`"

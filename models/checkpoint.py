@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from models.storage import atomic_path, file_sha256
@@ -35,9 +36,18 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     if not weights.exists() or not cfg_file.exists():
         raise CheckpointError(f"{path} is not a checkpoint (needs model.safetensors and config.json); "
                               f"materialize the asset that writes it")
-    config = json.loads(cfg_file.read_text())
+    try:
+        config = json.loads(cfg_file.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{cfg_file} is not valid JSON ({e}); re-materialize the checkpoint") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{cfg_file} holds a {type(config).__name__}, not a checkpoint config; re-materialize it")
     digest = file_sha256(weights)
     if config.get("weights_sha256") != digest:
         raise CheckpointError(f"{weights}: SHA-256 {digest[:16]}… does not match the {str(config.get('weights_sha256'))[:16]}… "
                               f"recorded in config.json; the file was changed after training. Re-materialize it")
-    return load_file(str(weights)), config
+    try:  # safetensors parses a JSON header and raw bytes: nothing in the file can run as code
+        return load_file(str(weights)), config
+    except SafetensorError as e:
+        raise CheckpointError(f"{weights} is not a safetensors file ({e}); checkpoints are never read as pickle or "
+                              f"torch.save archives. Re-materialize it") from None

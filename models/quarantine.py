@@ -5,7 +5,8 @@ reason, never silently lost or silently trained on.
                               now_s=int(time.time()))
 
 `view` has the columns `__entity` VARCHAR, `__ts` TIMESTAMP (UTC), `__source` INTEGER and the event
-columns. Each row is dropped for the first reason that applies, in this order:
+columns; `columns` names the categorical and numeric ones (any other column, e.g. a second time
+column, passes through unchanged but still counts for duplicates). Each row is dropped for the first reason that applies, in this order:
 
     null_entity            no entity id
     blank_entity           an entity id of only blanks ('' or spaces): a placeholder, not an entity
@@ -74,12 +75,12 @@ def quarantine(con, view: str, columns: dict[str, str], *, now_s: int) -> tuple[
     for r in REPAIR_REASONS:
         counts[r] = sum(counts[f"{r}.{c}"] for c in numeric)
 
-    cols = [f"{q(c)}" if kind == "categorical" else
-            f"CASE WHEN isfinite({_as_double(c)}) THEN {_as_double(c)} END AS {q(c)}"
-            for c, kind in columns.items()]
+    # every column of `view` is kept (others pass through unchanged); numerics become DOUBLE, repaired
+    repaired = ", ".join(f"CASE WHEN isfinite({_as_double(c)}) THEN {_as_double(c)} END AS {q(c)}" for c in numeric)
     kept = f"{view}_kept"
-    con.sql(f"CREATE OR REPLACE TEMP VIEW {q(kept)} AS SELECT DISTINCT __entity, __ts, __source"
-            f"{''.join(', ' + c for c in cols)} FROM (SELECT *, {reason} AS __why FROM {q(view)}) WHERE __why IS NULL")
+    con.sql(f"CREATE OR REPLACE TEMP VIEW {q(kept)} AS SELECT DISTINCT * EXCLUDE (__why)"
+            f"{f' REPLACE ({repaired})' if repaired else ''} "
+            f"FROM (SELECT *, {reason} AS __why FROM {q(view)}) WHERE __why IS NULL")
     valid = counts["rows_in"] - sum(counts[r] for r in DROP_REASONS[:-1])
     counts["rows_kept"] = int(con.sql(f"SELECT count(*) FROM {q(kept)}").fetchall()[0][0])
     counts["duplicate_event"] = valid - counts["rows_kept"]

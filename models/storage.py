@@ -5,9 +5,11 @@ killed run never leaves a half-written file under a real name.
 """
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -17,23 +19,107 @@ _CHUNK = 1 << 22
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling of `path`; on success rename it onto `path` (file or folder)."""
+    """Yield a temporary sibling of `path`; on success rename it onto `path` (file or folder).
+
+    A folder replaces an existing one by an atomic exchange (Linux renameat2), so readers always see
+    either the old or the new folder. Leftovers of a writer that was killed (its temporary copy, or
+    the old folder moved aside where the exchange is not supported) are cleaned up or put back first.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    recover(path)
+    tmp = path.with_name(f"{_tmp_prefix(path)}{os.getpid()}")
     _remove(tmp)
     try:
         yield tmp
         if path.is_dir() and tmp.is_dir():
-            # A folder cannot be renamed over a non-empty one: move the old aside first.
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            _remove(old)
+            if not _exchange(tmp, path):
+                # no atomic exchange on this filesystem: move the old aside; `recover` puts it back
+                # if the process dies before the new one is in place
+                old = path.with_name(f"{_old_prefix(path)}{os.getpid()}")
+                os.replace(path, old)
+                os.replace(tmp, path)
+                _remove(old)
         else:
             os.replace(tmp, path)
     finally:
         _remove(tmp)
+
+
+def _tmp_prefix(path: Path) -> str:
+    return f".{path.name}.tmp-"
+
+
+def _old_prefix(path: Path) -> str:
+    return f".{path.name}.old-"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
+def recover(path: str | os.PathLike) -> list[str]:
+    """Clean up after writers of `path` that died: remove their temporary copies, and put an old
+    folder moved aside back in place when the new one never arrived. Returns what was done."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    mine = [e for e in sorted(os.listdir(path.parent)) if (m := _LEFTOVER.match(e)) and m["name"] == path.name]
+    return _recover_entries(path.parent, mine)
+
+
+def _recover_entries(folder: Path, entries: list[str]) -> list[str]:
+    done = []
+    # old folders first: one is put back only where the new one never arrived
+    for entry in sorted(entries, key=lambda e: _LEFTOVER.match(e)["kind"] != "old"):
+        m = _LEFTOVER.match(entry)
+        if not m or int(m["pid"]) == os.getpid() or pid_alive(int(m["pid"])):
+            continue
+        leftover, target = folder / entry, folder / m["name"]
+        if m["kind"] == "old" and not target.exists():
+            os.replace(leftover, target)
+            done.append(f"restored {target} from {entry}")
+        else:
+            _remove(leftover)
+            done.append(f"removed {leftover}")
+    return done
+
+
+# `.<name>.<kind>-<pid>`: tmp (being written), old (moved aside), unsorted (resources/canonical.py's spill)
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old|unsorted)-(?P<pid>\d+)$")
+
+
+def recover_tree(root: str | os.PathLike) -> list[str]:
+    """`recover` for every leftover under `root`: temporary copies of writers that died are removed, old
+    folders moved aside by them are put back where the new one never arrived. Writers still running
+    are left alone (their pid is alive on this machine). Returns what was done."""
+    root = Path(root)
+    done = []
+    if not root.is_dir():
+        return done
+    for folder, dirs, files in os.walk(root):
+        done += _recover_entries(Path(folder), [e for e in dirs + files if _LEFTOVER.match(e)])
+        dirs[:] = [d for d in dirs if not _LEFTOVER.match(d) and (Path(folder) / d).is_dir()]
+    return done
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) != 0:
+        return False
+    return True
 
 
 def _remove(p: Path) -> None:

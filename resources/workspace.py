@@ -6,8 +6,11 @@
     <root>/checkpoints/scenarios/<name>/
     <root>/predictions/<name>/<day>.parquet
     <root>/embeddings/<day>.parquet            the foundation model's entity representations
+    <root>/resume/<stage>/latest/              resumable training state (models.resume)
+    <root>/locks/<stage>.lock                  one lock per artifact/stage (models.locks)
 """
 
+import functools
 import re
 import shutil
 from pathlib import Path
@@ -22,8 +25,30 @@ class WorkspaceError(ValueError):
     pass
 
 
+def locked(name: str):
+    """Decorator for an asset's body: hold `workspace.lock(name)` while it runs, so a second run that
+    reaches the same stage (a sensor's run during a backfill) waits and is told who holds it.
+
+        @dg.asset(...)
+        @locked("foundation")
+        def foundation_model(context, workspace: Workspace, ...): ...
+    """
+    def wrap(fn):
+        @functools.wraps(fn)  # Dagster reads the wrapped function's signature (context, resources)
+        def body(context, *args, **kwargs):
+            workspace = kwargs.get("workspace") or context.resources.workspace
+            with workspace.lock(name, log=context.log.info, what=f"dagster run {context.run_id}"):
+                # what a killed run of this stage left behind goes before anything new is written
+                for note in workspace.recover_stage(name):
+                    context.log.info(f"cleaned up after a killed run: {note}")
+                return fn(context, *args, **kwargs)
+        return body
+    return wrap
+
+
 class Workspace(dg.ConfigurableResource):
     root: str
+    lock_timeout_s: float = 6 * 3600.0  # how long a run waits for another run holding the same stage
 
     @property
     def path(self) -> Path:
@@ -52,6 +77,53 @@ class Workspace(dg.ConfigurableResource):
     @property
     def embeddings(self) -> Path:
         return self._child("embeddings")
+
+    def resume(self, *stage: str) -> Path:
+        """Where a training stage keeps its resumable state: resume("foundation"), resume("scenarios", name)."""
+        return self._child("resume", *stage)
+
+    def lock(self, name: str, *, log=None, what: str = "", timeout_s: float | None = None):
+        """An exclusive lock on one artifact/stage of this workspace (see models.locks), for `with`:
+
+            with workspace.lock("foundation", log=context.log.info, what=context.run_id):
+
+        Waits up to `timeout_s` (default `lock_timeout_s`) for another run holding it, telling `log`
+        who that is; a lock left by a killed process is taken over."""
+        from models.locks import ArtifactLock
+
+        return ArtifactLock(self._child("locks"), name, timeout_s=self.lock_timeout_s if timeout_s is None else timeout_s,
+                            what=what, log=log or (lambda _: None))
+
+    def stage_paths(self, name: str) -> list[Path]:
+        """What the stage locked as `name` writes (its lock keeps every other writer out of these)."""
+        kind, _, item = name.partition("/")
+        checkpoints = self._child("checkpoints")
+        if kind == "source" and item:
+            return [self.sources(item)]
+        if kind == "cache":
+            return [self.cache_root]
+        if kind == "foundation":
+            return [self.foundation, checkpoints / "foundation_loss.png", self.resume("foundation")]
+        if kind == "scenario" and item:
+            folder = self.scenario(item)
+            return [folder, folder.parent / f"{item}_loss.png", folder.parent / f"{item}_lift.png",
+                    checkpoints / "passed" / item, self.resume("scenarios", item)]
+        if kind == "predictions" and item:
+            return [self.predictions(item)]
+        if kind == "embeddings":
+            return [self.embeddings]
+        return []
+
+    def recover_stage(self, name: str) -> list[str]:
+        """Clean up after a killed run of the stage `name` (models.storage.recover): its temporary copies
+        are removed, an old folder it moved aside is put back. Call it holding the stage's lock: then
+        no other run writes there, whichever machine or container it runs in."""
+        from models.storage import recover, recover_tree
+
+        notes = []
+        for path in self.stage_paths(name):
+            notes += recover(path) + recover_tree(path)
+        return notes
 
     def _child(self, *parts: str) -> Path:
         for p in parts:  # names come from the config: keep them inside the workspace

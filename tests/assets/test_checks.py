@@ -43,7 +43,7 @@ def clean_instance_for_test():
         gc.collect()
 
 
-def _project(root, warehouse, scenarios=None, **purchases):
+def _project(root, warehouse, scenarios=None, quality=None, **purchases):
     source = {"name": "purchases", "role": "events", "connection": "warehouse", "table": "purchases",
               "timestamp": "ts", "columns": ["product_id", "store_id", "price"], "start": "2026-03-01",
               "end": "2026-06-01"}
@@ -57,7 +57,7 @@ def _project(root, warehouse, scenarios=None, **purchases):
                         "key": "product_id", "columns": ["brand", "category"]}],
            "foundation": {"hidden": 16, "layers": 1, "epochs": 1, "batch_size": 256},
            "scenarios": scenarios or {},
-           "predictions": {"start": "2026-05-01", "top_k": 3}}
+           "predictions": {"start": "2026-05-01", "top_k": 3}, "quality": quality or {}}
     (root / "project.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return load_project(root / "project.yaml")
 
@@ -117,6 +117,7 @@ def test_source_checks_pass_on_clean_data(demo):
     checks = _checks(demo[2], SOURCE)
     assert {n: e.passed for n, e in checks.items()} == {
         "schema_matches_config": True, "keys_present": True, "timestamps_plausible": True,
+        "categorical_cardinality": True,
         "volume_guidelines": False}  # 300 customers: below the guidelines, as a warning
     assert checks["volume_guidelines"].severity == WARN
     con = duckdb.connect(str(demo[1]), read_only=True)
@@ -129,7 +130,7 @@ def test_source_checks_pass_on_clean_data(demo):
     for name in ("customers", "products"):
         attr = _checks(demo[2], dg.AssetKey(["source", name]))
         assert attr["schema_matches_config"].passed and attr["keys_present"].passed
-        assert set(attr) == {"schema_matches_config", "keys_present"}
+        assert set(attr) == {"schema_matches_config", "keys_present", "categorical_cardinality"}
 
 
 def test_schema_problems_name_what_differs(demo):
@@ -229,6 +230,51 @@ def test_join_coverage(demo, copy):
     coverage = check.metadata["coverage"].value["products"]
     assert not check.passed and check.severity == WARN and coverage < 0.9
     assert f"products: {coverage:.1%} of event keys found" in check.description
+
+
+def test_categorical_cardinality_flags_a_column_above_the_limit(demo, tmp_path):
+    clean = _checks(demo[2], SOURCE)["categorical_cardinality"]
+    assert clean.passed and set(clean.metadata["distinct_values"].value) == {"product_id", "store_id"}
+    stores = clean.metadata["distinct_values"].value["store_id"]
+    strict = _project(tmp_path, demo[1], quality={"max_categories": stores - 1})
+    shutil.copytree(demo[0] / "ws", tmp_path / "ws")
+    check = _checks(strict, SOURCE)["categorical_cardinality"]
+    assert not check.passed and check.severity == WARN
+    assert f"store_id: about {stores:,} distinct values (limit {stores - 1:,})" in check.description
+    assert "quality.max_categories" in check.description
+
+
+def test_rows_quarantined_fails_beyond_the_configured_share(copy):
+    root, warehouse = copy
+    _sql(warehouse, "INSERT INTO purchases SELECT NULL, ts, product_id, store_id, quantity, price FROM purchases "
+                    "WHERE ts < TIMESTAMP '2026-04-01' LIMIT 3")
+    tolerant = _project(root, warehouse)
+    _extract_all(tolerant)
+    check = _checks(tolerant, CACHE)["rows_quarantined"]
+    assert check.passed, check.description
+    assert check.metadata["null_entity"].value == 3
+    assert check.metadata["rows_in"].value == check.metadata["rows_kept"].value + 3
+    strict = _project(root, warehouse, quality={"max_dropped_share": 0.0})
+    result = _run(strict, [CACHE, dg.AssetKey("foundation_model")])
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "rows_quarantined")
+    assert not check.passed and check.severity == ERROR
+    assert "of the events dropped (quality.max_dropped_share 0.00%)" in check.description
+    assert "3 null entity" in check.description
+    assert result.asset_materializations_for_node("foundation_model") == []  # blocking
+
+
+def test_join_key_of_another_format_is_an_error_naming_both_types(copy):
+    root, warehouse = copy
+    project = _project(root, warehouse)
+    _sql(warehouse, "UPDATE products SET product_id = 'P-' || product_id")  # the silent no-match join
+    _extract_all(project, expect_success=False)  # the cache's blocking check fails
+    result = _run(project, [CACHE, dg.AssetKey("foundation_model")])
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "join_coverage")
+    assert not check.passed and check.severity == ERROR
+    assert check.metadata["coverage"].value["products"] == 0.0
+    assert "products: 0.0% of event keys found; events product_id is string like [" in check.description
+    assert "products.product_id is string like ['P-" in check.description
+    assert result.asset_materializations_for_node("foundation_model") == []  # blocking
 
 
 def test_free_space_for_training(demo, monkeypatch):

@@ -72,3 +72,67 @@ def test_incomplete_folder_is_refused(tmp_path, missing):
         load_checkpoint(tmp_path / "ckpt")
     with pytest.raises(CheckpointError):
         load_checkpoint(tmp_path / "does-not-exist")
+
+
+class _Payload:
+    """Unpickling this runs code: it creates the file named in `marker`."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _forge(folder, weights: bytes):
+    """A checkpoint folder whose config.json records the SHA-256 of `weights` (an attacker controls both)."""
+    import hashlib
+
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(weights)
+    (folder / "config.json").write_text(json.dumps({"kind": "foundation",
+                                                    "weights_sha256": hashlib.sha256(weights).hexdigest()}))
+
+
+def test_pickle_bearing_checkpoint_is_refused_without_running_it(tmp_path):
+    import pickle
+
+    marker = tmp_path / "pwned"
+    _forge(tmp_path / "pickle", pickle.dumps({"trunk.w": _Payload(marker)}))
+    with pytest.raises(CheckpointError, match="not a safetensors file.*never read as pickle"):
+        load_checkpoint(tmp_path / "pickle")
+    assert not marker.exists()
+
+    archive = tmp_path / "archive.pt"  # torch.save's zip format, with the payload inside
+    torch.save({"trunk.w": torch.zeros(2), "x": _Payload(marker)}, archive)
+    _forge(tmp_path / "torchsave", archive.read_bytes())
+    with pytest.raises(CheckpointError, match="not a safetensors file"):
+        load_checkpoint(tmp_path / "torchsave")
+    assert not marker.exists()
+
+
+def test_config_that_is_not_json_is_refused(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", _model(), {"kind": "test"})
+    (tmp_path / "ckpt" / "config.json").write_text("!!python/object:os.system ['touch x']")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_checkpoint(tmp_path / "ckpt")
+
+
+def test_no_code_loads_pickle():
+    """Every torch.load passes weights_only=True; nothing imports pickle or lets numpy unpickle."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for package in ("models", "assets", "resources", "pipelines", "bench"):
+        for file in sorted((root / package).rglob("*.py")):
+            text = file.read_text()
+            for m in re.finditer(r"torch\.load\(([^)]*)\)", text):
+                if "weights_only=True" not in m.group(1):
+                    offenders.append(f"{file.name}: {m.group(0)}")
+            for bad in (r"^\s*import (c?pickle|dill|joblib|shelve)\b", r"^\s*from (c?pickle|dill|joblib|shelve) import",
+                        r"allow_pickle\s*=\s*True", r"\byaml\.load\((?![^)]*Loader=_UniqueKeyLoader)",
+                        r"yaml\.unsafe_load", r"(?<![.\w])eval\(", r"(?<![.\w])exec\("):
+                offenders += [f"{file.name}: {m.group(0).strip()}" for m in re.finditer(bad, text, re.M)]
+    assert offenders == []

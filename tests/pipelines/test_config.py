@@ -250,7 +250,35 @@ BAD_CONFIGS = {
     "bad_role": (lambda c: _src(c, role="facts"), ["sources[0].role", "events"]),
     "bad_source_name": (lambda c: _src(c, name="my-purchases"), ["sources[0].name"]),
     "no_sources": (_set(["sources"], []), ["sources", "at least 1"]),
+    "scenario_name_is_a_path": (lambda c: {**c, "scenarios": {"../x": c["scenarios"]["churn"]}},
+                                ["scenarios", "scenario name '../x'", "letters, digits"]),
+    "share_above_one": (lambda c: {**c, "quality": {"max_dropped_share": 1.5}}, ["quality.max_dropped_share", "less than or equal to 1"]),
+    "save_every_zero": (_set(["foundation", "save_every_steps"], 0), ["foundation.save_every_steps", "greater than or equal to 1"]),
 }
+
+
+def test_a_key_written_twice_is_refused_with_both_lines(tmp_path):
+    """Plain YAML keeps the last of two equal keys silently: a second `columns:` would drop the first."""
+    text = yaml.safe_dump(base(), sort_keys=False).replace(
+        "  columns:\n  - product_id\n", "  columns: [price]\n  columns:\n  - product_id\n", 1)
+    assert text.count("columns: [price]") == 1
+    message = config_error(write(tmp_path, text))
+    assert "not valid YAML" in message and "found the key 'columns' twice (first on line" in message
+    assert "keep one" in message
+
+
+def test_a_scenario_written_twice_is_refused(tmp_path):
+    text = yaml.safe_dump(base(), sort_keys=False).replace(
+        "predictions:", "  churn: {task: binary, target: {no_event: purchases, within: 7d}}\npredictions:")
+    assert "found the key 'churn' twice" in config_error(write(tmp_path, text))
+
+
+def test_quality_limits_default_and_can_be_set(tmp_path):
+    assert load_project(write(tmp_path, base())).quality.max_dropped_share == 0.01
+    cfg = base()
+    cfg["quality"] = {"max_dropped_share": 0.2, "max_repaired_share": 0.0, "max_categories": 10}
+    q = load_project(write(tmp_path, cfg)).quality
+    assert (q.max_dropped_share, q.max_repaired_share, q.max_categories) == (0.2, 0.0, 10)
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CONFIGS))

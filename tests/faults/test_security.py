@@ -1,0 +1,144 @@
+"""No injection, no leaks, no escapes: hostile table and column names reach SQL only quoted (DuckDB, end
+to end through the source asset and the cache), a planted secret appears nowhere a run writes, and
+config names cannot lead outside the workspace."""
+
+import re
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipelines.config import ConfigError, load_project
+from pipelines.definitions import build_assets, build_resources
+from resources.workspace import Workspace, WorkspaceError
+
+ROOT = Path(__file__).resolve().parents[2]
+HOSTILE_TABLE = 'x"; DROP TABLE y; --'
+HOSTILE = {"customer": 'cust"; DROP TABLE y; --', "ts": "t'); DROP TABLE y; --",
+           "product": 'x"; DROP TABLE y; --', "price": 'p"", 1); DELETE FROM y; --'}
+SECRET = "s3cr3t-Planted-7f1c9a"
+
+pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def test_hostile_table_and_column_names_reach_sql_only_quoted(tmp_path):
+    warehouse = tmp_path / "warehouse.duckdb"
+    con = duckdb.connect(str(warehouse))
+    con.sql("CREATE TABLE y AS SELECT 42 AS canary")
+    c, t, p, v = (_quoted(HOSTILE[k]) for k in ("customer", "ts", "product", "price"))
+    con.sql(f"CREATE TABLE {_quoted(HOSTILE_TABLE)} AS SELECT 'c' || (i % 50) AS {c}, "
+            f"TIMESTAMP '2026-03-01' + to_seconds(i * 600) AS {t}, 'p' || (i % 7) AS {p}, i * 0.5 AS {v} "
+            f"FROM range(2000) r(i)")
+    con.close()
+    config = {"workspace": "ws", "connections": {"w": {"type": "duckdb", "path": str(warehouse)}},
+              "entity": HOSTILE["customer"],
+              "sources": [{"name": "events", "role": "events", "connection": "w", "table": HOSTILE_TABLE,
+                           "timestamp": HOSTILE["ts"], "columns": [HOSTILE["product"], HOSTILE["price"]],
+                           "types": {HOSTILE["price"]: "numeric"}, "start": "2026-03-01", "end": "2026-04-01"}]}
+    (tmp_path / "project.yaml").write_text(yaml.safe_dump(config))
+    project = load_project(tmp_path / "project.yaml")
+    assets = build_assets(project)
+    result = dg.materialize(assets, selection=[dg.AssetKey(["source", "events"]), dg.AssetKey("cache")],
+                            resources=build_resources(project), partition_key="2026-03-01")
+    assert result.success
+    files = sorted((tmp_path / "ws" / "sources" / "events").glob("*.parquet"))
+    table = pq.read_table(files)
+    assert table.num_rows == 2000 and set(table.column_names) == set(HOSTILE.values())
+    manifest_dirs = [p for p in (tmp_path / "ws" / "cache").iterdir() if (p / "manifest.json").exists()]
+    assert len(manifest_dirs) == 1
+    import json
+
+    manifest = json.loads((manifest_dirs[0] / "manifest.json").read_text())
+    assert manifest["n_events"] == 2000 and manifest["n_entities"] == 50
+    assert set(manifest["columns"]) == {HOSTILE["product"], HOSTILE["price"]}
+    con = duckdb.connect(str(warehouse), read_only=True)
+    assert con.sql("SELECT * FROM y").fetchall() == [(42,)]  # the canary survived every statement
+    con.close()
+
+
+def _scan(paths: list[Path], secret: str) -> list[str]:
+    needle = secret.encode()
+    found = []
+    for root in paths:
+        for f in [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()):
+            if needle in f.read_bytes():
+                found.append(str(f))
+    return found
+
+
+def test_a_planted_secret_appears_in_no_output_of_a_run(faults, tmp_path):
+    """A whole run (every asset and check) with a connection whose password comes from the environment:
+    the secret is in none of the workspace files, the Dagster storage (event logs, run records) or the
+    console output; nor in the error of a run that uses that connection and fails."""
+    folder = faults.project(tmp_path / "run")
+    text = (folder / "project.yaml").read_text().replace(
+        "connections:\n", "connections:\n  vault: {type: snowflake, account: acme, user: svc, "
+                          "password: \"${HABITUS_TEST_PASSWORD}\"}\n")
+    (folder / "project.yaml").write_text(text)
+    env = {"HABITUS_TEST_PASSWORD": SECRET}
+    rc, out, _ = faults.run(folder, env=env)
+    assert rc == 0, out[-3000:]
+    assert "all assets materialized" in out
+    assert SECRET not in out
+    assert _scan([folder / "ws", folder / "dagster"], SECRET) == []
+
+    # the same connection used by a source: the run fails, and its error names no secret
+    failing = faults.project(tmp_path / "fail")
+    broken = text.replace("connection: warehouse, table: purchases", "connection: vault, table: purchases")
+    (failing / "project.yaml").write_text(broken)
+    rc, out, _ = faults.run(failing, env=env)
+    assert rc != 0 and "purchases" in out
+    assert SECRET not in out
+    assert _scan([failing / "dagster"] + ([failing / "ws"] if (failing / "ws").exists() else []), SECRET) == []
+
+
+def test_config_errors_never_echo_a_secret(tmp_path, monkeypatch):
+    monkeypatch.setenv("HABITUS_TEST_PASSWORD", SECRET)
+    path = tmp_path / "project.yaml"
+    path.write_text("workspace: ws\nconnections: {w: {type: duckdb, path: x.duckdb}}\nentity: c\n"
+                    "sources: [{name: e, role: events, connection: w, table: t, timestamp: ts, start: 2026-01-01}]\n"
+                    "foundation: {hidden: '${HABITUS_TEST_PASSWORD}', epochs: '${HABITUS_TEST_PASSWORD}'}\n")
+    with pytest.raises(ConfigError) as info:
+        load_project(path)
+    assert "foundation.hidden" in str(info.value) and SECRET not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["..", "../../etc", "a/b", "", ".", "x\\y"])
+def test_workspace_paths_cannot_escape_the_root(tmp_path, name):
+    ws = Workspace(root=str(tmp_path))
+    for make in (ws.sources, ws.scenario, ws.predictions, lambda n: ws.resume("scenarios", n)):
+        with pytest.raises(WorkspaceError, match="cannot be used as a workspace folder"):
+            make(name)
+
+
+@pytest.mark.parametrize("name", ["../../etc", "a/b", "..", "churn\n"])
+def test_config_refuses_names_that_would_be_paths(tmp_path, name):
+    path = tmp_path / "project.yaml"
+    cfg = {"workspace": "ws", "connections": {"w": {"type": "duckdb", "path": "x.duckdb"}}, "entity": "c",
+           "sources": [{"name": "e", "role": "events", "connection": "w", "table": "t", "timestamp": "ts",
+                        "start": "2026-01-01"}],
+           "scenarios": {name: {"task": "binary", "target": {"no_event": "e", "within": "14d"}}}}
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match="scenario name"):
+        load_project(path)
+    cfg["scenarios"] = {}
+    cfg["sources"][0]["name"] = name
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.name"):
+        load_project(path)
+
+
+def test_ui_binds_to_localhost_and_the_image_runs_as_a_user():
+    make = (ROOT / "Makefile").read_text()
+    ui = re.search(r"^ui:.*\n\t(.+)$", make, re.M).group(1)
+    assert "-h 127.0.0.1" in ui
+    docker = (ROOT / "Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\S+)", docker, re.M)
+    assert users and users[-1] not in ("root", "0")

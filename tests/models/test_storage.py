@@ -1,0 +1,82 @@
+"""models.storage: files and folders appear whole, and what a killed writer left is cleaned up or put
+back, never what a running writer is still writing."""
+
+import subprocess
+import sys
+
+import pytest
+
+from models.storage import atomic_path, recover, recover_tree, write_json
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def live_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def test_folder_is_replaced_whole(tmp_path):
+    target = tmp_path / "ckpt"
+    for version in ("old", "new"):
+        with atomic_path(target) as tmp:
+            tmp.mkdir()
+            (tmp / "a.txt").write_text(version)
+            (tmp / version).write_text("")
+            assert not (target / version).exists()  # not visible before the rename
+    assert sorted(p.name for p in target.iterdir()) == ["a.txt", "new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # the old one went, no temporary left
+
+
+def test_a_failed_write_leaves_the_previous_version(tmp_path):
+    write_json(tmp_path / "m.json", {"v": 1})
+    with pytest.raises(RuntimeError):
+        with atomic_path(tmp_path / "m.json") as tmp:
+            tmp.write_text('{"v": 2, "half')
+            raise RuntimeError("killed")
+    assert (tmp_path / "m.json").read_text().replace(" ", "").replace("\n", "") == '{"v":1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+
+
+def test_leftovers_of_a_dead_writer_are_removed_or_put_back(tmp_path):
+    dead = _dead_pid()
+    (tmp_path / f".part.parquet.tmp-{dead}").write_text("half")
+    old = tmp_path / f".ckpt.old-{dead}"  # moved aside, the new folder never arrived
+    old.mkdir()
+    (old / "model.safetensors").write_text("weights")
+    notes = recover(tmp_path / "ckpt") + recover(tmp_path / "part.parquet")
+    assert (tmp_path / "ckpt" / "model.safetensors").read_text() == "weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert len(notes) == 2 and any("restored" in n for n in notes)
+
+
+def test_old_folder_is_dropped_when_the_new_one_arrived(tmp_path):
+    dead = _dead_pid()
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / f".ckpt.old-{dead}").mkdir()
+    recover(tmp_path / "ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_the_tree_sweep_leaves_running_writers_alone(tmp_path, live_pid):
+    dead = _dead_pid()
+    nested = tmp_path / "sources" / "purchases"
+    nested.mkdir(parents=True)
+    (nested / f".2026-03-01.parquet.tmp-{dead}").write_text("half")
+    (nested / f".2026-03-01.parquet.unsorted-{dead}").write_text("a sort's spill")
+    (nested / f".2026-04-01.parquet.tmp-{live_pid}").write_text("being written")
+    (nested / ".2026-03-01.parquet.sha256").write_text("a sidecar, not a leftover")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / f".abc.tmp-{dead}").mkdir()
+    (tmp_path / "cache" / f".abc.tmp-{dead}" / "shard-00000.arrow").write_text("half")
+    notes = recover_tree(tmp_path)
+    assert len(notes) == 3
+    assert sorted(p.name for p in nested.iterdir()) == [".2026-03-01.parquet.sha256", f".2026-04-01.parquet.tmp-{live_pid}"]
+    assert list((tmp_path / "cache").iterdir()) == []
