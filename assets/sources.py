@@ -5,14 +5,13 @@ Event tables are time-partitioned; a run writes each of its partitions to
 Attribute tables are small and extracted whole to `sources/<name>/all.parquet`.
 """
 
-import os
 import time
 
 import dagster as dg
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from resources.workspace import Workspace
+from resources.canonical import write_canonical_parquet
+from resources.workspace import Workspace, locked
 
 
 def source_key(name: str) -> dg.AssetKey:
@@ -36,20 +35,11 @@ def wanted_columns(source, entity: str, schema: pa.Schema) -> list[str]:
     return cols
 
 
-def _write_partition(batches, path, schema: pa.Schema) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    rows = 0
-    try:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-            for batch in batches:
-                writer.write_batch(batch)
-                rows += len(batch)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return rows
+def _write_partition(batches, path, schema: pa.Schema, source, entity: str) -> int:
+    """Canonical Parquet (resources/canonical.py): the same data gives the same bytes from any
+    connector, so the cache built from it keeps its fingerprint."""
+    first = [c for c in (entity if source.role != "attributes" else source.key, source.timestamp) if c]
+    return write_canonical_parquet(batches, path, schema, first=first, table=source.table)
 
 
 def build_source_asset(project, source, partitions_def) -> dg.AssetsDefinition:
@@ -67,6 +57,7 @@ def build_source_asset(project, source, partitions_def) -> dg.AssetsDefinition:
         kinds={project.connections[source.connection].type, "parquet"},
         description=f"{source.role} table {source.table!r} from connection {source.connection!r}",
     )
+    @locked(f"source/{source.name}")
     def _source(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         started = time.time()
         workspace: Workspace = context.resources.workspace
@@ -81,12 +72,13 @@ def build_source_asset(project, source, partitions_def) -> dg.AssetsDefinition:
                 window = partitions_def.time_window_for_partition_key(key)
                 batches = warehouse.read(source.table, columns, source.timestamp,
                                          window.start.replace(tzinfo=None), window.end.replace(tzinfo=None))
-                n = _write_partition(batches, folder / f"{key}.parquet", out_schema)
+                n = _write_partition(batches, folder / f"{key}.parquet", out_schema, source, project.entity)
                 context.log.info(f"{source.name} partition {key}: {n:,} rows")
                 rows += n
                 files.append(folder / f"{key}.parquet")
         else:
-            rows = _write_partition(warehouse.read(source.table, columns), folder / "all.parquet", out_schema)
+            rows = _write_partition(warehouse.read(source.table, columns), folder / "all.parquet", out_schema,
+                                    source, project.entity)
             files.append(folder / "all.parquet")
         seconds = time.time() - started
         return dg.MaterializeResult(metadata={

@@ -1,6 +1,7 @@
 """Extraction speed and peak memory per source, at 1x and 10x the rows: the connector's streamed
-read (what the source asset runs: batches -> Parquet) next to the same query fetched whole by the
-driver. Streaming keeps the peak flat as the table grows; fetching whole grows with it.
+read (batches -> Parquet) next to the same query fetched whole by the driver. Streaming keeps the
+peak flat as the table grows; fetching whole grows with it. (The source asset also sorts each
+partition into canonical Parquet: bench/extract_speed.py measures that path per source.)
 
     .venv/bin/python bench/extract_memory.py                 # 200k and 2M events
     .venv/bin/python bench/extract_memory.py --scales 1,10,50 --sources duckdb,parquet,s3
@@ -258,7 +259,7 @@ def main(argv=None) -> int:
             p.wait(10)
     if skipped:
         print("left out: " + "; ".join(skipped))
-    print("stream = the connector's read() in 65,536-row batches to Parquet (what the source asset runs); "
+    print("stream = the connector's read() in 65,536-row batches to Parquet (the source asset's read); "
           "driver-whole = the same query fetched as one Arrow table.\npeak RSS MB = the process's peak above its "
           "RSS after connecting (allocator arenas of reader threads included); Arrow MB = the most memory "
           "pyarrow's pool held at once\n(the data in flight; memory a driver allocates itself, e.g. DuckDB's "

@@ -2,7 +2,8 @@
 itself (selected columns + a row restriction holding the time window: projection and filter
 pushed down, no query cost, Arrow record batches streamed per page); a view, or
 `storage_api: false`, reads through a query whose result pages stream as Arrow. Writes create the
-table if missing, DELETE the partition's rows, then load Parquet files (a load job, the bulk path).
+table if missing and load Parquet files (load jobs, the bulk path) into a staging table, then
+replace the partition's rows in one multi-statement transaction (DELETE + INSERT ... SELECT).
 
 Install with `pip install 'habitus[bigquery]'`. Config (secrets as ${ENV} references):
 
@@ -17,6 +18,7 @@ Install with `pip install 'habitus[bigquery]'`. Config (secrets as ${ENV} refere
 import contextlib
 import io
 import json
+import uuid
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Iterator
 
@@ -25,7 +27,9 @@ import pyarrow as pa
 from sqlglot import exp
 
 from resources.duckdb import WarehouseError
-from resources.remote import SECRET_KEYS, conform, connect_error, first_lines, naive_utc, query_error, value
+from resources.duckdb import freshness_sql, partition_counts_sql
+from resources.remote import (SECRET_KEYS, as_time, conform, connect_error, first_lines, naive_utc, period_counts,
+                             query_error, value)
 from resources.sql import create_table_sql, range_sql, table_expr
 
 DIALECT = "bigquery"
@@ -81,7 +85,7 @@ class BigQueryWarehouse(dg.ConfigurableResource):
     api_endpoint: str | None = None
     grpc_endpoint: str | None = None
     storage_api: bool = True
-    timeout: int = 60  # seconds for a metadata call, retries included: a bad endpoint fails fast
+    timeout: int = 30  # seconds for a metadata call, retries included: a bad endpoint fails fast
     options: dict[str, Any] = {}
 
     def _secrets(self) -> list:
@@ -181,6 +185,20 @@ class BigQueryWarehouse(dg.ConfigurableResource):
             lo, hi = row[0], row[1]
             return naive_utc(_midnight(lo)), naive_utc(_midnight(hi))
 
+    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
+        """Rows and the newest time (naive UTC): one aggregate query per sensor tick."""
+        with self._session(table) as client:
+            self._table(client, table)  # a missing table or a bad endpoint is reported before querying
+            row = list(client.query(freshness_sql(DIALECT, self._qualified(table), time_column)).result())[0]
+            return int(row[0]), as_time(row[1])
+
+    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
+        """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY query."""
+        with self._session(table) as client:
+            self._table(client, table)
+            sql = partition_counts_sql(DIALECT, self._qualified(table), time_column, grain)
+            return period_counts(tuple(r.values()) for r in client.query(sql).result())
+
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,
              batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
@@ -221,45 +239,62 @@ class BigQueryWarehouse(dg.ConfigurableResource):
 
     def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
               replace: tuple[str, object] | None = None, file_rows: int = 1_000_000) -> int:
-        """Create `table` if missing, delete the rows where replace[0] == replace[1], then append
-        `batches` with Parquet load jobs (a DML delete and a load are separate jobs: a failed load
-        leaves the partition empty until the re-run, never duplicated). Returns rows loaded."""
-        import pyarrow.parquet as pq
-        from google.cloud import bigquery
-
+        """Create `table` if missing and write `batches` with Parquet load jobs (the bulk path).
+        With `replace`, the rows go to a staging table first; then one multi-statement transaction
+        deletes the rows where replace[0] == replace[1] and inserts the staged ones: a failed load
+        keeps the previous rows, a re-run never duplicates them. Returns the rows loaded."""
         qualified = self._qualified(table)
         with self._session(table) as client:
             client.query(create_table_sql(DIALECT, qualified, schema)).result()
-            if replace is not None:
-                bq_table = self._table(client, table)
-                typ = self._describe(bq_table, table, [replace[0]]).field(0).type
+            if replace is None:
+                return self._load(client, qualified, batches, schema, file_rows)
+            project, dataset, _ = self._ref(table)
+            stage = f"{project}.{dataset}._habitus_stage_{uuid.uuid4().hex[:12]}"
+            client.query(create_table_sql(DIALECT, stage, schema, if_not_exists=False)).result()
+            try:
+                loaded = self._load(client, stage, batches, schema, file_rows)
+                typ = self._describe(self._table(client, table), table, [replace[0]]).field(0).type
                 v = replace[1]
                 lit = (window(replace[0], typ, v, None).expression if isinstance(v, datetime)
                        else exp.Literal.number(v) if isinstance(v, (int, float)) else exp.Literal.string(str(v)))
                 delete = exp.delete(table_expr(qualified), where=exp.EQ(this=exp.column(replace[0], quoted=True),
                                                                           expression=lit))
-                client.query(delete.sql(dialect=DIALECT)).result()
-            config = bigquery.LoadJobConfig(source_format=bigquery.SourceFormat.PARQUET,
-                                            write_disposition=bigquery.WriteDisposition.WRITE_APPEND)
-            loaded, pending, n = 0, [], 0
+                cols = [exp.column(f.name, quoted=True) for f in schema]
+                insert = exp.insert(exp.select(*cols).from_(table_expr(stage)), table_expr(qualified), columns=[
+                    exp.to_identifier(f.name, quoted=True) for f in schema])
+                client.query(f"BEGIN TRANSACTION; {delete.sql(dialect=DIALECT)}; {insert.sql(dialect=DIALECT)}; "
+                             f"COMMIT TRANSACTION;").result()
+                return loaded
+            finally:
+                client.delete_table(stage, not_found_ok=True)
 
-            def load(parts):
-                buf, data = io.BytesIO(), pa.Table.from_batches(parts, schema=schema)
-                pq.write_table(data, buf, coerce_timestamps="us")
-                buf.seek(0)
-                client.load_table_from_file(buf, qualified, job_config=config).result()  # raises when it failed
-                return data.num_rows
+    @staticmethod
+    def _load(client, qualified: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema, file_rows: int) -> int:
+        """Append `batches` to `qualified` as Parquet load jobs of up to `file_rows` rows each."""
+        import pyarrow.parquet as pq
+        from google.cloud import bigquery
 
-            for b in batches:
-                if len(b):
-                    pending.append(b)
-                    n += len(b)
-                if n >= file_rows:
-                    loaded += load(pending)
-                    pending, n = [], 0
-            if pending:
+        config = bigquery.LoadJobConfig(source_format=bigquery.SourceFormat.PARQUET,
+                                        write_disposition=bigquery.WriteDisposition.WRITE_APPEND)
+        loaded, pending, n = 0, [], 0
+
+        def load(parts):
+            buf, data = io.BytesIO(), pa.Table.from_batches(parts, schema=schema)
+            pq.write_table(data, buf, coerce_timestamps="us")
+            buf.seek(0)
+            client.load_table_from_file(buf, qualified, job_config=config).result()  # raises when it failed
+            return data.num_rows
+
+        for b in batches:
+            if len(b):
+                pending.append(b)
+                n += len(b)
+            if n >= file_rows:
                 loaded += load(pending)
-            return loaded
+                pending, n = [], 0
+        if pending:
+            loaded += load(pending)
+        return loaded
 
 
 def _midnight(v):

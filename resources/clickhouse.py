@@ -1,6 +1,6 @@
 """ClickHouse through clickhouse-connect: reads stream the result as Arrow record batches
-(`query_arrow_stream`, format ArrowStream), writes are Arrow inserts (`insert_arrow`) after a
-delete of the partition's rows.
+(`query_arrow_stream`, format ArrowStream), writes are Arrow inserts (`insert_arrow`) into a
+staging table that is swapped in with one statement.
 
 Install with `pip install 'habitus[clickhouse]'`. Config (secrets as ${ENV} references):
 
@@ -11,23 +11,25 @@ Install with `pip install 'habitus[clickhouse]'`. Config (secrets as ${ENV} refe
 `interface: chdb` (with `path:`) runs the same client on the in-process chDB engine. Other keys go
 to `clickhouse_connect.get_client` as given. Every session runs with `session_timezone = 'UTC'`, so
 time windows (naive UTC) mean the same on any server. ClickHouse has no multi-statement
-transactions: a write deletes the partition's rows (a lightweight DELETE, synchronous) and then
-inserts, so a failed insert leaves that partition empty until the re-run, never duplicated.
+transactions: a write loads a staging table and then replaces the day's partition from it
+(REPLACE PARTITION) or swaps the tables (EXCHANGE TABLES), each one atomic statement, so a failed
+load keeps the previous rows and a re-run never duplicates them.
 """
 
 import contextlib
 import re
+import uuid
 from datetime import datetime
 from typing import Any, Iterable, Iterator
 
 import dagster as dg
 import pyarrow as pa
-import sqlglot
 from sqlglot import exp
 
-from resources.duckdb import WarehouseError
-from resources.remote import SECRET_KEYS, conform, connect_error, first_lines, naive_utc, query_error, value
-from resources.sql import count_sql, create_table_sql, delete_sql, range_sql, select_expr, table_expr
+from resources.duckdb import WarehouseError, freshness_sql, partition_counts_sql
+from resources.remote import (SECRET_KEYS, as_time, conform, connect_error, first_lines, naive_utc, period_counts,
+                             query_error, value)
+from resources.sql import _literal, count_sql, create_table_sql, range_sql, select_expr, table_expr
 
 DIALECT = "clickhouse"
 SESSION = {"session_timezone": "UTC", "output_format_arrow_string_as_string": 1,
@@ -185,6 +187,18 @@ class ClickHouseWarehouse(dg.ConfigurableResource):
             lo, hi = client.query(sql).result_rows[0]
             return naive_utc(lo), naive_utc(hi)
 
+    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
+        """Rows and the newest time (naive UTC); None for an empty table (whose max() in ClickHouse
+        is the type's zero, not NULL)."""
+        with self._session(table) as client:
+            rows, newest = client.query(freshness_sql(DIALECT, table, time_column)).result_rows[0]
+            return int(rows), as_time(newest) if rows else None
+
+    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
+        """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY in ClickHouse."""
+        with self._session(table) as client:
+            return period_counts(client.query(partition_counts_sql(DIALECT, table, time_column, grain)).result_rows)
+
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,
              batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
@@ -202,32 +216,76 @@ class ClickHouseWarehouse(dg.ConfigurableResource):
 
     def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
               replace: tuple[str, object] | None = None, insert_rows: int = 500_000) -> int:
-        """Create `table` if missing (MergeTree), delete the rows where replace[0] == replace[1], then
-        insert `batches` as Arrow blocks of up to `insert_rows` rows. Returns the rows written."""
+        """Write `batches` to `table` (a MergeTree, created if missing), replacing the rows where
+        replace[0] == replace[1]. The rows are loaded into a staging table first and swapped in with
+        one statement, so a failed load leaves the previous rows in place, never a half-written day:
+        a table partitioned by the replaced column (as created here) takes the new partition with
+        ALTER TABLE ... REPLACE PARTITION; any other table is rebuilt in the staging table (its other
+        rows copied on the server) and swapped with EXCHANGE TABLES. Returns the rows written."""
         target = table_expr(table).sql(dialect=DIALECT)
         with self._session(table) as client:
-            client.command(create_table_sql(DIALECT, table, schema))
-            if replace is not None:
-                delete = _precise_times(sqlglot.parse_one(delete_sql(DIALECT, table, *replace), read=DIALECT))
-                client.command(delete.sql(dialect=DIALECT), settings={"lightweight_deletes_sync": 2})
-            written, pending, n = 0, [], 0
-            for b in batches:
-                if len(b):
-                    pending.append(b)
-                    n += len(b)
-                if n >= insert_rows:
-                    written += self._insert(client, target, pending, schema)
-                    pending, n = [], 0
-            if pending:
+            client.command(create_table_sql(DIALECT, table, schema, partition_by=replace[0] if replace else None))
+            if replace is None:
+                return self._insert_all(client, target, batches, schema, insert_rows)
+            column = replace[0]
+            cond = _precise_times(exp.EQ(this=exp.column(column, quoted=True), expression=_literal(replace[1])))
+            t = table_expr(table)
+            stage = exp.table_(f"_habitus_stage_{uuid.uuid4().hex[:12]}", db=t.args.get("db"), quoted=True)
+            stage = stage.sql(dialect=DIALECT)
+            client.command(f"CREATE TABLE {stage} AS {target}")
+            try:
+                partitioned = _partition_key(client, t) == column
+                if not partitioned:
+                    client.command(f"INSERT INTO {stage} SELECT * FROM {target} WHERE NOT ({cond.sql(DIALECT)})")
+                written = self._insert_all(client, stage, batches, schema, insert_rows)
+                if not partitioned:
+                    client.command(f"EXCHANGE TABLES {target} AND {stage}")
+                    return written
+                ids = [r[0] for r in client.query(f"SELECT DISTINCT _partition_id FROM {stage}").result_rows]
+                if len(ids) > 1:
+                    raise WarehouseError(f"table {table!r}: rows to write hold {len(ids)} values of {column!r}, "
+                                         f"expected only {replace[1]!r}")
+                if ids:
+                    client.command(f"ALTER TABLE {target} REPLACE PARTITION ID '{ids[0]}' FROM {stage}")
+                else:  # an empty day empties its partition
+                    for (old,) in client.query(f"SELECT DISTINCT _partition_id FROM {target} "
+                                               f"WHERE {cond.sql(DIALECT)}").result_rows:
+                        client.command(f"ALTER TABLE {target} DROP PARTITION ID '{old}'")
+                return written
+            finally:
+                client.command(f"DROP TABLE IF EXISTS {stage}")
+
+    def _insert_all(self, client, target: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
+                    insert_rows: int) -> int:
+        """`batches` inserted as Arrow blocks of up to `insert_rows` rows; the rows inserted."""
+        written, pending, n = 0, [], 0
+        for b in batches:
+            if len(b):
+                pending.append(b)
+                n += len(b)
+            if n >= insert_rows:
                 written += self._insert(client, target, pending, schema)
-            return written
+                pending, n = [], 0
+        if pending:
+            written += self._insert(client, target, pending, schema)
+        return written
 
     @staticmethod
     def _insert(client, target: str, batches: list[pa.RecordBatch], schema: pa.Schema) -> int:
         table = pa.Table.from_batches(batches, schema=schema)
         # `target` is quoted by sqlglot; clickhouse-connect keeps a quoted or dotted name as given.
-        client.insert_arrow(target if "." in target else target, table)
+        client.insert_arrow(target, table)
         return table.num_rows
+
+
+def _partition_key(client, table: exp.Table) -> str:
+    """The PARTITION BY expression of a table as ClickHouse prints it ('' when it has none)."""
+    db = exp.Literal.string(table.db) if table.db else exp.func("currentDatabase")
+    sql = (exp.select("partition_key").from_("system.tables")
+           .where(exp.and_(exp.EQ(this=exp.column("database"), expression=db),
+                           exp.EQ(this=exp.column("name"), expression=exp.Literal.string(table.name)))))
+    rows = client.query(sql.sql(dialect=DIALECT)).result_rows
+    return rows[0][0].strip().strip("`\"") if rows else ""
 
 
 def _short(e: BaseException) -> BaseException:

@@ -28,7 +28,9 @@ import sqlglot
 from sqlglot import exp
 
 from resources.duckdb import WarehouseError
-from resources.remote import SECRET_KEYS, conform, connect_error, naive_utc, query_error, value, value_literal
+from resources.duckdb import freshness_sql, partition_counts_sql
+from resources.remote import (SECRET_KEYS, as_time, conform, connect_error, naive_utc, period_counts, query_error, value,
+                             value_literal)
 from resources.sql import create_table_sql, delete_sql, limit0_sql, range_sql, select_sql, table_expr
 
 DIALECT = "databricks"
@@ -128,6 +130,19 @@ class DatabricksWarehouse(dg.ConfigurableResource):
             cur.execute(range_sql(DIALECT, table, time_column))
             lo, hi = cur.fetchone()
             return naive_utc(lo), naive_utc(hi)
+
+    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
+        """Rows and the newest time (naive UTC): what a new-data sensor asks on every tick."""
+        with self._cursor(table) as cur:
+            cur.execute(freshness_sql(DIALECT, table, time_column))
+            rows, newest = cur.fetchone()
+            return int(rows), as_time(newest)
+
+    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
+        """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY in Databricks."""
+        with self._cursor(table) as cur:
+            cur.execute(partition_counts_sql(DIALECT, table, time_column, grain))
+            return period_counts(cur.fetchall())
 
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,

@@ -3,9 +3,10 @@
 Reads fetch `batch_rows` rows at a time (`fetchmany`) and turn them into Arrow batches of the
 table's described schema. HiveServer2 has no DELETE on ordinary tables, so a predictions table is
 created PARTITIONED BY the replaced column and a write overwrites that one partition
-(`INSERT OVERWRITE ... PARTITION (col = value)`): re-runs replace, never duplicate. Rows travel as
-multi-row VALUES statements of `insert_rows` rows (HiveServer2 has no bulk-load endpoint a client
-can stream to).
+(`INSERT OVERWRITE ... PARTITION (col = value)`) in one statement: re-runs replace, never
+duplicate, and a failed load keeps the old rows. Rows travel as multi-row VALUES statements of
+`insert_rows` rows (HiveServer2 has no bulk-load endpoint a client can stream to); more than one
+statement's worth goes to a staging table first.
 
 Install with `pip install 'habitus[hive]'`. Config (secrets as ${ENV} references):
 
@@ -15,6 +16,9 @@ Install with `pip install 'habitus[hive]'`. Config (secrets as ${ENV} references
 """
 
 import contextlib
+import getpass
+import itertools
+import uuid
 from datetime import date, datetime
 from typing import Any, Iterable, Iterator
 
@@ -23,8 +27,9 @@ import pyarrow as pa
 from sqlglot import exp
 
 from resources.duckdb import WarehouseError
-from resources.remote import (SECRET_KEYS, value_literal, column_array, connect_error, fetch_rows, first_lines, naive_utc,
-                             query_error, rows_to_batches, value)
+from resources.duckdb import freshness_sql, partition_counts_sql
+from resources.remote import (SECRET_KEYS, as_time, column_array, connect_error, fetch_rows, first_lines, naive_utc,
+                             period_counts, query_error, rows_to_batches, value, value_literal)
 from resources.sql import arrow_sql_type, range_sql, select_sql, table_expr
 
 DIALECT = "hive"
@@ -72,6 +77,7 @@ class HiveWarehouse(dg.ConfigurableResource):
     password: str | None = None
     database: str = "default"
     auth: str | None = None  # NONE, NOSASL, LDAP, CUSTOM, KERBEROS
+    connect_timeout: int = 10  # seconds to connect and open the session
     options: dict[str, Any] = {}
 
     def _secrets(self) -> list:
@@ -89,13 +95,42 @@ class HiveWarehouse(dg.ConfigurableResource):
     def _connect(self):
         from pyhive import hive
 
+        kw = self.connect_kwargs()
         try:
-            con = hive.Connection(**self.connect_kwargs())
+            sock, transport = self._transport(kw)
+            if transport is None:  # Kerberos or HTTP transport: PyHive builds it (no connect timeout then)
+                con = hive.Connection(**kw)
+            else:
+                con = hive.Connection(username=kw.get("username") or getpass.getuser(),
+                                      database=kw.get("database", "default"),
+                                      configuration=kw.get("configuration"), thrift_transport=transport)
+                sock.setTimeout(None)  # connected: a long query may take its time
         except Exception as e:
             raise connect_error("hive", self.name, f"{self.host}:{self.port}", e, self._secrets()) from None
         with contextlib.suppress(Exception):  # Spark: render and parse timestamps in UTC
             con.cursor().execute("SET spark.sql.session.timeZone=UTC")
         return con
+
+    def _transport(self, kw: dict):
+        """(socket, transport) of PyHive's binary transport with a connect timeout: a host that does
+        not answer fails after `connect_timeout` seconds, not after the system's TCP timeout (minutes).
+        (None, None) where PyHive must build it (Kerberos, HTTP)."""
+        auth = (kw.get("auth") or "NONE").upper()
+        if auth not in ("NONE", "NOSASL", "LDAP", "CUSTOM") or kw.get("scheme"):
+            return None, None
+        from thrift.transport import TSocket, TTransport
+
+        sock = TSocket.TSocket(kw["host"], kw.get("port", 10000))
+        sock.setTimeout(self.connect_timeout * 1000)
+        if auth == "NOSASL":
+            return sock, TTransport.TBufferedTransport(sock)
+        import thrift_sasl
+        from pyhive.hive import get_installed_sasl
+
+        user, password = kw.get("username") or getpass.getuser(), kw.get("password") or "x"  # NONE: any non-empty
+        return sock, thrift_sasl.TSaslClientTransport(
+            lambda: get_installed_sasl(host=kw["host"], sasl_auth="PLAIN", service=None, username=user,
+                                       password=password), "PLAIN", sock)
 
     @contextlib.contextmanager
     def _cursor(self, table: str):
@@ -143,6 +178,19 @@ class HiveWarehouse(dg.ConfigurableResource):
             lo, hi = (column_array([v], typ, time_column)[0].as_py() for v in (lo, hi))
             return naive_utc(lo), naive_utc(hi)
 
+    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
+        """Rows and the newest time (naive UTC; HiveServer2 sends times as text)."""
+        with self._cursor(table) as cur:
+            cur.execute(freshness_sql(DIALECT, table, time_column))
+            rows, newest = cur.fetchone()
+            return int(rows), as_time(newest)
+
+    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
+        """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY on the server."""
+        with self._cursor(table) as cur:
+            cur.execute(partition_counts_sql(DIALECT, table, time_column, grain))
+            return period_counts(cur.fetchall())
+
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,
              batch_rows: int = 1 << 16) -> Iterator[pa.RecordBatch]:
@@ -156,7 +204,9 @@ class HiveWarehouse(dg.ConfigurableResource):
     def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
               replace: tuple[str, object] | None = None, insert_rows: int = 5_000) -> int:
         """Overwrite the partition replace[0] = replace[1] with `batches` (the table is created
-        PARTITIONED BY that column when missing); without `replace`, append."""
+        PARTITIONED BY that column when missing) in one statement: up to `insert_rows` rows as one
+        INSERT OVERWRITE ... VALUES, more through a staging table and one INSERT OVERWRITE ...
+        SELECT. Without `replace`, append."""
         target = table_expr(table)
         part_col = replace[0] if replace else None
         data_fields = [f for f in schema if f.name != part_col]
@@ -175,16 +225,42 @@ class HiveWarehouse(dg.ConfigurableResource):
                 spec = (f" PARTITION ({exp.to_identifier(part_col, quoted=True).sql(DIALECT)} = "
                         f"{_partition_literal(replace[1]).sql(DIALECT)})")
             names = [f.name for f in data_fields]
-            written, first = 0, True
-            for rows in _row_chunks(batches, names, insert_rows):
-                values = exp.values([exp.tuple_(*[_literal(v) for v in r]) for r in rows])
-                verb = "INSERT OVERWRITE TABLE" if (first and part_col) else "INSERT INTO TABLE"
-                cur.execute(f"{verb} {target.sql(DIALECT)}{spec} {values.sql(DIALECT)}")
-                written += len(rows)
-                first = False
-            if first and part_col:  # nothing to write: the partition is emptied
+            if not part_col:
+                written = 0
+                for rows in _row_chunks(batches, names, insert_rows):
+                    cur.execute(f"INSERT INTO TABLE {target.sql(DIALECT)} {_values(rows).sql(DIALECT)}")
+                    written += len(rows)
+                return written
+            chunks = _row_chunks(batches, names, insert_rows)
+            first = next(chunks, None)
+            second = next(chunks, None) if first is not None else None
+            if first is None:  # nothing to write: the partition is emptied
                 cur.execute(f"ALTER TABLE {target.sql(DIALECT)} DROP IF EXISTS{spec}")
-            return written
+                return 0
+            if second is None:  # one statement: the partition is replaced whole or not at all
+                cur.execute(f"INSERT OVERWRITE TABLE {target.sql(DIALECT)}{spec} {_values(first).sql(DIALECT)}")
+                return len(first)
+            # More rows than one statement holds: they go to a staging table first, then one
+            # INSERT OVERWRITE ... SELECT replaces the partition, so a failed load keeps the old rows.
+            stage = ".".join(p for p in (target.db, f"_habitus_stage_{uuid.uuid4().hex[:12]}") if p)
+            stage_sql = table_expr(stage).sql(DIALECT)
+            stage_cols = [c.copy() for c in cols]
+            cur.execute(exp.Create(this=exp.Schema(this=table_expr(stage), expressions=stage_cols), kind="TABLE")
+                        .sql(dialect=DIALECT) + " STORED AS PARQUET")
+            try:
+                written = 0
+                for rows in itertools.chain([first, second], chunks):
+                    cur.execute(f"INSERT INTO TABLE {stage_sql} {_values(rows).sql(DIALECT)}")
+                    written += len(rows)
+                quoted = ", ".join(exp.to_identifier(n, quoted=True).sql(DIALECT) for n in names)
+                cur.execute(f"INSERT OVERWRITE TABLE {target.sql(DIALECT)}{spec} SELECT {quoted} FROM {stage_sql}")
+                return written
+            finally:
+                cur.execute(f"DROP TABLE IF EXISTS {stage_sql}")
+
+
+def _values(rows: list[tuple]) -> exp.Expression:
+    return exp.values([exp.tuple_(*[_literal(v) for v in r]) for r in rows])
 
 
 def _row_chunks(batches: Iterable[pa.RecordBatch], names: list[str], n: int) -> Iterator[list[tuple]]:

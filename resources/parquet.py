@@ -22,6 +22,8 @@ class ParquetWarehouse(dg.ConfigurableResource):
     # stores (MinIO, Ceph, a local moto server): 'http://host:port' or 'host:port' (https).
     endpoint: str | None = None
     region: str | None = None
+    connect_timeout: float = 10  # seconds; an endpoint that does not answer fails fast
+    request_timeout: float = 60
 
     def _s3(self):
         """(S3FileSystem, 'bucket/prefix', endpoint) for an s3:// path, else None."""
@@ -29,7 +31,11 @@ class ParquetWarehouse(dg.ConfigurableResource):
             return None
         from pyarrow.fs import S3FileSystem
 
+        from pyarrow.fs import AwsStandardS3RetryStrategy
+
         kw = {"region": self.region} if self.region else {}
+        kw.update(connect_timeout=self.connect_timeout, request_timeout=self.request_timeout,
+                  retry_strategy=AwsStandardS3RetryStrategy(max_attempts=2))
         endpoint = self.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:
             scheme, _, host = endpoint.rpartition("://")

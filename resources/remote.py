@@ -147,6 +147,23 @@ def naive_utc(v):
     return v
 
 
+def as_time(v):
+    """A time from a driver as a naive UTC datetime: text (HiveServer2 sends times as text) is
+    parsed, dates become midnight, None stays None."""
+    from datetime import datetime
+
+    from resources.duckdb import utc_naive
+
+    if isinstance(v, str):
+        v = datetime.fromisoformat(v.strip())
+    return utc_naive(v)
+
+
+def period_counts(rows: Iterable[tuple]) -> dict:
+    """(period start, rows, newest) rows of `partition_counts_sql` as {period: (rows, newest)}."""
+    return {as_time(p): (int(n), as_time(m)) for p, n, m in rows}
+
+
 def value_literal(v, timestamp_type: str = "TIMESTAMP", aware_timestamp_type: str | None = None,
                   dialect: str | None = None):
     """A Python value as a typed SQL literal for INSERT ... VALUES (Hive, Databricks): timestamps as

@@ -95,8 +95,9 @@ def arrow_sql_type(arrow_type, dialect: str) -> exp.DataType:
     elif pa.types.is_timestamp(t):
         if dialect == "clickhouse":
             digits = {"s": 0, "ms": 3, "us": 6, "ns": 9}[t.unit]
-            return exp.DataType.build(f"DateTime64({digits}{', ' + repr(t.tz) if t.tz else ''})".replace('"', "'"),
-                                      dialect="clickhouse")
+            # Nullable: ClickHouse columns are not, and a NULL would silently become 1970-01-01
+            return exp.DataType.build(f"Nullable(DateTime64({digits}{', ' + repr(t.tz) if t.tz else ''}))"
+                                      .replace('"', "'"), dialect="clickhouse")
         name = "TIMESTAMPTZ" if t.tz else ("TIMESTAMPNTZ" if dialect in ("snowflake", "databricks", "spark") else "TIMESTAMP")
         if dialect == "tsql" and not t.tz:
             name = "DATETIME2"
@@ -111,14 +112,21 @@ def arrow_sql_type(arrow_type, dialect: str) -> exp.DataType:
     return exp.DataType.build(name, dialect=dialect if name in ("DATETIME2", "NVARCHAR(MAX)", "VARBINARY(MAX)") else None)
 
 
-def create_table_sql(dialect: str, table: str, schema, if_not_exists: bool = True) -> str:
-    """CREATE TABLE [IF NOT EXISTS] for an Arrow schema, identifiers quoted for the dialect."""
-    cols = [exp.ColumnDef(this=exp.to_identifier(f.name, quoted=True), kind=arrow_sql_type(f.type, dialect))
-            for f in schema]
+def create_table_sql(dialect: str, table: str, schema, if_not_exists: bool = True,
+                     partition_by: str | None = None) -> str:
+    """CREATE TABLE [IF NOT EXISTS] for an Arrow schema, identifiers quoted for the dialect; in
+    ClickHouse PARTITION BY `partition_by` when given (a partition is then replaced in one step)."""
+    cols = []
+    for f in schema:
+        kind = arrow_sql_type(f.type, dialect)
+        if dialect == "clickhouse" and f.name == partition_by:
+            kind.set("nullable", False)  # a partition key may not be Nullable
+        cols.append(exp.ColumnDef(this=exp.to_identifier(f.name, quoted=True), kind=kind))
     create = exp.Create(this=exp.Schema(this=table_expr(table), expressions=cols), kind="TABLE", exists=if_not_exists)
     if dialect == "clickhouse":  # a MergeTree without a sort key: predictions are read whole or by as_of
-        create.set("properties", exp.Properties(expressions=[
-            exp.EngineProperty(this=exp.var("MergeTree")),
-            exp.Order(expressions=[exp.Ordered(this=exp.Tuple(expressions=[]))]),
-        ]))
+        props = [exp.EngineProperty(this=exp.var("MergeTree"))]
+        if partition_by:
+            props.append(exp.PartitionedByProperty(this=exp.column(partition_by, quoted=True)))
+        props.append(exp.Order(expressions=[exp.Ordered(this=exp.Tuple(expressions=[]))]))
+        create.set("properties", exp.Properties(expressions=props))
     return create.sql(dialect=dialect)

@@ -2,8 +2,9 @@
 (Microsoft's driver with its TDS client bundled: no system ODBC driver to install).
 
 Reads stream Arrow record batches (`cursor.arrow_reader`), column types come from
-INFORMATION_SCHEMA.COLUMNS; writes delete the partition's rows, then bulk-load the Arrow batches
-(`cursor.bulkcopy_arrow`, the TDS bulk-load path), so re-runs replace, never duplicate.
+INFORMATION_SCHEMA.COLUMNS; writes bulk-load the Arrow batches (`cursor.bulkcopy_arrow`, the TDS
+bulk-load path) into a staging table, then delete the partition's rows and insert the staged ones in
+one transaction: a failed load keeps the previous rows, re-runs replace, never duplicate.
 
 Install with `pip install 'habitus[synapse]'`. Config (secrets as ${ENV} references):
 
@@ -17,6 +18,7 @@ added to the connection string as given.
 """
 
 import contextlib
+import uuid
 from datetime import datetime
 from typing import Any, Iterable, Iterator
 
@@ -25,7 +27,8 @@ import pyarrow as pa
 from sqlglot import exp
 
 from resources.duckdb import WarehouseError
-from resources.remote import SECRET_KEYS, conform, connect_error, naive_utc, query_error, value
+from resources.duckdb import freshness_sql, partition_counts_sql
+from resources.remote import SECRET_KEYS, as_time, period_counts, conform, connect_error, naive_utc, query_error, value
 from resources.sql import create_table_sql, delete_sql, range_sql, select_sql, table_expr
 
 DIALECT = "tsql"
@@ -148,6 +151,19 @@ class SynapseWarehouse(dg.ConfigurableResource):
             lo, hi = cur.fetchone()
             return naive_utc(lo), naive_utc(hi)
 
+    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
+        """Rows and the newest time (naive UTC): what a new-data sensor asks on every tick."""
+        with self._cursor(table) as (_, cur):
+            cur.execute(freshness_sql(DIALECT, table, time_column))
+            rows, newest = cur.fetchone()
+            return int(rows), as_time(newest)
+
+    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
+        """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY in Synapse."""
+        with self._cursor(table) as (_, cur):
+            cur.execute(partition_counts_sql(DIALECT, table, time_column, grain))
+            return period_counts(cur.fetchall())
+
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,
              batch_rows: int = 1 << 16) -> Iterator[pa.RecordBatch]:
@@ -161,14 +177,31 @@ class SynapseWarehouse(dg.ConfigurableResource):
 
     def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
               replace: tuple[str, object] | None = None) -> int:
-        """Create `table` if missing, delete the rows where replace[0] == replace[1] (committed), then
-        bulk-load `batches` through TDS bulk copy. Returns the rows loaded."""
+        """Create `table` if missing, bulk-load `batches` (TDS bulk copy) into a staging table, then in
+        one transaction delete the rows where replace[0] == replace[1] and insert the staged rows: a
+        failed load keeps the previous rows, a re-run never duplicates them. Returns the rows loaded."""
+        t = table_expr(table)
+        stage = ".".join(p for p in (t.catalog, t.db, f"_habitus_stage_{uuid.uuid4().hex[:12]}") if p)
+        stage_sql, target_sql = table_expr(stage).sql(dialect=DIALECT), t.sql(dialect=DIALECT)
         with self._cursor(table) as (con, cur):
             cur.execute(create_table_sql(DIALECT, table, schema))
-            if replace is not None:
-                cur.execute(delete_sql(DIALECT, table, *replace))
+            cur.execute(create_table_sql(DIALECT, stage, schema, if_not_exists=False))
             con.commit()
-            reader = pa.RecordBatchReader.from_batches(schema, (b for b in batches if len(b)))
-            result = cur.bulkcopy_arrow(table_expr(table).sql(dialect=DIALECT), reader, timeout=0)
-            con.commit()
-            return int((result or {}).get("rows_copied", 0)) if isinstance(result, dict) else int(result or 0)
+            try:
+                reader = pa.RecordBatchReader.from_batches(schema, (b for b in batches if len(b)))
+                result = cur.bulkcopy_arrow(stage_sql, reader, timeout=0)
+                con.commit()
+                loaded = int((result or {}).get("rows_copied", 0)) if isinstance(result, dict) else int(result or 0)
+                cols = ", ".join(exp.to_identifier(f.name, quoted=True).sql(DIALECT) for f in schema)
+                try:
+                    if replace is not None:
+                        cur.execute(delete_sql(DIALECT, table, *replace))
+                    cur.execute(f"INSERT INTO {target_sql} ({cols}) SELECT {cols} FROM {stage_sql}")
+                    con.commit()
+                except Exception:
+                    con.rollback()
+                    raise
+                return loaded
+            finally:
+                cur.execute(f"DROP TABLE {stage_sql}")
+                con.commit()

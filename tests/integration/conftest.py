@@ -134,6 +134,24 @@ def events_table() -> pa.Table:
     })
 
 
+def typed_table(null_times: bool = True) -> pa.Table:
+    """One column per type that must survive every server, sorted by id (as extraction sorts it)."""
+    from datetime import timezone
+    from decimal import Decimal
+
+    n = 8
+    return pa.table({
+        "id": pa.array([BIG + i for i in range(n)], pa.int64()),
+        "aware": pa.array([None if i == 3 and null_times else datetime(2026, 3, 1, 23, 59, 59, 123456 + i, tzinfo=timezone.utc)
+                           for i in range(n)], pa.timestamp("us", "UTC")),
+        "naive": pa.array([None if i == 4 and null_times else datetime(1999, 12, 31, 23, 59, 59, 999999 - i) for i in range(n)],
+                          pa.timestamp("us")),
+        "amount": pa.array([None if i == 5 else Decimal(f"-{10**9 + i}.0{i}") for i in range(n)], pa.decimal128(12, 2)),
+        "note": pa.array([None if i == 6 else ["", "naïve ☃", "it's", 'a "b"', "x" * 300][i % 5] for i in range(n)]),
+        "ok": pa.array([None if i == 7 else i % 2 == 0 for i in range(n)]),
+    })
+
+
 SCORES = pa.schema([("customer_id", pa.string()), ("score", pa.float64()), ("as_of", pa.timestamp("s"))])
 
 
@@ -212,6 +230,59 @@ class Contract:
         assert all(b.schema.field("ts").type == schema.field("ts").type for b in batches)
 
     @staticmethod
+    def sensor_queries(wh, table="events"):
+        """What the new-data sensor asks: rows and newest time, and both per month and per day."""
+        times = [T0 + timedelta(hours=12 * i) for i in range(N)]
+        assert wh.freshness(table, "ts") == (N, times[-1])
+        for grain, start_of in (("month", lambda t: t.replace(day=1, hour=0)), ("day", lambda t: t.replace(hour=0))):
+            want = {}
+            for t in times:
+                n, _ = want.get(start_of(t), (0, None))
+                want[start_of(t)] = (n + 1, t)
+            got = wh.partition_counts(table, "ts", grain)
+            assert got == want, grain
+            assert all(type(k) is datetime and k.tzinfo is None for k in got)
+
+    @staticmethod
+    def types_survive_extraction(wh, tmp_path, table="types_roundtrip", aware=True, null_times=True):
+        """Each type written to the server, read back and extracted as canonical Parquet keeps its
+        values: zone-aware and naive timestamps (microseconds), decimals, NULLs, text, booleans and
+        ids beyond 2**53. `aware=False` for servers without a zone-aware type (Hive): the instant
+        then comes back as naive UTC. `null_times=False` leaves NULL timestamps out (fakesnow
+        sends them as 1970-01-01: its timestamp_to_sf_struct drops the validity bitmap)."""
+        import pyarrow.parquet as pq
+        from datetime import timezone
+
+        from resources.canonical import write_canonical_parquet
+
+        t = typed_table(null_times)
+        assert wh.write(table, iter(t.to_batches(max_chunksize=3)), t.schema) == t.num_rows
+        path = tmp_path / f"{table}.parquet"
+        assert write_canonical_parquet(wh.read(table), path, wh.schema(table), first=["id"], table=table) == 8
+        got = pq.read_table(path)
+        aware_type = pa.timestamp("us", "UTC") if aware else pa.timestamp("us")
+        assert got.schema == pa.schema([("id", pa.int64()), ("aware", aware_type), ("naive", pa.timestamp("us")),
+                                        ("amount", pa.decimal128(38, 9)), ("note", pa.string()), ("ok", pa.bool_())])
+        for name in t.column_names:
+            want = t.column(name).to_pylist()
+            if name == "aware" and not aware:
+                want = [None if v is None else v.astimezone(timezone.utc).replace(tzinfo=None) for v in want]
+            assert got.column(name).to_pylist() == want, name
+
+    @staticmethod
+    def lossy_value_is_an_error(wh, tmp_path, table: str, column: str):
+        """Extracting a value the canonical type cannot hold fails, naming the table and column,
+        and leaves no file behind."""
+        from resources.canonical import write_canonical_parquet
+        from resources.duckdb import WarehouseError
+
+        path = tmp_path / "lossy" / "part.parquet"
+        with pytest.raises(WarehouseError, match=rf"table '{table}'.*column '{column}'") as err:
+            write_canonical_parquet(wh.read(table), path, wh.schema(table), table=table)
+        assert "view" in str(err.value)  # says what to do
+        assert not path.exists()
+
+    @staticmethod
     def missing_table(wh):
         from resources.duckdb import WarehouseError
 
@@ -236,6 +307,20 @@ class Contract:
         assert len(by_day[d2]) == 4
         assert wh.write(table, iter([]), SCORES, replace=("as_of", d2)) == 0  # an empty day empties it
         assert len(read_rows(table)) == 6
+
+    @staticmethod
+    def failed_write_keeps_previous_rows(wh, read_rows, table="habitus_failed_load"):
+        """A load that breaks half way (the batches stop with an error) leaves the day as it was."""
+        d1 = datetime(2026, 3, 1)
+        assert wh.write(table, iter(scores(d1, 10)), SCORES, replace=("as_of", d1)) == 10
+
+        def broken():
+            yield from scores(d1, 6, offset=1.0)[:1]
+            raise RuntimeError("the scoring run died half way")
+
+        with pytest.raises(Exception, match="half way"):  # some connectors wrap it, naming the table
+            wh.write(table, broken(), SCORES, replace=("as_of", d1))
+        assert sorted((cid, score) for cid, score, _ in read_rows(table)) == [(f"C{i}", i / 10) for i in range(10)]
 
     @staticmethod
     def source_asset(tmp_path, connection: dict, table="events", env: dict | None = None):

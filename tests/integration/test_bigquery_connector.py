@@ -53,6 +53,14 @@ def test_time_range(wh, contract):
     contract.time_range(wh)
 
 
+def test_sensor_queries(wh, contract):
+    contract.sensor_queries(wh)
+
+
+def test_types_survive_extraction(wh, contract, tmp_path):
+    contract.types_survive_extraction(wh, tmp_path)
+
+
 def test_read_projection_and_window(wh, contract):
     contract.read_window(wh)
 
@@ -71,6 +79,16 @@ def test_missing_table(wh, contract):
 
 def test_write_replaces_partition(wh, contract):
     contract.write_replaces_partition(wh, lambda t: _rows(wh, t), table=f"scores_{uuid.uuid4().hex[:6]}")
+
+
+def test_failed_write_keeps_previous_rows(wh, contract):
+    table = f"failed_{uuid.uuid4().hex[:6]}"
+    contract.failed_write_keeps_previous_rows(wh, lambda t: _rows(wh, t), table=table)
+    client = wh._client()
+    try:  # the staging table is gone
+        assert [t.table_id for t in client.list_tables(wh.dataset) if t.table_id.startswith("_habitus_stage")] == []
+    finally:
+        client.close()
 
 
 def test_timestamp_and_date_windows(wh):

@@ -69,6 +69,14 @@ def test_time_range(wh, contract):
     contract.time_range(wh)
 
 
+def test_sensor_queries(wh, contract):
+    contract.sensor_queries(wh)
+
+
+def test_types_survive_extraction(wh, contract, tmp_path):
+    contract.types_survive_extraction(wh, tmp_path)
+
+
 def test_read_projection_and_window(wh, contract):
     contract.read_window(wh)
 
@@ -87,6 +95,27 @@ def test_missing_table(wh, contract):
 
 def test_write_replaces_partition(wh, contract):
     contract.write_replaces_partition(wh, lambda t: _rows(wh, t))
+
+
+def test_failed_write_keeps_previous_rows(wh, contract):
+    contract.failed_write_keeps_previous_rows(wh, lambda t: _rows(wh, t))
+
+
+def test_write_into_a_table_not_partitioned_by_the_day_swaps_it_whole(wh, contract):
+    """A predictions table made by someone else (no PARTITION BY as_of): rebuilt in a staging table
+    and swapped in with EXCHANGE TABLES; a failed load leaves it as it was."""
+    with wh._session("-") as client:
+        client.command('CREATE TABLE "scores_unpartitioned" ("customer_id" String, "score" Float64, '
+                       '"as_of" DateTime64(6)) ENGINE = MergeTree ORDER BY "customer_id"')
+    contract.write_replaces_partition(wh, lambda t: _rows(wh, t), table="scores_unpartitioned")
+    contract.failed_write_keeps_previous_rows(wh, lambda t: _rows(wh, t), table="scores_unpartitioned")
+
+
+def test_an_unsigned_id_beyond_int64_is_an_error_not_a_wrap(wh, contract, tmp_path):
+    with wh._session("huge") as client:
+        client.command('CREATE TABLE "huge" ("id" UInt64) ENGINE = MergeTree ORDER BY tuple()')
+        client.command('INSERT INTO "huge" VALUES (7), (18446744073709551615)')
+    contract.lossy_value_is_an_error(wh, tmp_path, "huge", "id")
 
 
 def test_native_types_and_hostile_names(wh):

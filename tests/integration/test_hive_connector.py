@@ -50,6 +50,14 @@ def test_time_range(wh, contract):
     contract.time_range(wh)
 
 
+def test_sensor_queries(wh, contract):
+    contract.sensor_queries(wh)
+
+
+def test_types_survive_extraction(wh, contract, tmp_path):
+    contract.types_survive_extraction(wh, tmp_path, aware=False)
+
+
 def test_read_projection_and_window(wh, contract):
     contract.read_window(wh)
 
@@ -68,6 +76,35 @@ def test_missing_table(wh, contract):
 
 def test_write_replaces_partition(wh, contract):
     contract.write_replaces_partition(wh, lambda t: _rows(wh, t))
+
+
+def test_failed_write_keeps_previous_rows(wh, contract):
+    contract.failed_write_keeps_previous_rows(wh, lambda t: _rows(wh, t))
+
+
+def test_a_day_larger_than_one_statement_is_staged_and_replaced_in_one(wh, contract):
+    """More rows than one INSERT holds: staged, then one INSERT OVERWRITE ... SELECT; a load that dies
+    after some statements went through still leaves the day as it was."""
+    from functools import partial
+
+    day = datetime(2026, 3, 1)
+    write = partial(wh.write, "habitus_staged", schema=contract.SCORES, replace=("as_of", day), insert_rows=3)
+    assert write(iter(contract.scores(day, 10))) == 10
+    assert write(iter(contract.scores(day, 7, offset=1.0))) == 7  # a re-run of the day
+    assert sorted((c, s) for c, s, _ in _rows(wh, "habitus_staged")) == [(f"C{i}", i / 7 + 1.0) for i in range(7)]
+
+    def broken():
+        yield from contract.scores(day, 9, offset=2.0)[:2]  # 6 rows: two statements into the staging table
+        raise RuntimeError("the scoring run died half way")
+
+    with pytest.raises(WarehouseError, match="half way"):
+        write(broken())
+    assert sorted((c, s) for c, s, _ in _rows(wh, "habitus_staged")) == [(f"C{i}", i / 7 + 1.0) for i in range(7)]
+    con = wh._connect()
+    cur = con.cursor()
+    cur.execute("SHOW TABLES")
+    assert not [r for r in cur.fetchall() if any("_habitus_stage" in str(v) for v in r)]  # dropped either way
+    con.close()
 
 
 def test_hostile_column_names(wh):

@@ -46,6 +46,10 @@ def test_time_range(lake, contract, table):
     contract.time_range(_wh(lake), table)
 
 
+def test_sensor_queries(lake, contract, table):
+    contract.sensor_queries(_wh(lake), table)
+
+
 def test_read_projection_and_window(lake, contract, table):
     contract.read_window(_wh(lake), table)
 
@@ -85,3 +89,7 @@ def test_write_replaces_partition(lake, contract):
 def test_source_asset_from_project_config(lake, contract, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{lake}")
     contract.source_asset(tmp_path, {"type": "parquet", "path": "s3://lake/shop"}, table="events_by_month")
+
+
+def test_types_survive_extraction(lake, contract, tmp_path):
+    contract.types_survive_extraction(_wh(lake), tmp_path)

@@ -57,6 +57,14 @@ def test_time_range(wh, contract):
     contract.time_range(wh)
 
 
+def test_sensor_queries(wh, contract):
+    contract.sensor_queries(wh)
+
+
+def test_types_survive_extraction(wh, contract, tmp_path):
+    contract.types_survive_extraction(wh, tmp_path, null_times=False)
+
+
 def test_read_projection_and_window(wh, contract):
     contract.read_window(wh)
 
@@ -75,6 +83,10 @@ def test_missing_table(wh, contract):
 
 def test_write_replaces_partition(wh, contract):
     contract.write_replaces_partition(wh, lambda t: _rows(wh, t))
+
+
+def test_failed_write_keeps_previous_rows(wh, contract):
+    contract.failed_write_keeps_previous_rows(wh, lambda t: _rows(wh, t))
 
 
 def test_native_types(wh):
@@ -109,7 +121,7 @@ def test_source_asset_from_project_config(wh, fakesnow_server, contract, tmp_pat
     import dagster as dg
 
     assert isinstance(resource.password, dg.EnvVar) and resource.password.env_var_name == "HABITUS_TEST_SF_PASSWORD"
-    assert out.schema.field("amount").type == pa.decimal128(12, 2)
+    assert out.schema.field("amount").type == pa.decimal128(38, 9)  # NUMBER(12,2) in the canonical decimal
 
 
 def test_bad_connection_names_it_and_hides_the_password(fakesnow_server):

@@ -43,6 +43,7 @@ def test_contract(wh, contract):
     w, table = wh
     contract.schema(w, table)
     contract.time_range(w, table)
+    contract.sensor_queries(w, table)
     contract.read_window(w, table)
     contract.read_all_values(w, table)
     contract.small_batches(w, table)
@@ -59,3 +60,4 @@ def test_write_replaces_partition(wh, contract):
             return cur.fetchall()
 
     contract.write_replaces_partition(w, rows, table)
+    contract.failed_write_keeps_previous_rows(w, rows, f"habitus_failed_{uuid.uuid4().hex[:8]}")

@@ -47,9 +47,14 @@ def test_projection_converts_codes_to_values():
 def test_write_sql():
     schema = pa.schema([("customer_id", pa.string()), ("score", pa.float64()), ("as_of", pa.timestamp("s")),
                         ("at", pa.timestamp("us", "UTC"))])
+    # timestamps Nullable like the rest (a NULL must not become 1970-01-01), but never a partition key
     assert create_table_sql("clickhouse", "p.scores", schema) == (
         'CREATE TABLE IF NOT EXISTS "p"."scores" ("customer_id" Nullable(String), "score" Nullable(Float64), '
-        "\"as_of\" DateTime64(0), \"at\" DateTime64(6, 'UTC')) ENGINE=MergeTree ORDER BY ()")
+        "\"as_of\" Nullable(DateTime64(0)), \"at\" Nullable(DateTime64(6, 'UTC'))) ENGINE=MergeTree ORDER BY ()")
+    assert create_table_sql("clickhouse", "p.scores", schema, partition_by="as_of") == (
+        'CREATE TABLE IF NOT EXISTS "p"."scores" ("customer_id" Nullable(String), "score" Nullable(Float64), '
+        "\"as_of\" DateTime64(0), \"at\" Nullable(DateTime64(6, 'UTC'))) ENGINE=MergeTree PARTITION BY \"as_of\" "
+        "ORDER BY ()")
     delete = _precise_times(sqlglot.parse_one(delete_sql("clickhouse", "p.scores", "as_of", datetime(2026, 3, 1)),
                                               read="clickhouse"))
     assert delete.sql(dialect="clickhouse") == (

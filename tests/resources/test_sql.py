@@ -145,3 +145,37 @@ def test_time_filter_keeps_sub_second_bounds(tmp_path):
     rows = con.execute(select_sql("duckdb", "t", ["id"], "ts", start, APRIL)).fetchall()
     con.close()
     assert rows == [(2,)]
+
+
+# --------------------------------------------------------------------------- what the new-data sensors ask
+
+
+@pytest.mark.parametrize("dialect, month, day", [
+    ("snowflake", "DATE_TRUNC('MONTH', \"ts\")", "DATE_TRUNC('DAY', \"ts\")"),
+    ("bigquery", "DATE_TRUNC(DATE(`ts`), MONTH)", "DATE(`ts`)"),  # DATE() takes TIMESTAMP, DATETIME and DATE
+    ("clickhouse", 'toStartOfMonth("ts")', 'toDate("ts")'),
+    ("hive", "TRUNC(`ts`, 'MM')", "TO_DATE(`ts`)"),  # Hive has no DATE_TRUNC
+    ("databricks", "DATE_TRUNC('MONTH', `ts`)", "DATE_TRUNC('DAY', `ts`)"),
+    ("tsql", "DATEFROMPARTS(YEAR([ts]), MONTH([ts]), 1)", "CAST([ts] AS DATE)"),  # no DATETRUNC on Synapse
+])
+def test_partition_counts_sql_per_dialect(dialect, month, day):
+    from resources.duckdb import freshness_sql, partition_counts_sql
+
+    for grain, period in (("month", month), ("day", day)):
+        sql = partition_counts_sql(dialect, "shop.events", "ts", grain)
+        assert sql.startswith(f"SELECT {period} AS period, COUNT(*), MAX(")
+        assert sql.endswith(f"GROUP BY {period}")  # by the expression: T-SQL has no GROUP BY 1
+        assert len(sqlglot.parse(sql, read=dialect)) == 1
+    assert freshness_sql(dialect, "shop.events", "ts").startswith("SELECT COUNT(*), MAX(")
+    with pytest.raises(ValueError, match="grain"):
+        partition_counts_sql(dialect, "shop.events", "ts", "week")
+
+
+def test_period_counts_parse_what_drivers_send():
+    from datetime import date, timezone
+
+    from resources.remote import period_counts
+
+    rows = [("2026-03-01", 5, "2026-03-31 23:00:00.5"), (date(2026, 4, 1), 2, datetime(2026, 4, 2, 1, tzinfo=timezone.utc))]
+    assert period_counts(rows) == {datetime(2026, 3, 1): (5, datetime(2026, 3, 31, 23, 0, 0, 500000)),
+                                   datetime(2026, 4, 1): (2, datetime(2026, 4, 2, 1))}

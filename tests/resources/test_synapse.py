@@ -64,7 +64,11 @@ def fake(monkeypatch):
         def commit():
             state["log"].append("COMMIT")
 
-        return types.SimpleNamespace(cursor=lambda: FakeCursor(state), commit=commit, close=lambda: None)
+        def rollback():
+            state["log"].append("ROLLBACK")
+
+        return types.SimpleNamespace(cursor=lambda: FakeCursor(state), commit=commit, rollback=rollback,
+                                     close=lambda: None)
 
     mod = types.ModuleType("mssql_python")
     mod.connect = connect
@@ -127,18 +131,38 @@ def test_time_range_and_missing_table(fake):
         _wh().schema("nope")
 
 
-def test_write_deletes_commits_then_bulk_copies(fake):
-    schema = pa.schema([("customer_id", pa.string()), ("score", pa.float64()), ("as_of", pa.timestamp("s"))])
-    t = pa.table({"customer_id": ["a", "b", "c"], "score": [0.1, 0.2, 0.3],
-                  "as_of": pa.array([datetime(2026, 3, 1)] * 3, pa.timestamp("s"))}, schema=schema)
-    assert _wh().write("dbo.scores", iter(t.to_batches(max_chunksize=2)), schema,
+SCORES = pa.schema([("customer_id", pa.string()), ("score", pa.float64()), ("as_of", pa.timestamp("s"))])
+
+
+def _scores():
+    return pa.table({"customer_id": ["a", "b", "c"], "score": [0.1, 0.2, 0.3],
+                     "as_of": pa.array([datetime(2026, 3, 1)] * 3, pa.timestamp("s"))}, schema=SCORES)
+
+
+def test_write_stages_then_replaces_in_one_transaction(fake):
+    assert _wh().write("dbo.scores", iter(_scores().to_batches(max_chunksize=2)), SCORES,
                        replace=("as_of", datetime(2026, 3, 1))) == 3
-    create, delete, commit = fake["log"][:3]
+    create, create_stage, commit, commit_load, delete, insert, commit2, drop, commit3 = fake["log"]
     assert create.startswith("IF NOT EXISTS (SELECT * FROM INFORMATION_SCHEMA.TABLES WHERE TABLE_NAME = 'scores' AND "
                              "TABLE_SCHEMA = 'dbo') EXEC('CREATE TABLE [dbo].[scores] ([customer_id] NVARCHAR(MAX), "
                              "[score] FLOAT, [as_of] DATETIME2)')")
+    [(staged_into, rows)] = fake["bulk"]
+    assert rows == 3 and staged_into.startswith("[dbo].[_habitus_stage_") and staged_into in create_stage
     assert delete == "DELETE FROM [dbo].[scores] WHERE [as_of] = CAST('2026-03-01 00:00:00' AS DATETIME2)"
-    assert commit == "COMMIT" and fake["bulk"] == [("[dbo].[scores]", 3)]
+    assert insert == (f"INSERT INTO [dbo].[scores] ([customer_id], [score], [as_of]) "
+                      f"SELECT [customer_id], [score], [as_of] FROM {staged_into}")
+    assert (commit, commit_load, commit2, commit3) == ("COMMIT",) * 4 and drop == f"DROP TABLE {staged_into}"
+
+
+def test_a_failed_load_never_deletes_the_previous_rows(fake):
+    def broken():
+        yield from _scores().to_batches(max_chunksize=2)[:1]
+        raise RuntimeError("the scoring run died half way")
+
+    with pytest.raises(WarehouseError, match="half way"):
+        _wh().write("dbo.scores", broken(), SCORES, replace=("as_of", datetime(2026, 3, 1)))
+    assert not any(sql.startswith(("DELETE", "INSERT")) for sql in fake["log"])
+    assert fake["log"][-2].startswith("DROP TABLE [dbo].[_habitus_stage_")  # the staging table is dropped
 
 
 def test_bad_connection_hides_the_password(fake):
