@@ -7,10 +7,12 @@ import dagster as dg
 from assets.cache import CACHE_KEY, current_cache
 from assets.plots import loss_curves
 from models.checkpoint import save_checkpoint
+from models.resume import Resumer
+from models.storage import combine
 from models.features import DAY
 from models.train import FoundationConfig, config_dict, day_floor, train_foundation
 from resources.executor import TrainingExecutor
-from resources.workspace import Workspace
+from resources.workspace import Workspace, locked
 
 FOUNDATION_KEY = dg.AssetKey("foundation_model")
 
@@ -33,6 +35,7 @@ def foundation_config(project) -> FoundationConfig:
 def build_foundation_asset(project) -> dg.AssetsDefinition:
     @dg.asset(key=FOUNDATION_KEY, deps=[CACHE_KEY], group_name="training", kinds={"pytorch", "safetensors"},
               description="Self-supervised model: predicts each entity's next window from its history")
+    @locked("foundation")
     def foundation_model(context: dg.AssetExecutionContext, workspace: Workspace,
                          executor: TrainingExecutor) -> dg.MaterializeResult:
         cache = current_cache(workspace)
@@ -40,7 +43,10 @@ def build_foundation_asset(project) -> dg.AssetsDefinition:
         cfg = foundation_config(project)
         cutoff = test_cutoff(project, cache)
         last_cutoff = cutoff - cfg.horizon_days * DAY  # its targets end where the hold-out begins
-        result = train_foundation(cache, cfg, last_cutoff, device=device, log=context.log.info)
+        # a killed run continues from its last saved state (same cache, config and cut-off only)
+        resume = Resumer(workspace.resume("foundation"), combine(cache.fingerprint, config_dict(cfg), last_cutoff),
+                         every_steps=project.foundation.save_every_steps, log=context.log.info)
+        result = train_foundation(cache, cfg, last_cutoff, device=device, log=context.log.info, resume=resume)
         info = result.info
         digest = save_checkpoint(workspace.foundation, result.model, {
             "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,
@@ -51,6 +57,7 @@ def build_foundation_asset(project) -> dg.AssetsDefinition:
             "curves": result.curves, "training": {k: info[k] for k in ("events_seen", "entities_seen", "seconds",
                                                                         "steps", "device")},
         })
+        resume.clear()
         plot = loss_curves(result.curves, workspace.foundation.parent / "foundation_loss.png", "foundation model")
         return dg.MaterializeResult(metadata={
             "fingerprint": digest[:16],

@@ -12,12 +12,14 @@ from assets.plots import calibration_and_lift, loss_curves
 from assets.serving import promote, serving_note
 from models.baselines import lightgbm_scores
 from models.checkpoint import load_checkpoint, save_checkpoint
+from models.resume import Resumer
+from models.storage import combine
 from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
 from models.features import FeatureSpec
 from models.targets import TargetSpec
 from models.train import FinetuneConfig, TaskSpec, config_dict, finetune, top_values
 from resources.executor import TrainingExecutor
-from resources.workspace import Workspace
+from resources.workspace import Workspace, locked
 
 
 def scenario_key(name: str) -> dg.AssetKey:
@@ -36,7 +38,15 @@ def _column(name: str, ref: str, cache, kind: str) -> str:
 def task_spec(name: str, scenario, cache, cutoff: int) -> TaskSpec:
     """The scenario's config -> a TaskSpec; label sets are chosen from history before the hold-out."""
     t = scenario.target
-    if scenario.task == "binary":
+    if getattr(t, "function", None):  # a user-defined target: import it now, so a typo fails before training
+        from models.target_functions import resolve
+
+        try:
+            resolve(t.function, name)
+        except ValueError as e:
+            raise dg.Failure(f"scenarios.{name}.target.function: {e}") from e
+        target = TargetSpec("function", t.within, function=t.function, scenario=name)
+    elif scenario.task == "binary":
         target = TargetSpec("no_event", t.within, active_days=t.active_within)
     elif scenario.task == "multilabel":
         if t.by not in cache.columns or cache.columns[t.by]["type"] != "categorical":
@@ -73,6 +83,7 @@ def beats_baselines(task: TaskSpec, report: dict) -> bool:
 def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
     @dg.asset(key=scenario_key(name), deps=[FOUNDATION_KEY], group_name="scenarios", kinds={"pytorch", "safetensors"},
               description=f"{scenario.task} scenario fine-tuned from the foundation model")
+    @locked(f"scenario/{name}")
     def _scenario(context: dg.AssetExecutionContext, workspace: Workspace,
                   executor: TrainingExecutor) -> dg.MaterializeResult:
         cache = current_cache(workspace)
@@ -85,8 +96,12 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
         task = task_spec(name, scenario, cache, cutoff)
         plan = protocol(cutoff, task.target.window_days, scenario.train_cutoffs, cache.time_range[0])
         cfg = FinetuneConfig(epochs=scenario.epochs, learning_rate=scenario.learning_rate)
+        # a killed run continues from its last saved state (same foundation, task, config and cut-offs only)
+        resume = Resumer(workspace.resume("scenarios", name),
+                         combine(foundation["weights_sha256"], task.to_dict(), config_dict(cfg), list(plan.train_cutoffs),
+                                 plan.val_cutoff), every_steps=scenario.save_every_steps, log=context.log.info)
         result = finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
-                          device=device, log=context.log.info)
+                          device=device, log=context.log.info, resume=resume)
         spec = FeatureSpec.from_dict(foundation["feature_spec"])
         context.log.info("fitting the LightGBM baseline on hand-made features (same cut-offs)")
         lgbm = lightgbm_scores(cache, spec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff)
@@ -112,6 +127,7 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
             "metrics": report, "headline": key, "beats_baselines": better, "finetune": config_dict(cfg),
             "curves": result.curves, "training": result.info,
         })
+        resume.clear()
         if better:  # predictions use the newest checkpoint that beat its baselines (assets.serving)
             promote(workspace, name)
         else:
@@ -164,6 +180,6 @@ def binary_holdout(model, cache, spec, task, cutoff: int, device: str):
             continue
         keep = eligible(chunk, task.target)
         x, _ = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
-        ys.append(compute_target(chunk, task.target)[keep])
+        ys.append(compute_target(chunk, task.target, cache=cache)[keep])
         ps.append(scores(model, task.task, x[keep], None, device=device))
     return np.concatenate(ys), np.concatenate(ps)

@@ -6,12 +6,13 @@ values; for label tasks also each label's own count. One model per task (one per
 multilabel), early-stopped on the validation cut-off, scored on the test cut-off.
 """
 
+import dataclasses
 import warnings
 
 import numpy as np
 
 from models.cache import Cache
-from models.features import FeatureSpec, chunk_at, entity_features, scalar_features, value_history
+from models.features import HALF_LIVES, FeatureSpec, chunk_at, entity_features, scalar_features, value_history
 from models.targets import compute_target, eligible
 from models.train import TaskSpec, chunk_plan, label_history
 
@@ -21,6 +22,7 @@ MULTILABEL_ROWS = 30_000
 
 
 def hand_features(chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_sizes: dict[str, int]) -> np.ndarray:
+    spec = dataclasses.replace(spec, half_lives=HALF_LIVES)  # the baseline's own features, whatever habitus uses
     parts = [scalar_features(chunk, spec), entity_features(chunk.entities, chunk.cutoff, spec, entity_table)]
     for c, vocab in spec.categorical.items():
         if vocab > MAX_VOCAB:
@@ -45,7 +47,7 @@ def _dataset(cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoffs, chunk_ent
                 continue
             keep = eligible(chunk, task.target)
             xs.append(hand_features(chunk, spec, task, entity_table, vocab_sizes)[keep])
-            ys.append(compute_target(chunk, task.target, vocab_sizes.get(task.target.column))[keep])
+            ys.append(compute_target(chunk, task.target, vocab_sizes.get(task.target.column), cache)[keep])
     return np.concatenate(xs), np.concatenate(ys)
 
 

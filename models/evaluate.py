@@ -9,13 +9,16 @@ training cut-offs every `step` before that. Features from events <= cut-off, lab
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from models.cache import Cache
 from models.features import DAY, FeatureSpec, chunk_at
-from models.metrics import auroc, average_precision, macro_auroc, mae, normalized_gini, ranking_metrics, rmse
+from models.items import SparseRows, top_k_items
+from models.metrics import auroc, average_precision, macro_auroc, mae, normalized_gini, ranking_metrics_at, rmse
 from models.network import Model
 from models.targets import compute_target, eligible
-from models.train import TaskSpec, chunk_plan, day_floor, label_history, scores, task_inputs
+from models.train import (TaskSpec, chunk_plan, day_floor, item_popularity, label_history, rank_items, scores,
+                          task_inputs)
 
 
 @dataclass(frozen=True)
@@ -40,20 +43,18 @@ def protocol(test_cutoff: int, window_days: int, n_train: int, first_ts: int, mi
 
 
 def baseline_scores(task: TaskSpec, chunk, x_hist: np.ndarray | None, popularity: np.ndarray | None,
-                    past_window: np.ndarray | None) -> dict[str, np.ndarray]:
-    """Heuristics a practitioner would try first, from the same history the model sees."""
+                    past_window: np.ndarray | None, channel: int = 1) -> dict[str, np.ndarray]:
+    """Heuristics a practitioner would try first, from the same history the model sees.
+    `channel`: the label history's habitual decayed count (FeatureSpec.habitual_channel)."""
     if task.task == "binary":
         begins = np.r_[0, np.flatnonzero(np.diff(chunk.local)) + 1]
         last_age = chunk.age_days[np.r_[begins[1:] - 1, len(chunk.local) - 1]]
         count90 = np.bincount(chunk.local, chunk.age_days <= 90, minlength=chunk.n)
         return {"recency": last_age, "frequency": -count90.astype(np.float32)}
     if task.task == "multilabel":
-        return {"past frequency": x_hist[:, :, 1], "popularity": np.broadcast_to(popularity, x_hist.shape[:2])}
-    if task.task == "recommendation":
-        return {"popularity": np.broadcast_to(popularity, x_hist.shape[:2]),
-                "past frequency": x_hist[:, :, 1] + 1e-3 * popularity / max(popularity.max(), 1e-9)}
+        return {"past frequency": x_hist[:, :, channel], "popularity": np.broadcast_to(popularity, x_hist.shape[:2])}
     if task.task == "regression":
-        return {"previous window": past_window}
+        return {} if past_window is None else {"previous window": past_window}
     raise ValueError(task.task)
 
 
@@ -66,6 +67,7 @@ def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cuto
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     target = task.target
     popularity = recent_popularity(cache, target, cutoff) if task.uses_label_history else None
+    item_pop = item_popularity(cache, target, cutoff) if task.task == "recommendation" else None
     ys, preds, base = [], [], {}
     ranking: dict[str, list] = {}
     for s, lo, hi in chunk_plan(cache, chunk_entities):
@@ -74,19 +76,22 @@ def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cuto
             continue
         keep = eligible(chunk, target)
         x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
-        y = compute_target(chunk, target, vocab_sizes.get(target.column))[keep]
+        y = compute_target(chunk, target, vocab_sizes.get(target.column), cache)[keep]
+        if task.task == "recommendation":  # rank per chunk: [n, catalog] matrices never exist
+            tops = item_rankings(model, x[keep], h[keep], popularity, item_pop, task.k, device, spec.habitual_channel)
+            for name, top in tops.items():
+                ranking.setdefault(name, []).append((ranking_metrics_at(top, y.rows, y.cols, task.k),
+                                                     int((np.diff(y.indptr) > 0).sum())))
+            continue
         p = scores(model, task.task, x[keep], None if h is None else h[keep], device=device)
-        past = _previous_window(chunk, target) if task.task == "regression" else None
-        b = baseline_scores(task, chunk, None if h is None else h, popularity, past)
+        # a user function's "previous window" is not defined: only the training mean stands in for it
+        past = _previous_window(chunk, target) if task.task == "regression" and target.kind != "function" else None
+        b = baseline_scores(task, chunk, None if h is None else h, popularity, past, spec.habitual_channel)
         b = {k: np.asarray(v)[keep] for k, v in b.items()}
-        if task.task == "recommendation":  # rank per chunk: [n, catalog] matrices never pile up
-            for name, sc in [("model", p), *b.items()]:
-                ranking.setdefault(name, []).append((ranking_metrics(y, sc, task.k), int((y.sum(1) > 0).sum())))
-        else:
-            ys.append(y)
-            preds.append(p)
-            for k, v in b.items():
-                base.setdefault(k, []).append(v)
+        ys.append(y)
+        preds.append(p)
+        for k, v in b.items():
+            base.setdefault(k, []).append(v)
     if task.task == "recommendation":
         results = {name: _weighted(parts) for name, parts in ranking.items()}
         n = sum(w for _, w in ranking["model"]) if ranking else 0
@@ -103,6 +108,20 @@ def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cuto
     return {"model": task_metrics(task.task, y, model_scores),
             "baselines": {k: task_metrics(task.task, y, v) for k, v in baselines.items()},
             "entities": int(len(y)), "positive_rate": float(np.mean(y)) if len(y) else float("nan")}
+
+
+def item_rankings(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.ndarray, item_pop: np.ndarray,
+                  k: int, device: str, channel: int = 1) -> dict[str, np.ndarray]:
+    """Top-k item positions per entity for the model and the two baselines: popularity (the same
+    list for everyone) and past frequency (what the entity bought, habitually; popularity breaks ties)."""
+    n, n_items = len(x), len(popularity)
+    pop = torch.from_numpy(popularity.astype(np.float32))
+    tie = pop * (1e-3 / max(float(popularity.max()), 1e-9))
+    past = SparseRows(hist.indptr, hist.cols, hist.values[:, channel:channel + 1], hist.n_cols)  # habitual count
+    return {"model": rank_items(model, x, hist, item_pop, k, device=device)[0],
+            "popularity": top_k_items(n, n_items, k, lambda r0, r1, i0, i1: pop[i0:i1].expand(r1 - r0, -1))[0],
+            "past frequency": top_k_items(n, n_items, k, lambda r0, r1, i0, i1: tie[i0:i1].expand(r1 - r0, -1),
+                                          past)[0]}
 
 
 def task_metrics(task: str, y: np.ndarray, score: np.ndarray) -> dict[str, float]:

@@ -14,6 +14,7 @@ from models.cache import Cache, Shard
 
 DAY = 86_400
 HALF_LIVES = (14.0, 60.0)  # days: one for "lately", one for "habitually"
+HABITUAL_DAYS = 60.0  # the half-life of "what they buy habitually" (baselines and head initialization)
 RECENCY_DAYS = 30.0
 WINDOWS = (7, 30, 90)
 ENTITY_BUCKETS = 32
@@ -43,14 +44,19 @@ class FeatureSpec:
     buckets: int = 256
     half_lives: tuple[float, ...] = HALF_LIVES
 
+    @property
+    def habitual_channel(self) -> int:
+        """The channel of the decayed count whose half-life is closest to HABITUAL_DAYS."""
+        return int(np.argmin([abs(h - HABITUAL_DAYS) for h in self.half_lives]))
+
     @classmethod
-    def from_cache(cls, cache: Cache, buckets: int = 256) -> "FeatureSpec":
+    def from_cache(cls, cache: Cache, buckets: int = 256, half_lives: tuple[float, ...] = HALF_LIVES) -> "FeatureSpec":
         cat = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
         num = [c for c, m in cache.columns.items() if m["type"] == "numeric"]
         ecat = {c: m["vocab_size"] for c, m in cache.entity_columns.items() if m["type"] == "categorical"}
         enum = {c: (m["mean"], m["std"] or 1.0) for c, m in cache.entity_columns.items() if m["type"] == "numeric"}
         ets = [c for c, m in cache.entity_columns.items() if m["type"] == "timestamp"]
-        return cls(cat, num, ecat, enum, ets, buckets)
+        return cls(cat, num, ecat, enum, ets, buckets, tuple(half_lives))
 
     def to_dict(self) -> dict:
         return asdict(self)

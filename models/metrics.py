@@ -75,16 +75,26 @@ def top_k(score: np.ndarray, k: int) -> np.ndarray:
 
 def ranking_metrics(relevant: np.ndarray, score: np.ndarray, k: int) -> dict[str, float]:
     """HR@k, NDCG@k and MAP@k over the full catalog; rows without any relevant item are skipped."""
-    keep = relevant.sum(1) > 0
-    relevant, score = relevant[keep] > 0, score[keep]
-    if len(relevant) == 0:
+    rows, cols = np.nonzero(relevant > 0)
+    return ranking_metrics_at(top_k(score, k), rows, cols, k)
+
+
+def ranking_metrics_at(top: np.ndarray, rel_rows: np.ndarray, rel_cols: np.ndarray, k: int) -> dict[str, float]:
+    """The same metrics from each row's top-ranked columns (best first) and the (row, column) pairs
+    that are relevant, so a catalog of any width never needs a dense score or label matrix."""
+    n, width = top.shape[0], min(k, top.shape[1])
+    top = top[:, :width]
+    n_rel = np.bincount(rel_rows, minlength=n)
+    keep = n_rel > 0
+    if not keep.any():
         return {f"hr@{k}": float("nan"), f"ndcg@{k}": float("nan"), f"map@{k}": float("nan")}
-    top = top_k(score, k)
-    hits = np.take_along_axis(relevant, top, 1).astype(np.float64)
-    discount = 1.0 / np.log2(np.arange(2, top.shape[1] + 2))
-    n_rel = relevant.sum(1)
-    ideal = np.array([discount[: min(r, top.shape[1])].sum() for r in n_rel])
-    precision_at = np.cumsum(hits, 1) / np.arange(1, top.shape[1] + 1)
-    ap = (precision_at * hits).sum(1) / np.minimum(n_rel, top.shape[1])
+    span = int(max(top.max(initial=0), rel_cols.max(initial=0))) + 1
+    relevant_keys = np.asarray(rel_rows, np.int64) * span + rel_cols
+    hits = np.isin(np.arange(n, dtype=np.int64)[:, None] * span + top, relevant_keys)[keep].astype(np.float64)
+    n_rel = n_rel[keep]
+    discount = 1.0 / np.log2(np.arange(2, width + 2))
+    ideal = np.cumsum(discount)[np.minimum(n_rel, width) - 1]
+    precision_at = np.cumsum(hits, 1) / np.arange(1, width + 1)
+    ap = (precision_at * hits).sum(1) / np.minimum(n_rel, width)
     return {f"hr@{k}": float((hits.sum(1) > 0).mean()), f"ndcg@{k}": float(((hits * discount).sum(1) / ideal).mean()),
             f"map@{k}": float(ap.mean())}

@@ -72,14 +72,69 @@ class Head(nn.Module):
         return out
 
 
-class Model(nn.Module):
-    """Trunk + one head: the foundation model and every scenario model have this shape."""
+class ItemHead(nn.Module):
+    """Recommendation over a catalog of any size: score(entity, item) = query(entity) . embedding(item)
+    + a learned function of the item's popularity at the cut-off (recent counts, so a shift in what
+    sells is seen at once, where a per-item bias learned on older cut-offs would go stale) + a
+    learned weighting of the entity's own history of that item, adjusted per entity (some repeat,
+    some explore). The history is sparse (row, item, channels): the cost grows with what entities
+    touched, not with the catalog."""
 
-    def __init__(self, cfg: NetConfig, outputs: int, history_channels: int = 0):
+    def __init__(self, hidden: int, items: int, history_channels: int, dim: int, item_channels: int):
+        super().__init__()
+        self.query = nn.Linear(hidden, dim)
+        self.items = nn.Embedding(items, dim)
+        nn.init.normal_(self.items.weight, std=dim ** -0.5)
+        self.popularity = nn.Linear(item_channels, 1)  # its bias: the log-odds of any one item being bought
+        self.skip = nn.Linear(history_channels, 1, bias=False)
+        self.gate = nn.Linear(hidden, history_channels)
+        nn.init.zeros_(self.gate.weight)
+        nn.init.zeros_(self.gate.bias)
+
+    @property
+    def n_items(self) -> int:
+        return self.items.num_embeddings
+
+    def dense(self, h: torch.Tensor, item_features: torch.Tensor, lo: int = 0, hi: int | None = None,
+              cand: torch.Tensor | None = None) -> torch.Tensor:
+        """[rows, items] scores without the history term: items lo..hi, or the candidate positions.
+        `item_features`: [catalog, item_channels] popularity of every item at the cut-off."""
+        weight = self.items.weight[lo:hi] if cand is None else self.items.weight[cand]
+        feats = item_features[lo:hi] if cand is None else item_features[cand]
+        return self.query(h) @ weight.T + self.popularity(feats).squeeze(-1)
+
+    def history_scores(self, h: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """The history term of each sparse entry (row, values)."""
+        return (values * (self.skip.weight[0] + self.gate(h)[rows])).sum(-1)
+
+    def forward(self, h: torch.Tensor, item_features: torch.Tensor, history=None,
+                cand: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores of every item (cand None) or of the candidates; `history` = (row, item, values)."""
+        out = self.dense(h, item_features, cand=cand)
+        if history is not None and len(history[0]):
+            rows, cols, values = history
+            if cand is not None:  # keep the history entries of items among the candidates
+                pos = torch.searchsorted(cand, cols).clamp_max(len(cand) - 1)
+                inside = cand[pos] == cols
+                rows, cols, values = rows[inside], pos[inside], values[inside]
+            out = out.index_put((rows, cols), self.history_scores(h, rows, values), accumulate=True)
+        return out
+
+
+class Model(nn.Module):
+    """Trunk + one head: the foundation model and every scenario model have this shape.
+    `item_dim` > 0 makes the head an ItemHead over `outputs` items (recommendation)."""
+
+    def __init__(self, cfg: NetConfig, outputs: int, history_channels: int = 0, item_dim: int = 0,
+                 item_channels: int = 0):
         super().__init__()
         self.trunk = Trunk(cfg)
-        self.head = Head(cfg.hidden, outputs, history_channels)
+        self.head = (ItemHead(cfg.hidden, outputs, history_channels, item_dim, item_channels) if item_dim
+                     else Head(cfg.hidden, outputs, history_channels))
 
-    def forward(self, x: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, history=None, cand: torch.Tensor | None = None,
+                item_features: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(self.head, ItemHead):
+            return self.head(self.trunk(x), item_features, history, cand)
         out = self.head(self.trunk(x), history)
         return out.squeeze(-1) if out.shape[-1] == 1 else out

@@ -11,7 +11,7 @@ from models.features import FeatureSpec, chunk_at, featurize
 from models.metrics import top_k
 from models.network import Model
 from models.targets import eligible
-from models.train import TaskSpec, chunk_plan, scores, task_inputs
+from models.train import TaskSpec, build_model, chunk_plan, item_popularity, rank_items, scores, task_inputs
 
 
 def load_model(state: dict, config: dict) -> tuple[Model, FeatureSpec, TaskSpec]:
@@ -19,7 +19,7 @@ def load_model(state: dict, config: dict) -> tuple[Model, FeatureSpec, TaskSpec]
 
     spec = FeatureSpec.from_dict(config["feature_spec"])
     task = TaskSpec.from_dict(config["task"])
-    model = Model(NetConfig(**config["net"]), task.outputs, spec.channels if task.uses_label_history else 0)
+    model = build_model(NetConfig(**config["net"]), task, spec)
     model.load_state_dict(state)
     model.eval()
     return model, spec, task
@@ -36,22 +36,30 @@ def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutof
             vocab = cache.vocab(task.target.column).column("value").to_numpy(zero_copy_only=False)
             label_names = [vocab[i - 1] for i in task.target.labels]
         names = np.asarray(label_names, dtype=object)
+    item_pop = None
     for s, lo, hi in chunk_plan(cache, chunk_entities):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
         keep = eligible(chunk, task.target)
         if chunk.n == 0 or not keep.any():
             continue
         x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
-        out = scores(model, task.task, x[keep], None if h is None else h[keep], device=device)
         ents = pa.array(chunk.entities[keep].astype(np.int64))
+        if task.task == "recommendation":  # full-catalog ranking, a block of items at a time
+            if item_pop is None:
+                item_pop = item_popularity(cache, task.target, cutoff)
+            best, best_scores = rank_items(model, x[keep], h[keep], item_pop, k, device=device)
+        else:
+            out = scores(model, task.task, x[keep], None if h is None else h[keep], device=device)
         if names is None:
             yield pa.record_batch({"entity_index": ents, "score": pa.array(out.astype(np.float32))})
         else:
-            best = top_k(out, k)
+            if task.task != "recommendation":
+                best = top_k(out, k)
+                best_scores = np.take_along_axis(out, best, 1)
             n, kk = best.shape
             offsets = pa.array(np.arange(0, n * kk + 1, kk, dtype=np.int32))
             labels = pa.ListArray.from_arrays(offsets, pa.array(names[best.ravel()].astype(str)))
-            values = pa.ListArray.from_arrays(offsets, pa.array(np.take_along_axis(out, best, 1).ravel().astype(np.float32)))
+            values = pa.ListArray.from_arrays(offsets, pa.array(best_scores.ravel().astype(np.float32)))
             yield pa.record_batch({"entity_index": ents, "labels": labels, "scores": values})
 
 

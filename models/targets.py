@@ -9,15 +9,18 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from models.features import DAY, Chunk, bucket_count, bucketize
+from models.items import SparseRows
 
 
 @dataclass(frozen=True)
 class TargetSpec:
-    kind: str  # "no_event" | "any_event" | "sum" | "count" | "items"
+    kind: str  # "no_event" | "any_event" | "sum" | "count" | "items" | "function"
     window_days: int
     column: str | None = None  # any_event: the label column; sum: the numeric column; items: the item column
     labels: tuple[int, ...] = ()  # any_event / items: the vocabulary ids that are labels
     active_days: int = 90  # no_event: only entities active this long before the cut-off are eligible
+    function: str | None = None  # function: "package.module:func", see models.target_functions
+    scenario: str = ""  # the scenario's name, for error messages
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,10 +63,17 @@ def label_positions(labels: tuple[int, ...], ids: np.ndarray) -> np.ndarray:
     return index[ids]
 
 
-def compute_target(chunk: Chunk, spec: TargetSpec, vocab_size: int | None = None) -> np.ndarray:
-    """Labels of every matrix row: [n] for binary/regression, [n, len(labels)] for multilabel/items."""
+def compute_target(chunk: Chunk, spec: TargetSpec, vocab_size: int | None = None, cache=None) -> np.ndarray | SparseRows:
+    """Labels of every matrix row: [n] for binary/regression, [n, len(labels)] for multilabel, and
+    the sparse rows of bought items for items. A function target needs the cache (to decode values)."""
     local, rows = future_rows(chunk, spec.window_days)
     n = chunk.n
+    if spec.kind == "function":
+        from models.target_functions import function_target
+
+        if cache is None:
+            raise ValueError(f"scenario {spec.scenario!r}: the target function {spec.function!r} needs the cache")
+        return function_target(chunk, spec, cache, local, rows)
     if spec.kind == "no_event":
         return (np.bincount(local, minlength=n) == 0).astype(np.float32)
     if spec.kind == "count":
@@ -74,6 +84,10 @@ def compute_target(chunk: Chunk, spec: TargetSpec, vocab_size: int | None = None
     if spec.kind in ("any_event", "items"):
         pos = label_positions(spec.labels, chunk.shard.columns[spec.column][rows])
         hit = pos >= 0
+        if spec.kind == "items":  # a catalog can be huge: the bought items of each row, sparse
+            key = np.unique(local[hit].astype(np.int64) * len(spec.labels) + pos[hit])
+            return SparseRows.from_pairs(key // len(spec.labels), key % len(spec.labels),
+                                         np.ones(len(key), np.float32), n, len(spec.labels))
         out = np.zeros((n, len(spec.labels)), np.float32)
         out[local[hit], pos[hit]] = 1.0
         return out

@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 from models.cache import Cache
-from models.features import DAY, Chunk, FeatureSpec, chunk_at, featurize, value_history
+from models.features import DAY, HALF_LIVES, RECENCY_DAYS, Chunk, FeatureSpec, chunk_at, featurize, value_history
+from models.items import SparseRows, batch_history, candidates, group_history, sampled_softmax_loss, top_k_items
 from models.network import Model, NetConfig
+from models.resume import Resumer
 from models.targets import TargetSpec, compute_target, eligible, foundation_target, label_positions
 
 Log = Callable[[str], None]
@@ -40,6 +42,7 @@ class FoundationConfig:
     # values and the model overfits them (Ta-Feng churn AUROC 0.708 at 1e-3, 0.729 at 1.0)
     std_floor: float = 1.0
     dropout: float = 0.1
+    half_lives: tuple[float, ...] = HALF_LIVES  # days: decayed counts per value at each of these
 
 
 @dataclass
@@ -47,6 +50,7 @@ class TaskSpec:
     task: str  # binary | multilabel | regression | recommendation
     target: TargetSpec
     k: int = 10
+    item_dim: int = 64  # recommendation: width of the item embeddings
 
     @property
     def outputs(self) -> int:
@@ -57,11 +61,37 @@ class TaskSpec:
         return self.task in ("multilabel", "recommendation")
 
     def to_dict(self) -> dict:
-        return {"task": self.task, "target": self.target.to_dict(), "k": self.k}
+        return {"task": self.task, "target": self.target.to_dict(), "k": self.k, "item_dim": self.item_dim}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TaskSpec":
-        return cls(d["task"], TargetSpec.from_dict(d["target"]), d["k"])
+        return cls(d["task"], TargetSpec.from_dict(d["target"]), d["k"], d.get("item_dim", 64))
+
+
+def build_model(net: NetConfig, task: TaskSpec, spec: FeatureSpec) -> Model:
+    """The scenario network of a task: the trunk plus the task's head."""
+    channels = spec.channels if task.uses_label_history else 0
+    if task.task == "recommendation":
+        return Model(net, task.outputs, channels, task.item_dim, len(POPULARITY_DAYS))
+    return Model(net, task.outputs, channels)
+
+
+HEAD_ZERO_INIT = True
+POPULARITY_INIT = 0.2  # recommendation starts as "what they bought, habitually" blended with what sells now
+POPULARITY_DAYS = (7, 30)  # item popularity at a cut-off: events in the last 7 and 30 days
+
+
+def item_popularity(cache: Cache, target: TargetSpec, cutoff: int) -> np.ndarray:
+    """[labels, len(POPULARITY_DAYS)] log(1 + how often each label was touched by anyone in the last
+    7 / 30 days before the cut-off): what sells now, read from history only."""
+    vocab = cache.columns[target.column]["vocab_size"]
+    counts = np.zeros((len(POPULARITY_DAYS), max(vocab, max(target.labels, default=0)) + 1), np.float64)
+    for i in range(cache.shard_count):
+        sh = cache.shard(i)
+        for j, days in enumerate(POPULARITY_DAYS):
+            recent = (sh.ts <= cutoff) & (sh.ts > cutoff - days * DAY)
+            counts[j] += np.bincount(sh.columns[target.column][recent], minlength=counts.shape[1])[:counts.shape[1]]
+    return np.log1p(counts[:, np.asarray(target.labels, np.int64)].T).astype(np.float32)
 
 
 @dataclass
@@ -73,6 +103,7 @@ class FinetuneConfig:
     weight_decay: float = 1e-4
     seed: int = 0
     memory_budget_bytes: int = 2 << 30  # features kept in memory across epochs up to this size
+    soup: bool = True  # average the weights of the epochs that help on validation (greedy soup)
 
 
 @dataclass
@@ -102,10 +133,14 @@ def chunk_plan(cache: Cache, chunk_entities: int) -> list[tuple[int, int, int]]:
     return plan
 
 
-def label_history(chunk: Chunk, target: TargetSpec, vocab_size: int, half_lives) -> np.ndarray:
-    """[n, labels, channels] history of each label for each entity (counts log-scaled)."""
+def label_history(chunk: Chunk, target: TargetSpec, vocab_size: int, half_lives) -> np.ndarray | SparseRows:
+    """[n, labels, channels] history of each label for each entity (counts log-scaled); sparse rows
+    of the same channels for item targets, whose catalog may be far too wide for a dense matrix."""
     pos = label_positions(target.labels, chunk.shard.columns[target.column][chunk.rows])
     keep = pos >= 0
+    if target.kind == "items":
+        return group_history(chunk.local[keep], pos[keep], chunk.age_days[keep], chunk.n, len(target.labels),
+                             half_lives, RECENCY_DAYS)
     hist = value_history(chunk, np.where(keep, pos, 0), len(target.labels), half_lives, keep)
     hist[:, :, :-1] = np.log1p(hist[:, :, :-1])
     return hist
@@ -135,7 +170,7 @@ def foundation_loss(out: torch.Tensor, y: torch.Tensor, n_columns: int) -> torch
 
 
 def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, device: str = "auto",
-                     log: Log = print) -> TrainResult:
+                     log: Log = print, resume: Resumer | None = None) -> TrainResult:
     """Self-supervised training: from the history before many sampled cut-offs, predict the next
     `horizon_days` (whether the entity acts, how much, and which values of every categorical column).
     `last_cutoff + horizon` is the latest time any target may read."""
@@ -143,7 +178,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     dev = resolve_device(device)
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)
-    spec = FeatureSpec.from_cache(cache, cfg.buckets)
+    spec = FeatureSpec.from_cache(cache, cfg.buckets, cfg.half_lives)
     cutoffs = cutoff_grid(cache.time_range[0], last_cutoff, cfg.cutoff_every_days, cfg.min_history_days)
     if not cutoffs:
         raise ValueError(f"no foundation cut-off fits: the data spans {_days(cache.time_range)} days, which leaves no "
@@ -171,13 +206,22 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     n_cols = len(spec.categorical)
     curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
     events_seen = entities_seen = steps = 0
-    for epoch in range(cfg.epochs):
+    # >>> resume hook (models/resume.py): continue a killed run from its last saved state
+    modules = {"model": model, "opt": opt, "sched": sched}
+    at = resume.restore(modules, rng) if resume is not None else None
+    if at:
+        curves, (events_seen, entities_seen, steps) = at["curves"], at["counters"]
+    # <<< resume hook
+    for epoch in range(at["epoch"] if at else 0, cfg.epochs):
         model.train()
-        work = [(s, lo, hi, c) for s, lo, hi in plan
-                for c in rng.choice(cutoffs, min(cfg.cutoffs_per_chunk, len(cutoffs)), replace=False)]
-        rng.shuffle(work)
-        losses = []
-        for s, lo, hi, cutoff in work:
+        if at and epoch == at["epoch"]:  # resume hook: the saved epoch's data order and losses so far
+            work, losses, first = at["work"], at["losses"], at["next"]
+        else:
+            work = [(s, lo, hi, c) for s, lo, hi in plan
+                    for c in rng.choice(cutoffs, min(cfg.cutoffs_per_chunk, len(cutoffs)), replace=False)]
+            rng.shuffle(work)
+            losses, first = [], 0
+        for i, (s, lo, hi, cutoff) in enumerate(work[first:], first):
             chunk, x, y = data(s, lo, hi, int(cutoff))
             train = np.flatnonzero(chunk.entities % 10 != 0)
             events_seen += len(chunk.rows)
@@ -193,6 +237,10 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
                     sched.step()
                 steps += 1
                 losses.append(loss.item())
+            if resume is not None:  # resume hook: save between chunks every N steps
+                resume.after_chunk(math.ceil(len(train) / cfg.batch_size), modules, rng, lambda: {
+                    "epoch": epoch, "next": i + 1, "work": work, "losses": losses, "curves": curves,
+                    "counters": [events_seen, entities_seen, steps]})
         curves["train_loss"].append(float(np.mean(losses)) if losses else float("nan"))
         curves["val_loss"].append(_foundation_val(model, probe, val_rows, n_cols, dev))
         log(f"foundation epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}, "
@@ -224,13 +272,7 @@ def task_loss(task: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return nn.functional.binary_cross_entropy_with_logits(out, y)
     if task == "regression":
         return nn.functional.huber_loss(out, torch.log1p(y.clamp_min(0)))
-    if task == "recommendation":  # softmax over the full catalog against the bought items
-        has = y.sum(1) > 0
-        if not has.any():
-            return out.sum() * 0.0
-        target = y[has] / y[has].sum(1, keepdim=True)
-        return -(target * torch.log_softmax(out[has], 1)).sum(1).mean()
-    raise ValueError(task)
+    raise ValueError(f"{task}: recommendation is trained by items.sampled_softmax_loss (see batch_loss)")
 
 
 def task_inputs(chunk: Chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_sizes: dict[str, int]):
@@ -246,7 +288,7 @@ def _to(dev, *arrays):
 
 def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation_info: dict, task: TaskSpec,
              train_cutoffs: list[int], val_cutoff: int, cfg: FinetuneConfig, *, device: str = "auto",
-             log: Log = print, from_scratch: bool = False) -> TrainResult:
+             log: Log = print, from_scratch: bool = False, resume: Resumer | None = None) -> TrainResult:
     """A scenario model: the foundation trunk (its weights as the start) + a fresh head, trained on
     labels at `train_cutoffs`; the epoch with the best loss at `val_cutoff` is kept.
     `from_scratch` keeps only the foundation's input scaling and starts the trunk at random: the
@@ -257,7 +299,7 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     torch.manual_seed(cfg.seed)
     spec = FeatureSpec.from_dict(foundation_info["feature_spec"])
     net = NetConfig(**foundation_info["net"])
-    model = Model(net, task.outputs, spec.channels if task.uses_label_history else 0).to(dev)
+    model = build_model(net, task, spec).to(dev)
     trunk_state = {k.removeprefix("trunk."): v for k, v in foundation_state.items() if k.startswith("trunk.")}
     if from_scratch:
         trunk_state = {k: v for k, v in trunk_state.items() if k.startswith("in_")}
@@ -267,17 +309,26 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     plan = chunk_plan(cache, cfg.chunk_entities)
     shards = [cache.shard(i) for i in range(cache.shard_count)]
 
+    popularity: dict[int, np.ndarray] = {}
+
     def data(s, lo, hi, cutoff):
         chunk = chunk_at(shards[s], lo, hi, cutoff)
         keep = eligible(chunk, task.target)
         x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
-        y = compute_target(chunk, task.target, vocab_sizes.get(task.target.column))
+        y = compute_target(chunk, task.target, vocab_sizes.get(task.target.column), cache)
+        if task.task == "binary" and task.target.kind == "function" and not np.isin(y, (0.0, 1.0)).all():
+            raise ValueError(f"scenario {task.target.scenario!r}: target function {task.target.function!r} must return "
+                             f"0 or 1 for a binary scenario, got values such as {np.unique(y)[:5].tolist()}")
+        if task.task == "recommendation":  # plus the catalog's popularity at the cut-off, shared by its chunks
+            if cutoff not in popularity:
+                popularity[cutoff] = item_popularity(cache, task.target, cutoff)
+            return x[keep], h[keep], y[keep], popularity[cutoff]
         return x[keep], (None if h is None else h[keep]), y[keep]
 
     # features of every (chunk, cut-off) are the same each epoch: keep them while they fit the budget
     # (wide label sets such as a whole catalog are recomputed instead of filling the memory)
     first = data(*plan[0], val_cutoff)
-    per_row = sum(a.nbytes for a in first if a is not None) / max(len(first[2]), 1)
+    per_row = sum(a.nbytes for a in first[:3] if a is not None) / max(len(first[2]), 1)
     total_rows = sum(hi - lo for _, lo, hi in plan)
     if per_row * total_rows <= cfg.memory_budget_bytes:
         val = [first] + [data(s, lo, hi, val_cutoff) for s, lo, hi in plan[1:]]
@@ -285,68 +336,133 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
         val = _Recomputed(lambda: (data(s, lo, hi, val_cutoff) for s, lo, hi in plan))
     kept: dict | None = {} if per_row * total_rows * (len(train_cutoffs) + 1) <= cfg.memory_budget_bytes else None
     n_val, y_sum, y_log = 0, 0.0, 0.0
-    for _, _, y in val:
+    for arrays in val:
+        y = arrays[2]
         n_val += len(y)
-        y_sum = y_sum + y.astype(np.float64).sum(0)
+        y_sum = y_sum + (y.col_counts() if isinstance(y, SparseRows) else y.astype(np.float64).sum(0))
         y_log += float(np.log1p(np.clip(y, 0, None)).sum()) if task.task == "regression" else 0.0
     y_mean = np.asarray(y_sum, np.float64) / max(n_val, 1)
     # the head starts near the base rate, so the first steps do not wreck the pretrained trunk
     with torch.no_grad():
+        if task.task != "recommendation" and HEAD_ZERO_INIT:
+            model.head.linear.weight.zero_()  # the first steps train the head, not wreck the trunk (as LP-FT)
         if task.task in ("binary", "multilabel"):
             p = np.clip(y_mean, 1e-4, 1 - 1e-4)
             model.head.linear.bias.copy_(torch.as_tensor(np.log(p / (1 - p)), dtype=torch.float32).reshape(-1))
         elif task.task == "regression":
             model.head.linear.bias.fill_(y_log / max(n_val, 1))
-        else:  # recommendation: popularity breaks ties among what the entity already buys
-            model.head.linear.bias.copy_(torch.as_tensor(0.2 * np.log(y_mean + 1e-6), dtype=torch.float32))
-        if task.uses_label_history:
+        elif task.task == "recommendation":  # popularity breaks ties among what the entity already buys
+            model.head.popularity.weight.zero_()
+            model.head.popularity.weight[0, -1] = POPULARITY_INIT
+            rate = float(np.clip(y_mean.mean(), 1e-9, 0.5))  # chance that an entity buys a given item
+            model.head.popularity.bias.fill_(math.log(rate / (1 - rate))
+                                             - POPULARITY_INIT * float(popularity[val_cutoff][:, -1].mean()))
+            model.head.query.weight.zero_()
+            model.head.query.bias.zero_()
+            model.head.skip.weight.zero_()
+            model.head.skip.weight[0, spec.habitual_channel] = 5.0
+        if task.task == "multilabel":
             # start at the strong baseline ("what they bought, habitually", measured best on the demo
             # data), so training only has to learn what the trunk adds on top
             model.head.linear.weight.zero_()
             model.head.skip.weight.zero_()
-            model.head.skip.weight[0, len(spec.half_lives) - 1] = 5.0
+            model.head.skip.weight[0, spec.habitual_channel] = 5.0
     params = [{"params": model.trunk.parameters(), "lr": cfg.learning_rate * 0.3},
               {"params": model.head.parameters(), "lr": cfg.learning_rate}]
     opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay)
     curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
     # the starting point (epoch 0) competes too: fine-tuning is kept only where it helps on validation
     best = (_val_criterion(model, task, val, dev), _state(model), -1)
+    log(f"{task.task} start: validation criterion {best[0]:.4f}")
     rows = 0
-    for epoch in range(cfg.epochs):
+    # >>> resume hook (models/resume.py): continue a killed run from its last saved state
+    modules = {"model": model, "opt": opt}
+    at = resume.restore(modules, rng) if resume is not None else None
+    if at:
+        curves, rows, best = at["curves"], at["rows"], tuple(at["best"])
+    # <<< resume hook
+    # (criterion, weights, epoch) of every epoch, for the greedy soup (restored after a resume)
+    snapshots = [tuple(snap) for snap in at["snapshots"]] if at else []
+    for epoch in range(at["epoch"] if at else 0, cfg.epochs):
         model.train()
-        work = [(s, lo, hi, c) for s, lo, hi in plan for c in train_cutoffs]
-        rng.shuffle(work)
-        losses = []
-        for s, lo, hi, cutoff in work:
+        if at and epoch == at["epoch"]:  # resume hook: the saved epoch's data order and losses so far
+            work, losses, first = at["work"], at["losses"], at["next"]
+        else:
+            work = [(s, lo, hi, c) for s, lo, hi in plan for c in train_cutoffs]
+            rng.shuffle(work)
+            losses, first = [], 0
+        for i, (s, lo, hi, cutoff) in enumerate(work[first:], first):
             key = (s, lo, int(cutoff))
             arrays = kept.get(key) if kept is not None else None
             if arrays is None:
                 arrays = data(s, lo, hi, int(cutoff))
                 if kept is not None:
                     kept[key] = arrays
-            x, h, y = _to(dev, *arrays)
-            rows += len(x)
-            for b in _batches(len(x), cfg.batch_size, rng):
-                loss = task_loss(task.task, model(x[b], None if h is None else h[b]), y[b])
+            rows += len(arrays[0])
+            for b in _batches(len(arrays[0]), cfg.batch_size, rng):
+                loss = batch_loss(model, task, arrays, b, dev, rng)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 losses.append(loss.item())
+            if resume is not None:  # resume hook: save between chunks every N steps
+                resume.after_chunk(math.ceil(len(arrays[0]) / cfg.batch_size), modules, rng, lambda: {
+                    "epoch": epoch, "next": i + 1, "work": work, "losses": losses, "curves": curves,
+                    "rows": rows, "best": list(best), "snapshots": [list(snap) for snap in snapshots]})
         curves["train_loss"].append(float(np.mean(losses)) if losses else float("nan"))
-        curves["val_loss"].append(_val_loss(model, task.task, val, dev))
+        curves["val_loss"].append(_val_loss(model, task, val, dev))
         log(f"{task.task} epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}, "
             f"validation loss {curves['val_loss'][-1]:.4f}")
         criterion = _val_criterion(model, task, val, dev, curves["val_loss"][-1])
+        if task.task == "recommendation":
+            log(f"{task.task} epoch {epoch + 1}: validation criterion {criterion:.4f}")
+        snapshots.append((criterion, _state(model), epoch))
         if criterion < best[0]:
             best = (criterion, _state(model), epoch)
-    model.load_state_dict(best[1])
+    soup = greedy_soup(model, task, val, dev, best, snapshots) if cfg.soup else [best[2]]
     model.eval()
-    info = {"best_epoch": best[2] + 1, "seconds": round(time.time() - started, 2), "rows_seen": rows,
+    info = {"best_epoch": best[2] + 1, "soup_epochs": [e + 1 for e in soup], "seconds": round(time.time() - started, 2), "rows_seen": rows,
             "train_cutoffs": [_iso(c) for c in train_cutoffs], "val_cutoff": _iso(val_cutoff),
             "val_rows": int(n_val), "val_target_mean": float(np.mean(y_mean)) if n_val else 0.0,
             "device": str(dev)}
     return TrainResult(model, curves, info)
+
+
+def greedy_soup(model: Model, task: TaskSpec, val, dev, best, snapshots) -> list[int]:
+    """Average the weights of epochs, best first, keeping each only if the average does better on the
+    validation cut-off (a "greedy soup": the epochs share one start, so their average is a model of
+    the same shape, often better than any one of them). Leaves the chosen weights in `model`;
+    returns the epochs averaged (-1: the starting point)."""
+    chosen, total, score = [best[2]], {k: v.clone() for k, v in best[1].items()}, best[0]
+    for _, state, epoch in sorted(snapshots, key=lambda t: t[0]):
+        if epoch in chosen:
+            continue
+        model.load_state_dict({k: (v + state[k]) / (len(chosen) + 1) if v.is_floating_point() else v
+                               for k, v in total.items()})
+        trial = _val_criterion(model, task, val, dev)
+        if trial < score:
+            chosen.append(epoch)
+            score = trial
+            total = {k: v + state[k] if v.is_floating_point() else v for k, v in total.items()}
+    model.load_state_dict({k: v / len(chosen) if v.is_floating_point() else v for k, v in total.items()})
+    return chosen
+
+
+def batch_loss(model: Model, task: TaskSpec, arrays, b: np.ndarray, dev, rng: np.random.Generator) -> torch.Tensor:
+    """The task's loss on rows `b` of (features, label history, targets)."""
+    x, h, y = arrays[:3]
+    if task.task == "recommendation" and model.training:
+        b = b[np.diff(y.indptr)[b] > 0]  # entities that bought nothing add nothing to the loss
+    xb = torch.from_numpy(x[b]).to(dev)
+    if task.task == "recommendation":
+        hb, yb = h[b], y[b]
+        cand = candidates(hb, arrays[3], rng)
+        cand_t = torch.from_numpy(cand).to(dev)
+        pop = torch.from_numpy(arrays[3]).to(dev)
+        return sampled_softmax_loss(model(xb, batch_history(hb, dev), cand_t, pop), yb, cand)
+    hb = None if h is None else torch.from_numpy(h[b]).to(dev)
+    return task_loss(task.task, model(xb, hb), torch.from_numpy(y[b]).to(dev))
 
 
 class _Recomputed:
@@ -368,37 +484,39 @@ def _val_criterion(model, task: TaskSpec, val, dev, loss: float | None = None) -
     """What picks the epoch (lower is better): the ranking metric for recommendation (its softmax
     loss can fall while the top of the ranking gets worse), the validation loss otherwise."""
     if task.task != "recommendation":
-        return _val_loss(model, task.task, val, dev) if loss is None else loss
-    from models.metrics import ranking_metrics
+        return _val_loss(model, task, val, dev) if loss is None else loss
+    from models.metrics import ranking_metrics_at
 
+    model.eval()
     total, n = 0.0, 0
-    for x, h, y in val:
-        rows = int((y.sum(1) > 0).sum()) if len(y) else 0
+    for x, h, y, pop in val:
+        rows = int((np.diff(y.indptr) > 0).sum()) if len(y) else 0
         if rows == 0:
             continue
-        out = scores(model, task.task, x, h, device=str(dev))
-        total += ranking_metrics(y, out, task.k)[f"ndcg@{task.k}"] * rows
+        top, _ = rank_items(model, x, h, pop, task.k, device=str(dev))
+        total += ranking_metrics_at(top, y.rows, y.cols, task.k)[f"ndcg@{task.k}"] * rows
         n += rows
     return -total / n if n else 0.0
 
 
 @torch.no_grad()
-def _val_loss(model, task, val, dev) -> float:
+def _val_loss(model, task: TaskSpec, val, dev, batch: int = 2048) -> float:
     model.eval()
+    rng = np.random.default_rng(0)  # the same sampled candidates at every epoch
     total, n = 0.0, 0
-    for x, h, y in val:
-        if len(x) == 0:
-            continue
-        x, h, y = _to(dev, x, h, y)
-        total += float(task_loss(task, model(x, h), y)) * len(x)
-        n += len(x)
+    for arrays in val:
+        size = len(arrays[0])
+        for i in range(0, size, batch):
+            b = np.arange(i, min(i + batch, size))
+            total += float(batch_loss(model, task, arrays, b, dev, rng)) * len(b)
+            n += len(b)
     return total / n if n else float("nan")
 
 
 @torch.no_grad()
 def scores(model: Model, task: str, x: np.ndarray, h: np.ndarray | None, *, device: str = "cpu",
            batch: int = 8192) -> np.ndarray:
-    """Model outputs in the task's own units: probabilities, amounts, or item scores."""
+    """Model outputs in the task's own units: probabilities or amounts (rank_items for items)."""
     dev = next(model.parameters()).device if device == "auto" else torch.device(device)
     out = []
     for i in range(0, len(x), batch):
@@ -412,6 +530,25 @@ def scores(model: Model, task: str, x: np.ndarray, h: np.ndarray | None, *, devi
     if not out:
         return np.zeros((0,) if task in ("binary", "regression") else (0, model.head.linear.out_features), np.float32)
     return np.concatenate(out)
+
+
+@torch.no_grad()
+def rank_items(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.ndarray, k: int, *,
+               device: str = "cpu", batch: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """The k best items of every row over the whole catalog, best first: (label positions, scores).
+    `popularity`: item_popularity at the rows' cut-off."""
+    dev = next(model.parameters()).device if device == "auto" else torch.device(device)
+    model.eval()
+    head = model.head
+    trunk = [model.trunk(torch.from_numpy(x[i:i + batch]).to(dev)) for i in range(0, len(x), batch)]
+    h = torch.cat(trunk) if trunk else torch.zeros((0, model.trunk.cfg.hidden), device=dev)
+    extra = None
+    if hist is not None:
+        rows = torch.from_numpy(hist.rows).to(dev)
+        values = head.history_scores(h, rows, torch.from_numpy(hist.values).to(dev)).float().cpu().numpy()
+        extra = SparseRows(hist.indptr, hist.cols, values[:, None], hist.n_cols)
+    pop = torch.from_numpy(popularity).to(dev)
+    return top_k_items(len(x), head.n_items, k, lambda r0, r1, i0, i1: head.dense(h[r0:r1], pop, i0, i1), extra)
 
 
 def top_values(cache: Cache, column: str, before: int, n: int) -> tuple[int, ...]:

@@ -61,6 +61,8 @@ class DuckDBConnection(_Strict):
 class ParquetConnection(_Strict):
     type: Literal["parquet"]
     path: str = Field(description="folder holding <table>.parquet files or <table>/ folders")
+    endpoint: str | None = Field(None, description="s3:// paths: an S3-compatible endpoint, 'http://host:port'")
+    region: str | None = Field(None, description="s3:// paths: the bucket's region")
 
 
 class WarehouseConnection(_Strict):
@@ -116,6 +118,8 @@ class FoundationSettings(_Strict):
     learning_rate: float = Field(2e-3, gt=0)
     buckets: int = Field(256, ge=8, description="histogram width per categorical column")
     seed: int = 0
+    save_every_steps: int = Field(200, ge=1, description="optimizer steps between two saves of the resumable "
+                                                         "training state (a killed run continues from the last)")
 
 
 class NoEventTarget(_Strict):
@@ -141,7 +145,15 @@ class ItemsTarget(_Strict):
     within: Duration
 
 
-_TARGET_KEYS = {NoEventTarget: "no_event", AnyEventTarget: "any_event", SumTarget: "sum", ItemsTarget: "items"}
+class FunctionTarget(_Strict):
+    function: str = Field(pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$",
+                          description="package.module:function, called with (history, future, entities) Arrow "
+                                      "tables; see models/target_functions.py")
+    within: Duration
+
+
+_TARGET_KEYS = {NoEventTarget: "no_event", AnyEventTarget: "any_event", SumTarget: "sum", ItemsTarget: "items",
+                FunctionTarget: "function"}
 
 
 def _target_kind(v) -> str | None:
@@ -154,7 +166,7 @@ def _target_kind(v) -> str | None:
 Target = Annotated[
     Union[tuple(Annotated[cls, Tag(key)] for cls, key in _TARGET_KEYS.items())],
     Discriminator(_target_kind, custom_error_type="target_kind",
-                  custom_error_message="a target needs one of the keys no_event, any_event, sum, items"),
+                  custom_error_message="a target needs one of the keys no_event, any_event, sum, items, function"),
 ]
 
 
@@ -165,13 +177,15 @@ class Scenario(_Strict):
     learning_rate: float = Field(1e-3, gt=0)
     train_cutoffs: int = Field(4, ge=1, description="training cut-offs before the validation cut-off")
     top_k: int = Field(10, ge=1, description="k of the ranking metrics (recommendation)")
+    save_every_steps: int = Field(200, ge=1, description="optimizer steps between two saves of the resumable "
+                                                         "training state (a killed run continues from the last)")
 
     @model_validator(mode="after")
     def _target_fits_task(self):
         allowed = {
-            "binary": (NoEventTarget,),
+            "binary": (NoEventTarget, FunctionTarget),
             "multilabel": (AnyEventTarget,),
-            "regression": (SumTarget,),
+            "regression": (SumTarget, FunctionTarget),
             "recommendation": (ItemsTarget,),
         }[self.task]
         if not isinstance(self.target, allowed):
@@ -226,6 +240,17 @@ class ScheduleSettings(_Strict):
                                              "(otherwise switch them on in the UI)")
 
 
+class QualitySettings(_Strict):
+    """How much bad input a run tolerates before its asset checks fail (see docs/reliability.md)."""
+
+    max_dropped_share: float = Field(0.01, ge=0, le=1, description="events dropped by the quarantine (null or blank "
+                                                                   "ids, impossible times, duplicates), of all events")
+    max_repaired_share: float = Field(0.05, ge=0, le=1, description="events with a numeric value repaired to null "
+                                                                    "(inf, NaN, not a number), of all events")
+    max_categories: int = Field(1_000_000, ge=1, description="distinct values above which a categorical column "
+                                                             "is flagged (an id or free text used as a category?)")
+
+
 class Project(_Strict):
     workspace: str
     output: str | None = None
@@ -236,6 +261,7 @@ class Project(_Strict):
     scenarios: dict[str, Scenario] = Field(default_factory=dict)
     predictions: PredictionSettings = PredictionSettings()
     schedules: ScheduleSettings = ScheduleSettings()
+    quality: QualitySettings = QualitySettings()
     test_cutoff: date | None = Field(None, description="hold-out cut-off; default: data end minus the longest window")
 
     @field_validator("workspace")
@@ -261,6 +287,9 @@ class Project(_Strict):
         if not self.events_sources:
             raise ValueError("at least one source needs role: events")
         for name, sc in self.scenarios.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", name):  # it names folders and tables
+                raise ValueError(f"scenarios: scenario name {name!r} must be letters, digits, '_' or '-' (it names "
+                                 f"workspace folders and warehouse tables)")
             self._check_target(name, sc)
         for name in self.predictions.scenarios:
             if name not in self.scenarios:
@@ -367,6 +396,26 @@ def _resolve(base: Path, p: str) -> str:
     return str((base / p).resolve())
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping (plain YAML keeps the last one
+    silently: `columns:` twice in a source would drop the first list)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # left to the base class, which reports unhashable keys
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found the key {key!r} twice (first on line {seen[key] + 1}); keep one", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_project(path: str | os.PathLike | None = None) -> Project:
     """Read, substitute `${ENV}`, validate. `path` defaults to $HABITUS_CONFIG, then examples/demo.yaml."""
     path = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
@@ -374,7 +423,7 @@ def load_project(path: str | os.PathLike | None = None) -> Project:
         raise ConfigError(f"project config {path} not found (set {CONFIG_ENV} to your project's YAML file)")
     text = path.read_text()
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):

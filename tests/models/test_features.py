@@ -183,7 +183,7 @@ def test_compute_target_window_boundaries(target_cache):
                 [0, 0, 0]]
     for kind in ("any_event", "items"):
         y = compute_target(chunk, TargetSpec(kind, WINDOW, "product_id", labels), vocab)
-        np.testing.assert_array_equal(y, expected)
+        np.testing.assert_array_equal(y if kind == "any_event" else y.dense(), expected)  # items: sparse rows
     # a label subset: only p2 counts
     y = compute_target(chunk, TargetSpec("any_event", WINDOW, "product_id", (ids["p2"],)), vocab)
     np.testing.assert_array_equal(y, [[0], [1], [0]])
@@ -226,3 +226,18 @@ def test_target_spec_round_trip():
     spec = TargetSpec("items", 14, "product_id", (3, 1, 2), active_days=45)
     assert TargetSpec.from_dict(spec.to_dict()) == spec
     assert TargetSpec.from_dict({**spec.to_dict(), "labels": [3, 1, 2]}) == spec
+
+
+def test_half_lives_are_configurable_and_the_habitual_channel_follows(sources):
+    rng = np.random.default_rng(7)
+    customer, ts, product, price = _history(sources, rng)
+    cache = sources.build(sources.events(sources.write_events("e", customer, ts, product, price)))
+    default = FeatureSpec.from_cache(cache)
+    assert default.half_lives == HALF_LIVES and default.habitual_channel == 1  # 60 days
+    four = FeatureSpec.from_cache(cache, half_lives=(3.0, 14.0, 60.0, 180.0))
+    assert four.channels == 5 and four.habitual_channel == 2
+    # two more decayed counts per value, per numeric column and among the global scalars
+    assert four.width - default.width == 2 * (1 + 1 + 5)
+    x = _features_by_id(cache, four, sources.at(CUT_DAY))
+    assert all(row.shape == (four.width,) and np.isfinite(row).all() for row in x.values())
+    assert FeatureSpec.from_dict(four.to_dict()) == four
