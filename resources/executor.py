@@ -1,22 +1,115 @@
-"""Where training runs: the device and the number of CPU threads, chosen per deployment."""
+"""Where training runs: the device, the precision, the CPU threads and the number of processes.
+
+One process (the default) trains inside the asset's process. Several run under `torchrun`, one
+per GPU (or CPU share), with DistributedDataParallel (models/distributed.py): `launch` starts them
+and streams their output to the asset's log; rank 0 writes the checkpoint and the report.
+
+    resources: {executor: {config: {device: cuda, precision: bf16, processes: 8}}}
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
 
 import dagster as dg
+from pydantic import Field
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_PRECISIONS = ("fp32", "bf16")
+INFERENCE_PRECISIONS = ("fp32", "int8", "bf16")
+
+
+class ExecutorError(ValueError):
+    pass
 
 
 class TrainingExecutor(dg.ConfigurableResource):
-    """`device`: auto (a GPU when one is visible), cpu, cuda or cuda:N. Training runs in the asset's
-    process on that device."""
+    """`device`: auto (a GPU when one is visible), cpu, cuda or cuda:N. `precision`: fp32, or bf16
+    mixed precision (torch.autocast) on GPUs. `inference_precision`: fp32, int8 (dynamic
+    quantization, CPU) or bf16, for predictions and embeddings. `processes`: 1 trains in the
+    asset's process; N > 1 runs N processes under torchrun (one per GPU)."""
 
     device: str = "auto"
     threads: int | None = None
+    precision: str = "fp32"
+    inference_precision: str = "fp32"
+    processes: int = Field(1, ge=1)
+
+    def _check(self) -> None:
+        if self.precision not in TRAIN_PRECISIONS:
+            raise ExecutorError(f"executor precision {self.precision!r}: choose one of {TRAIN_PRECISIONS}")
+        if self.inference_precision not in INFERENCE_PRECISIONS:
+            raise ExecutorError(f"executor inference_precision {self.inference_precision!r}: choose one of "
+                                f"{INFERENCE_PRECISIONS}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ExecutorError(f"executor device {self.device!r}: choose auto, cpu, cuda or cuda:N")
+        if self.processes > 1 and self.device.startswith("cuda:"):
+            raise ExecutorError(f"executor device {self.device!r} names one GPU but processes is {self.processes}: "
+                                f"use device cuda (each process takes the GPU of its local rank)")
 
     def setup(self) -> str:
+        """Apply the thread setting and return the device this process trains on (in the asset's
+        process: the assets do not launch torchrun yet, so they refuse processes > 1 rather than
+        ignore it)."""
         import torch
 
+        self._check()
+        if self.processes > 1:
+            raise ExecutorError(f"executor processes {self.processes}: the assets train in one process for now "
+                                f"(data-parallel training runs under torchrun through models.distributed, as "
+                                f"`bench/speed.py --ddp` does); set processes: 1")
         if self.threads:
             torch.set_num_threads(self.threads)
         if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(f"executor device {self.device!r} was asked for but torch sees no CUDA device "
-                               f"(torch {torch.__version__}); install a CUDA build of torch or use device: cpu")
-        return "cuda" if self.device == "auto" and torch.cuda.is_available() else (
+            raise ExecutorError(f"executor device {self.device!r} was asked for but torch sees no CUDA device "
+                                f"(torch {torch.__version__}); install a CUDA build of torch or use device: cpu")
+        device = "cuda" if self.device == "auto" and torch.cuda.is_available() else (
             "cpu" if self.device == "auto" else self.device)
+        if self.precision == "bf16" and not device.startswith("cuda"):
+            raise ExecutorError(f"executor precision bf16 trains on GPUs, but the device is {device!r}; "
+                                f"use precision: fp32 on CPUs")
+        if self.inference_precision == "int8" and not device.startswith("cpu"):
+            raise ExecutorError("executor inference_precision int8 runs on the CPU only; use bf16 on GPUs")
+        if self.processes > 1 and device.startswith("cuda") and torch.cuda.device_count() < self.processes:
+            raise ExecutorError(f"executor processes {self.processes} > the {torch.cuda.device_count()} GPU(s) "
+                                f"visible; lower processes or request more GPUs")
+        return device
+
+    def autocast(self, device: str):
+        """The training precision's context (bf16: torch.autocast on the GPU)."""
+        from models.distributed import autocast
+
+        return autocast(self.precision, device)
+
+    @property
+    def distributed(self) -> bool:
+        return self.processes > 1
+
+    def torchrun_command(self, target: list[str]) -> list[str]:
+        """The command that runs `target` (`-m module args...` or `script args...`) in `processes`
+        processes on this machine (torchrun --standalone picks a free rendezvous port)."""
+        self._check()
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                str(self.processes), *target]
+
+    def launch(self, target: list[str], log: Callable[[str], None] = print, env: dict | None = None) -> None:
+        """Run `target` under torchrun, streaming every line it prints to `log`. Raises with the
+        exit status and the last lines when any process fails."""
+        cmd = self.torchrun_command(target)
+        env = {**os.environ, **(env or {})}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        if self.threads:
+            env["OMP_NUM_THREADS"] = str(self.threads)
+        tail: list[str] = []
+        log(f"launching {self.processes} processes: {' '.join(cmd[2:])}")
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                              cwd=ROOT) as proc:
+            for line in proc.stdout:
+                line = line.rstrip()
+                log(line)
+                tail = (tail + [line])[-20:]
+        if proc.returncode:
+            raise ExecutorError(f"torchrun exited with status {proc.returncode} running {' '.join(target)}; "
+                                f"its last lines:\n" + "\n".join(tail))

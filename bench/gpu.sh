@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU check: the speed benchmark on one GPU, then data-parallel foundation training on one GPU
+# and on all GPUs (torchrun, DDP over NCCL), printing entities/s and events/s per GPU.
+#
+#   bench/gpu.sh                      # 1M generated events (DATASETS=1m,10m,tafeng for more)
+#   WORK=/scratch/speed PRECISION=bf16 bench/gpu.sh
+#
+# Needs a CUDA build of torch in $PYTHON's environment (default .venv/bin/python). Writes
+# $WORK/gpu1.json (the stage table on one GPU) and prints the per-GPU scaling table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-.venv/bin/python}
+DATASETS=${DATASETS:-1m}
+PRECISION=${PRECISION:-bf16}
+WORK=${WORK:-$(mktemp -d -t habitus-gpu-XXXXXX)}
+
+GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
+if [ "$GPUS" -lt 1 ]; then
+    echo "bench/gpu.sh: torch sees no CUDA device ($("$PY" -c 'import torch; print(torch.__version__)')); run it on a GPU machine with a CUDA build of torch" >&2
+    exit 1
+fi
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || true
+echo "work folder $WORK; $GPUS GPU(s); training precision $PRECISION"
+
+# 1. every stage on one GPU (inference precisions fp32 and bf16: int8 kernels are CPU-only)
+"$PY" bench/speed.py --device cuda --datasets "$DATASETS" --precisions fp32,bf16 --work "$WORK" \
+    --json "$WORK/gpu1.json"
+
+# 2. data-parallel foundation steps: 1 GPU, then all of them; figures are per GPU
+first=${DATASETS%%,*}
+config="$WORK/$first/project.yaml"
+results=()
+for n in $(printf '%s\n' 1 "$GPUS" | sort -un); do
+    line=$("$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" bench/speed.py \
+        --ddp "$config" --device cuda --precision "$PRECISION" | grep '^RESULT ' | tail -1)
+    results+=("${line#RESULT }")
+done
+
+"$PY" - "${results[@]}" <<'EOF'
+import json, sys
+rows = [json.loads(a) for a in sys.argv[1:]]
+base = rows[0]["entities_per_s"]
+print("%4s %9s %8s %19s %17s %8s" % ("GPUs", "precision", "epoch s", "entities/s per GPU", "events/s per GPU",
+                                      "scaling"))
+for r in rows:
+    print("%4d %9s %8.1f %19s %17s %8.2f" % (r["processes"], r["precision"], r["epoch_seconds"],
+                                             f"{r['entities_per_s']:,.0f}", f"{r['events_per_s']:,.0f}",
+                                             r["entities_per_s"] / base))
+print("scaling = throughput per GPU with n GPUs / with 1 GPU (1.00 = linear)")
+EOF

@@ -1,0 +1,715 @@
+"""Speed and peak memory of every stage, next to references measured in the same run.
+
+    .venv/bin/python bench/speed.py --quick                       # 1M generated events only
+    .venv/bin/python bench/speed.py --json speed.json             # 1M, 10M and Ta-Feng
+    .venv/bin/python bench/speed.py --datasets tafeng --device cuda
+
+Datasets: the demo generator (pipelines/demo_data.py) scaled by customers (17,500 customers give
+about 1M purchases, 175,000 about 10M; 20,000 products so that a 16,000-label propensity scenario
+has its labels) and ../shared/data/tafeng (817k real events). Each dataset gets a project config
+(written next to its workspace) and goes through the library's own functions, stage by stage, the
+way the assets run them: extraction (connector read -> canonical Parquet), cache build, foundation
+training, fine-tuning (churn, and a propensity scenario over 16,000 products), inference
+(predict, fp32 / int8 / bf16), embeddings export; LoRA fine-tuning of churn next to the full one.
+
+References in the same run: DuckDB's own scan and group-by over the extracted events (the I/O
+limit of the machine) and the LightGBM baseline (models/baselines.py) fit and predict.
+
+Every stage runs in a fresh process; "peak GB" is that process's maximum RSS (os.wait4), so stages
+do not inherit each other's memory. Entities/s follows the issue's reference profile: entities
+in the cache divided by the wall time of the stage (all epochs); events/s likewise with the
+cache's events. Never part of the test pass/fail.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
+GENERATED = {"1m": 17_500, "10m": 175_000}  # customers -> ~1.03M / ~10.3M purchases (measured)
+PRODUCTS = 20_000
+LABELS = 16_000
+# the issue's targets on a 2-core CPU (the reference profile per GPU, per entity)
+TARGETS = {"inference_entities_per_s": 2_718, "foundation_entities_per_s": 417, "foundation_events_per_s": 185_000,
+           "finetune_16k_entities_per_s": 500, "cache_events_per_s": 1_000_000, "peak_rss_gb_10m": 4.0}
+
+DEMO_CONFIG = """\
+workspace: {workspace}
+connections:
+  warehouse: {{type: duckdb, path: "{warehouse}"}}
+entity: customer_id
+sources:
+  - {{name: purchases, role: events, connection: warehouse, table: purchases, timestamp: ts,
+     columns: [product_id, store_id, quantity, price], partition: monthly, start: 2026-03-01, end: 2026-11-01}}
+  - {{name: customers, role: entity_attributes, connection: warehouse, table: customers,
+     columns: [age, region, segment, signup_date]}}
+  - {{name: products, role: attributes, connection: warehouse, table: products, key: product_id,
+     columns: [category, brand, price_tier]}}
+  - {{name: stores, role: attributes, connection: warehouse, table: stores, key: store_id, columns: [format]}}
+foundation: {{horizon: 14d, cutoff_every: 7d, hidden: 256, layers: 2, epochs: 3}}
+scenarios:
+  churn: {{task: binary, target: {{no_event: purchases, within: 28d}}}}
+  propensity_16k: {{task: multilabel, target: {{any_event: purchases, by: product_id, within: 28d, top: {labels}}}}}
+"""
+
+TAFENG_CONFIG = """\
+workspace: {workspace}
+connections:
+  files: {{type: parquet, path: "{data}"}}
+entity: customer_id
+sources:
+  - {{name: events, role: events, connection: files, table: events, timestamp: ts,
+     columns: [product_id, quantity, sales_price], partition: monthly, start: 2000-11-01, end: 2001-03-01}}
+  - {{name: customers, role: entity_attributes, connection: files, table: customers, columns: [age_group, pin_code]}}
+  - {{name: products, role: attributes, connection: files, table: products, key: product_id,
+     columns: [product_subclass], types: {{product_subclass: categorical}}}}
+foundation: {{horizon: 14d, cutoff_every: 7d, epochs: 4}}
+test_cutoff: 2001-02-14
+scenarios:
+  churn: {{task: binary, target: {{no_event: events, within: 14d, active_within: 90d}}}}
+  propensity_16k: {{task: multilabel, target: {{any_event: events, by: product_id, within: 14d, top: {labels}}}}}
+"""
+
+
+# --------------------------------------------------------------------------- the child: one stage
+
+
+class Stage:
+    """What a stage needs: the project, its workspace and the current cache (after `cache`)."""
+
+    def __init__(self, config: str, device: str):
+        from pipelines.config import load_project
+        from resources.workspace import Workspace
+
+        self.project = load_project(config)
+        self.workspace = Workspace(root=self.project.workspace)
+        self.device = device
+
+    @property
+    def cache(self):
+        from assets.cache import current_cache
+        return current_cache(self.workspace)
+
+    def cutoff(self, cache) -> int:
+        from assets.foundation import test_cutoff
+        return test_cutoff(self.project, cache)
+
+    def scenario(self, name: str, cache):
+        """(TaskSpec, Protocol, FinetuneConfig) of a scenario, as assets/scenarios.py builds them."""
+        from assets.scenarios import task_spec
+        from models.evaluate import protocol
+        from models.train import FinetuneConfig
+
+        sc = self.project.scenarios[name]
+        cutoff = self.cutoff(cache)
+        task = task_spec(name, sc, cache, cutoff)
+        plan = protocol(cutoff, task.target.window_days, sc.train_cutoffs, cache.time_range[0])
+        return task, plan, FinetuneConfig(epochs=sc.epochs, learning_rate=sc.learning_rate)
+
+
+def _timed(fn):
+    started = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - started
+
+
+def stage_generate(st: Stage, customers: int) -> dict:
+    from pipelines.demo_data import generate_demo_warehouse
+
+    path = st.project.connections["warehouse"].path
+    counts, seconds = _timed(lambda: generate_demo_warehouse(path, customers=customers, products=PRODUCTS))
+    return {"seconds": seconds, **counts}
+
+
+def stage_extract(st: Stage) -> dict:
+    """Every source through its connector into canonical Parquet, partition by partition (as the
+    source assets do)."""
+    import pyarrow as pa
+
+    from assets.sources import wanted_columns
+    from pipelines.definitions import connection_resource
+    from pipelines.partitions import events_partitions
+    from resources.canonical import write_canonical_parquet
+
+    def extract():
+        events = 0
+        for source in st.project.sources:
+            wh = connection_resource(source.connection, st.project.connections[source.connection])
+            schema = wh.schema(source.table)
+            columns = wanted_columns(source, st.project.entity, schema)
+            out_schema = pa.schema([schema.field(c) for c in columns])
+            first = [c for c in (st.project.entity if source.role != "attributes" else source.key,
+                                 source.timestamp) if c]
+            folder = st.workspace.sources(source.name)
+            if source.role != "events":
+                write_canonical_parquet(wh.read(source.table, columns), folder / "all.parquet", out_schema, first,
+                                        source.table)
+                continue
+            parts = events_partitions(source)
+            for key in parts.get_partition_keys():
+                w = parts.time_window_for_partition_key(key)
+                events += write_canonical_parquet(
+                    wh.read(source.table, columns, source.timestamp, w.start.replace(tzinfo=None),
+                            w.end.replace(tzinfo=None)), folder / f"{key}.parquet", out_schema, first, source.table)
+        return events
+
+    events, seconds = _timed(extract)
+    return {"seconds": seconds, "events": events, "events_per_s": events / seconds}
+
+
+def stage_duckdb(st: Stage) -> dict:
+    """DuckDB's own scan and group-by over the extracted events files: what reading the data costs."""
+    import duckdb
+
+    from assets.cache import cache_spec
+    from models.cache import _files_sql
+
+    t = cache_spec(st.project, st.workspace).events[0]
+    numeric = next(c for c, kind in t.columns.items() if kind == "numeric")
+    src = _files_sql(t.files)
+    con = duckdb.connect()
+    (n, _, _), scan = _timed(lambda: con.sql(f'SELECT count(*), sum("{numeric}"), max("{t.timestamp}") '
+                                             f"FROM {src}").fetchall()[0])
+    groups, group = _timed(lambda: con.sql(
+        f'SELECT count(*) FROM (SELECT "{st.project.entity}", count(*), sum("{numeric}"), max("{t.timestamp}") '
+        f"FROM {src} GROUP BY 1)").fetchall()[0][0])
+    return {"events": n, "scan_seconds": scan, "scan_events_per_s": n / scan, "groupby_seconds": group,
+            "groupby_events_per_s": n / group, "groups": groups}
+
+
+def stage_cache(st: Stage) -> dict:
+    from assets.cache import cache_spec
+    from models.cache import build_cache
+    from models.storage import write_json
+
+    spec = cache_spec(st.project, st.workspace)
+    shutil.rmtree(st.workspace.cache_root, ignore_errors=True)  # a fresh build, never the reused one
+    folder, seconds = _timed(lambda: build_cache(spec, st.workspace.cache_root, log=lambda _: None))
+    write_json(st.workspace.cache_root / "current.json", {"folder": folder.name, "at": datetime.now().isoformat()})
+    cache = st.cache
+    return {"seconds": seconds, "events": cache.manifest["n_events"], "entities": cache.manifest["n_entities"],
+            "events_per_s": cache.manifest["n_events"] / seconds}
+
+
+def stage_foundation(st: Stage, profile: str | None = None) -> dict:
+    """train_foundation + the checkpoint, as the foundation asset runs them."""
+    from assets.foundation import foundation_config
+    from models.checkpoint import save_checkpoint
+    from models.features import DAY
+    from models.train import config_dict, train_foundation
+
+    cache = st.cache
+    cfg = foundation_config(st.project)
+    last_cutoff = st.cutoff(cache) - cfg.horizon_days * DAY
+    epochs: list[float] = []
+    started = time.perf_counter()
+
+    def log(_msg):
+        epochs.append(time.perf_counter() - started)
+
+    def run():
+        result = train_foundation(cache, cfg, last_cutoff, device=st.device, log=log)
+        save_checkpoint(st.workspace.foundation, result.model, {
+            "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,
+            "cache_lineage": cache.lineage, "feature_spec": result.info["feature_spec"], "net": result.info["net"],
+            "targets_width": result.info["targets_width"], "curves": result.curves})
+        return result
+
+    result, seconds = _profiled(run, profile)
+    n_ent, n_ev = cache.manifest["n_entities"], cache.manifest["n_events"]
+    per_epoch = [b - a for a, b in zip([0.0] + epochs[:-1], epochs)]
+    return {"seconds": seconds, "epochs": cfg.epochs, "epoch_seconds": per_epoch,
+            "entities_per_s": n_ent / seconds, "events_per_s": n_ev / seconds,
+            "events_consumed_per_s": result.info["events_seen"] / seconds,
+            "entities_consumed_per_s": result.info["entities_seen"] / seconds,
+            "val_loss": result.curves["val_loss"][-1], "input_width": result.info["net"]["in_dim"]}
+
+
+def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profile: str | None = None) -> dict:
+    """finetune (method full) or LoRA adapters on the frozen trunk (method lora), then the churn
+    hold-out metric (not timed)."""
+    from models.checkpoint import load_checkpoint, save_checkpoint
+    from models.train import finetune
+
+    cache = st.cache
+    state, foundation = load_checkpoint(st.workspace.foundation)
+    task, plan, cfg = st.scenario(name, cache)
+    if epochs:
+        cfg.epochs = epochs
+
+    def run():
+        if method == "lora":
+            from models.lora import finetune_lora
+            return finetune_lora(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
+                                 device=st.device, log=lambda _: None)
+        return finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
+                        device=st.device, log=lambda _: None)
+
+    result, seconds = _profiled(run, profile)
+    out = {"seconds": seconds, "epochs": cfg.epochs, "labels": task.outputs, "best_epoch": result.info["best_epoch"],
+           "entities_per_s": cache.manifest["n_entities"] / seconds,
+           "events_per_s": cache.manifest["n_events"] / seconds, "rows_seen": result.info["rows_seen"]}
+    path = st.workspace.scenario(name if method == "full" else f"{name}_{method}")
+    if method == "lora":
+        from models.lora import save_adapters
+        out["adapter_bytes"] = save_adapters(result.model, path / "adapters.safetensors")
+    save_checkpoint(path, result.model if method == "full" else _merged(result.model), {
+        "kind": "scenario", "scenario": name, "task": task.to_dict(), "feature_spec": foundation["feature_spec"],
+        "net": foundation["net"], "foundation_sha256": foundation["weights_sha256"]})
+    out["checkpoint_bytes"] = (path / "model.safetensors").stat().st_size
+    if task.task == "binary":
+        out.update(_holdout(st, result.model, cache, task, plan.test_cutoff, "fp32"))
+    return out
+
+
+def _merged(model):
+    from models.lora import merge_lora
+    return merge_lora(model)
+
+
+def _holdout(st: Stage, model, cache, task, cutoff: int, precision: str) -> dict:
+    from models.evaluate import evaluate, headline
+    from models.features import FeatureSpec
+    from models.quantize import precision_context
+
+    spec = FeatureSpec.from_dict(json.loads((st.workspace.foundation / "config.json").read_text())["feature_spec"])
+    with precision_context(precision, st.device):
+        report = evaluate(model, cache, spec, task, cutoff, device=st.device)
+    key = headline(task)
+    return {"metric": key, "metric_value": report["model"][key], "holdout_entities": report["entities"]}
+
+
+def stage_predict(st: Stage, name: str, precision: str, profile: str | None = None) -> dict:
+    """predict() of a scenario checkpoint over the cache at the hold-out cut-off into Parquet, at a
+    precision (models/quantize.py); then, for churn, the hold-out metric at that precision."""
+    from assets.predictions import write_entity_file
+    from models.checkpoint import load_checkpoint
+    from models.predict import load_model, predict
+    from models.quantize import for_inference, precision_context
+
+    cache = st.cache
+    state, config = load_checkpoint(st.workspace.scenario(name))
+    model, spec, task = load_model(state, config)
+    model = for_inference(model.to(st.device), precision)
+    cutoff = st.cutoff(cache)
+    path = st.workspace.predictions(name) / f"bench-{precision}.parquet"
+
+    def run():
+        with precision_context(precision, st.device):
+            return write_entity_file(cache, predict(model, cache, spec, task, cutoff, device=st.device), path,
+                                     st.project.entity, "bench", datetime.fromtimestamp(cutoff, timezone.utc))
+
+    rows, seconds = _profiled(run, profile)
+    out = {"seconds": seconds, "rows": rows, "entities_per_s": rows / seconds,
+           "events_per_s": cache.manifest["n_events"] / seconds}
+    if task.task == "binary":
+        out.update(_holdout(st, model, cache, task, cutoff, precision))
+    return out
+
+
+def stage_embed(st: Stage) -> dict:
+    import numpy as np
+
+    from assets.predictions import write_entity_file
+    from models.checkpoint import load_checkpoint
+    from models.features import FeatureSpec
+    from models.network import NetConfig, Trunk
+    from models.predict import embed
+
+    cache = st.cache
+    state, config = load_checkpoint(st.workspace.foundation)
+    trunk = Trunk(NetConfig(**config["net"]))
+    trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
+    trunk.to(st.device).eval()
+    cutoff = st.cutoff(cache)
+    rows, seconds = _timed(lambda: write_entity_file(
+        cache, embed(trunk, cache, FeatureSpec.from_dict(config["feature_spec"]), cutoff, dtype=np.float16,
+                     device=st.device), st.workspace.embeddings / "bench.parquet", st.project.entity, "bench",
+        datetime.fromtimestamp(cutoff, timezone.utc)))
+    return {"seconds": seconds, "rows": rows, "entities_per_s": rows / seconds,
+            "events_per_s": cache.manifest["n_events"] / seconds}
+
+
+def stage_lightgbm(st: Stage, name: str) -> dict:
+    """The LightGBM baseline of models/baselines.py as the scenario asset runs it; its fit and
+    predict calls are timed from inside (the rest is building the hand features)."""
+    import lightgbm as lgb
+
+    from models.baselines import lightgbm_scores
+    from models.checkpoint import load_checkpoint
+    from models.features import FeatureSpec
+
+    timings = {"fit": 0.0, "predict": 0.0, "predicted": 0}
+
+    def timing(method, key):
+        def wrapper(self, x, *a, **k):
+            started = time.perf_counter()
+            try:
+                return method(self, x, *a, **k)
+            finally:
+                timings[key] += time.perf_counter() - started
+                if key == "predict":
+                    timings["predicted"] += len(x)
+        return wrapper
+
+    for cls in (lgb.LGBMClassifier, lgb.LGBMRegressor):
+        cls.fit = timing(cls.fit, "fit")
+    lgb.LGBMClassifier.predict_proba = timing(lgb.LGBMClassifier.predict_proba, "predict")
+    lgb.LGBMRegressor.predict = timing(lgb.LGBMRegressor.predict, "predict")
+    cache = st.cache
+    _, foundation = load_checkpoint(st.workspace.foundation)
+    task, plan, _ = st.scenario(name, cache)
+    spec = FeatureSpec.from_dict(foundation["feature_spec"])
+    scores, seconds = _timed(lambda: lightgbm_scores(cache, spec, task, plan.train_cutoffs, plan.val_cutoff,
+                                                     plan.test_cutoff))
+    return {"seconds": seconds, "fit_seconds": timings["fit"], "predict_seconds": timings["predict"],
+            "predicted": timings["predicted"], "predict_entities_per_s": timings["predicted"] / max(timings["predict"], 1e-9),
+            "fit_entities_per_s": cache.manifest["n_entities"] / max(timings["fit"], 1e-9),
+            "entities_per_s": cache.manifest["n_entities"] / seconds}
+
+
+def ddp_foundation(config: str, device: str, precision: str) -> None:
+    """One epoch of foundation training steps in every process of a torchrun launch (DDP over
+    models/distributed.py): each rank featurizes its share of the entity chunks and steps the
+    shared model. Rank 0 prints entities/s and events/s per process. What train_foundation gains
+    once it takes the distributed hooks (docs/speed.md), measured before that."""
+    import numpy as np
+    import torch
+
+    from assets.foundation import foundation_config
+    from models.distributed import autocast, close, from_env, mean_over_ranks, shard, uneven, wrap
+    from models.features import DAY, FeatureSpec, chunk_at, featurize
+    from models.network import Model, NetConfig
+    from models.targets import foundation_target
+    from models.train import chunk_plan, cutoff_grid, foundation_loss
+
+    dist = from_env(device)
+    st = Stage(config, dist.device)
+    cache, cfg = st.cache, foundation_config(st.project)
+    spec = FeatureSpec.from_cache(cache, cfg.buckets)
+    cutoffs = cutoff_grid(cache.time_range[0], st.cutoff(cache) - cfg.horizon_days * DAY, cfg.cutoff_every_days,
+                          cfg.min_history_days)
+    plan, table = shard(chunk_plan(cache, cfg.chunk_entities), dist), cache.entity_table()
+    rng = np.random.default_rng(dist.rank)
+
+    def data(s, lo, hi, cutoff):
+        chunk = chunk_at(cache.shard(s), lo, hi, int(cutoff))
+        return chunk, featurize(chunk, spec, table), foundation_target(chunk, cfg.horizon_days, spec.categorical,
+                                                                     spec.buckets)
+
+    _, x0, y0 = data(*plan[0], cutoffs[-1])
+    torch.manual_seed(cfg.seed)
+    model = Model(NetConfig(spec.width, cfg.hidden, cfg.layers, cfg.dropout), y0.shape[1]).to(dist.device)
+    model.trunk.fit_input_scale(torch.from_numpy(x0).to(dist.device), cfg.std_floor)
+    net = wrap(model, dist)
+    opt = torch.optim.AdamW(net.parameters(), lr=cfg.learning_rate, weight_decay=1e-4)
+    work = [(s, lo, hi, c) for s, lo, hi in plan for c in rng.choice(cutoffs, min(cfg.cutoffs_per_chunk, len(cutoffs)),
+                                                                      replace=False)]
+    events = rows = 0
+    started = time.perf_counter()
+    with uneven(net):
+        for s, lo, hi, cutoff in work:
+            chunk, x, y = data(s, lo, hi, cutoff)
+            events, rows = events + len(chunk.rows), rows + chunk.n
+            xt, yt = torch.from_numpy(x).to(dist.device), torch.from_numpy(y).to(dist.device)
+            for b in torch.randperm(len(xt), device=dist.device).split(cfg.batch_size):
+                with autocast(precision, dist.device):
+                    loss = foundation_loss(net(xt[b]), yt[b], len(spec.categorical))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+    if dist.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    per_process = {"rows_per_s": mean_over_ranks(rows / seconds, dist),
+                   "events_per_s": mean_over_ranks(events / seconds, dist),
+                   "entities_per_s": mean_over_ranks(cache.manifest["n_entities"] / dist.world / seconds, dist)}
+    if dist.is_writer:
+        print("RESULT " + json.dumps({"processes": dist.world, "device": device, "precision": precision,
+                                      "epoch_seconds": seconds, **per_process}), flush=True)
+        print(f"{dist.world} process(es) on {device} ({precision}): per process {per_process['entities_per_s']:,.0f} "
+              f"entities/s (cache entities / epoch time), {per_process['events_per_s']:,.0f} events/s consumed, "
+              f"{per_process['rows_per_s']:,.0f} training rows/s", flush=True)
+    close(dist)
+
+
+def _profiled(fn, profile: str | None):
+    """Run fn, timed; with `profile`, under cProfile with the stats written there."""
+    if not profile:
+        return _timed(fn)
+    import cProfile
+
+    prof = cProfile.Profile()
+    started = time.perf_counter()
+    out = prof.runcall(fn)
+    seconds = time.perf_counter() - started
+    prof.dump_stats(profile)
+    return out, seconds
+
+
+STAGES = {"generate": stage_generate, "extract": stage_extract, "duckdb": stage_duckdb, "cache": stage_cache,
+          "foundation": stage_foundation, "finetune": stage_finetune, "predict": stage_predict, "embed": stage_embed,
+          "lightgbm": stage_lightgbm}
+
+
+def child(argv: list[str]) -> int:
+    stage, config, device, params = argv[0], argv[1], argv[2], json.loads(argv[3])
+    if os.environ.get("HABITUS_BENCH_THREADS"):
+        import torch
+        torch.set_num_threads(int(os.environ["HABITUS_BENCH_THREADS"]))
+    out = STAGES[stage](Stage(config, device), **params)
+    print("RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+def run_stage(stage: str, config: Path, device: str, log: Path, **params) -> dict:
+    """One stage in a fresh process; its result plus its wall time and peak RSS (GB)."""
+    cmd = [sys.executable, __file__, "--child", stage, str(config), device, json.dumps(params)]
+    started = time.perf_counter()
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=f, text=True, cwd=ROOT)
+        stdout = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        f.write(stdout)
+    wall = time.perf_counter() - started
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        tail = Path(log).read_text().strip().splitlines()[-3:]
+        return {"error": f"exit {proc.returncode}: " + " | ".join(tail), "wall_seconds": wall,
+                "peak_rss_gb": usage.ru_maxrss / 2**20}
+    return {**json.loads(lines[-1][7:]), "wall_seconds": wall, "peak_rss_gb": usage.ru_maxrss / 2**20}
+
+
+def prepare(name: str, work: Path) -> Path:
+    folder = work / name
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "project.yaml"
+    if name == "tafeng":
+        text = TAFENG_CONFIG.format(workspace=folder / "ws", data=TAFENG, labels=LABELS)
+    else:
+        text = DEMO_CONFIG.format(workspace=folder / "ws", warehouse=folder / "warehouse.duckdb", labels=LABELS)
+    config.write_text(text)
+    return config
+
+
+def bench_dataset(name: str, work: Path, args, say) -> dict:
+    config = prepare(name, work)
+    log = work / f"{name}.log"
+    r: dict = {}
+
+    def step(key, stage, **params):
+        say(f"  {name}: {key} ...")
+        r[key] = run_stage(stage, config, args.device, log, **params)
+        say(f"  {name}: {key}: " + ("FAILED " + r[key]["error"] if "error" in r[key] else
+                                    f"{r[key]['wall_seconds']:.1f}s, peak {r[key]['peak_rss_gb']:.2f} GB"))
+        return "error" not in r[key]
+
+    if name in GENERATED and not (work / name / "warehouse.duckdb").exists():
+        step("generate", "generate", customers=GENERATED[name])
+    ok = step("extract", "extract") and step("duckdb", "duckdb") and step("cache", "cache")
+    if ok and step("foundation", "foundation", profile=_prof(args, name, "foundation")):
+        step("embed", "embed")
+        if step("finetune_churn", "finetune", name="churn", method="full", epochs=None,
+                profile=_prof(args, name, "finetune_churn")):
+            for precision in args.precisions:
+                step(f"predict_churn_{precision}", "predict", name="churn", precision=precision,
+                     profile=_prof(args, name, f"predict_churn_{precision}") if precision == "fp32" else None)
+        if args.lora:
+            step("finetune_churn_lora", "finetune", name="churn", method="lora", epochs=None)
+        step("lightgbm_churn", "lightgbm", name="churn")
+        if not args.skip_16k and step("finetune_16k", "finetune", name="propensity_16k", method="full",
+                                      epochs=args.finetune_16k_epochs, profile=_prof(args, name, "finetune_16k")):
+            for precision in args.precisions:
+                step(f"predict_16k_{precision}", "predict", name="propensity_16k", precision=precision)
+    return r
+
+
+def _prof(args, dataset: str, stage: str) -> str | None:
+    if not args.profile or dataset != "1m":
+        return None
+    Path(args.profile).mkdir(parents=True, exist_ok=True)
+    return str(Path(args.profile) / f"{stage}.prof")
+
+
+def _get(r: dict, stage: str, key: str):
+    v = r.get(stage, {}).get(key)
+    return v
+
+
+def summary(results: dict) -> dict:
+    """The issue's keys: each from the largest generated dataset that measured it (10m before 1m;
+    `measured_on` says which), peaks per dataset."""
+    order = [d for d in ("10m", "1m") if d in results] or list(results)
+
+    def pick(stage: str, key: str):
+        for d in order:
+            v = _get(results[d], stage, key)
+            if v is not None:
+                return v, d
+        return None, None
+
+    def peak(d):
+        if d not in results:
+            return None
+        return max((s.get("peak_rss_gb", 0.0) for k, s in results[d].items() if k != "generate"), default=None)
+
+    keys = {
+        "inference_entities_per_s": ("predict_churn_fp32", "entities_per_s"),
+        "inference_16k_entities_per_s": ("predict_16k_fp32", "entities_per_s"),
+        "inference_bf16_entities_per_s": ("predict_churn_bf16", "entities_per_s"),
+        "inference_int8_entities_per_s": ("predict_churn_int8", "entities_per_s"),
+        "foundation_entities_per_s": ("foundation", "entities_per_s"),
+        "foundation_events_per_s": ("foundation", "events_per_s"),
+        "finetune_churn_entities_per_s": ("finetune_churn", "entities_per_s"),
+        "finetune_16k_entities_per_s": ("finetune_16k", "entities_per_s"),
+        "cache_events_per_s": ("cache", "events_per_s"),
+        "extract_events_per_s": ("extract", "events_per_s"),
+        "embeddings_entities_per_s": ("embed", "entities_per_s"),
+        "duckdb_scan_events_per_s": ("duckdb", "scan_events_per_s"),
+        "duckdb_groupby_events_per_s": ("duckdb", "groupby_events_per_s"),
+        "lightgbm_predict_entities_per_s": ("lightgbm_churn", "predict_entities_per_s"),
+        "lightgbm_fit_seconds": ("lightgbm_churn", "fit_seconds"),
+    }
+    out, measured_on = {}, {}
+    for name, (stage, key) in keys.items():
+        out[name], measured_on[name] = pick(stage, key)
+    out["peak_rss_gb_1m"], out["peak_rss_gb_10m"] = peak("1m"), peak("10m")
+    out["measured_on"] = measured_on
+    return out
+
+
+ROWS = [  # (stage, label, rate key, unit, events-rate key, target key)
+    ("extract", "extraction", "events_per_s", "events/s", None, None),
+    ("duckdb", "ref: DuckDB scan", "scan_events_per_s", "events/s", None, None),
+    ("duckdb", "ref: DuckDB group-by", "groupby_events_per_s", "events/s", None, None),
+    ("cache", "cache build", "events_per_s", "events/s", None, "cache_events_per_s"),
+    ("foundation", "foundation (all epochs)", "entities_per_s", "entities/s", "events_per_s", "foundation_entities_per_s"),
+    ("finetune_churn", "fine-tune churn", "entities_per_s", "entities/s", "events_per_s", None),
+    ("finetune_churn_lora", "fine-tune churn, LoRA", "entities_per_s", "entities/s", "events_per_s", None),
+    ("finetune_16k", "fine-tune 16k propensity", "entities_per_s", "entities/s", "events_per_s", "finetune_16k_entities_per_s"),
+    ("lightgbm_churn", "ref: LightGBM churn, all", "entities_per_s", "entities/s", None, None),
+    ("lightgbm_churn", "ref: LightGBM predict", "predict_entities_per_s", "entities/s", None, None),
+    ("predict_churn_fp32", "inference churn fp32", "entities_per_s", "entities/s", "events_per_s", None),
+    ("predict_churn_int8", "inference churn int8", "entities_per_s", "entities/s", "events_per_s", None),
+    ("predict_churn_bf16", "inference churn bf16", "entities_per_s", "entities/s", "events_per_s", None),
+    ("predict_16k_fp32", "inference 16k fp32", "entities_per_s", "entities/s", "events_per_s", "inference_entities_per_s"),
+    ("predict_16k_int8", "inference 16k int8", "entities_per_s", "entities/s", "events_per_s", None),
+    ("predict_16k_bf16", "inference 16k bf16", "entities_per_s", "entities/s", "events_per_s", None),
+    ("embed", "embeddings export", "entities_per_s", "entities/s", "events_per_s", None),
+]
+
+
+def table(results: dict) -> str:
+    lines = [f"{'dataset':<7} {'stage':<26} {'seconds':>8} {'rate':>12} {'unit':<10} {'events/s':>11} "
+             f"{'peak GB':>7} {'target':>9} {'x target':>8} {'x DuckDB':>8}  metric"]
+    for ds, r in results.items():
+        scan = _get(r, "duckdb", "scan_events_per_s")
+        for stage, label, key, unit, ev_key, target in ROWS:
+            s = r.get(stage)
+            if s is None:
+                continue
+            if "error" in s:
+                lines.append(f"{ds:<7} {label:<26} failed: {s['error'][:150]}")
+                continue
+            rate = s.get(key)
+            seconds = s.get("seconds", s.get("scan_seconds") if "scan" in key else s.get("groupby_seconds"))
+            ev = s.get(ev_key) if ev_key else (rate if unit == "events/s" else None)
+            goal = TARGETS.get(target) if target and not (target == "inference_entities_per_s" and ds != "10m") else None
+            if target in ("cache_events_per_s", "foundation_entities_per_s", "finetune_16k_entities_per_s"):
+                goal = TARGETS[target]
+            metric = f"{s['metric']} {s['metric_value']:.4f}" if "metric" in s else ""
+            if "epochs" in s:
+                metric = f"{s['epochs']} epoch(s); " + metric
+            lines.append(
+                f"{ds:<7} {label:<26} {seconds or 0:>8.1f} {rate or 0:>12,.0f} {unit:<10} "
+                f"{'' if ev is None else f'{ev:,.0f}':>11} {s['peak_rss_gb']:>7.2f} "
+                f"{'' if goal is None else f'{goal:,}':>9} {'' if goal is None else f'{rate / goal:.2f}':>8} "
+                f"{'' if not (ev and scan) else f'{ev / scan:.3f}':>8}  {metric}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="the 1M-event dataset only")
+    ap.add_argument("--datasets", default=None, help="comma list of 1m, 10m, tafeng (default: all; --quick: 1m)")
+    ap.add_argument("--work", default=None, help="folder for data and workspaces (default: a new temporary one; "
+                                                   "generated warehouses found there are reused)")
+    ap.add_argument("--json", default=None, help="write the table and the issue's keys as JSON here")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    ap.add_argument("--precisions", default="fp32,int8,bf16", help="inference precisions to measure")
+    ap.add_argument("--no-lora", dest="lora", action="store_false", help="leave out LoRA fine-tuning")
+    ap.add_argument("--skip-16k", action="store_true", help="leave out the 16,000-label propensity scenario")
+    ap.add_argument("--finetune-16k-epochs", type=int, default=None,
+                    help="epochs of the 16k fine-tuning (default: the scenario's 6); the table says how many ran")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads in every stage (default: torch's, one per core). On a machine shared with "
+                         "other work, 1 thread avoids OpenMP threads waiting on each other (measured 5x faster "
+                         "train steps at a load of 10 on 2 cores)")
+    ap.add_argument("--profile", default=None, help="folder: cProfile stats of the 1M training/inference stages")
+    ap.add_argument("--ddp", metavar="CONFIG", default=None,
+                    help="under torchrun: one epoch of data-parallel foundation steps on the project CONFIG (a "
+                         "project.yaml this script wrote, with its cache built); prints the figures per process")
+    ap.add_argument("--precision", default="fp32", help="with --ddp: fp32 or bf16 (GPUs)")
+    ap.add_argument("--include", default=None, metavar="JSON",
+                    help="a --json file of an earlier run: its datasets not measured now join the table and keys")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args.child)
+    if args.ddp:
+        ddp_foundation(args.ddp, args.device, args.precision)
+        return 0
+    args.precisions = args.precisions.split(",")
+    names = (args.datasets or ("1m" if args.quick else "1m,10m,tafeng")).split(",")
+    if "tafeng" in names and not TAFENG.exists():
+        print(f"left out: tafeng ({TAFENG} not found)")
+        names.remove("tafeng")
+    if args.threads:
+        os.environ["HABITUS_BENCH_THREADS"] = str(args.threads)
+    work = Path(args.work or tempfile.mkdtemp(prefix="habitus-speed-"))
+    work.mkdir(parents=True, exist_ok=True)
+    say = lambda m: print(m, file=sys.stderr, flush=True)
+    say(f"work folder {work}; logs {work}/<dataset>.log")
+    started = time.time()
+    results = {}
+    if args.include:
+        earlier = json.loads(Path(args.include).read_text())["stages"]
+        results.update({k: v for k, v in earlier.items() if k not in names})
+    for name in names:
+        results[name] = bench_dataset(name, work, args, say)
+    import platform
+    import torch
+    machine = {"date": datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+               "platform": platform.platform(), "torch": torch.__version__, "device": args.device,
+               "threads": args.threads or torch.get_num_threads(), "seconds": round(time.time() - started, 1)}
+    text = table(results)
+    print(f"habitus speed, {machine['date']}, {machine['cpus']} CPUs, device {args.device}, torch {machine['torch']}")
+    print(text)
+    keys = summary(results)
+    print("\n" + "\n".join(f"{k:<34} {v if not isinstance(v, float) else f'{v:,.2f}'}  ({keys['measured_on'].get(k) or ''})"
+                            for k, v in keys.items() if k != "measured_on"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({**keys, "machine": machine, "targets": TARGETS, "stages": results,
+                                               "table": text}, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Training in several processes under `torchrun` (DistributedDataParallel), or in one.
+
+torchrun starts one process per device and sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT; `from_env` joins the process group from them (nccl on GPUs, gloo on CPUs). Each
+rank trains on its own share of the cache's entity chunks (`shard`), DDP averages the gradients
+at every step (`wrap`), ranks whose share has fewer batches shadow the others' all-reduces
+(`uneven`, DDP's join), and only rank 0 writes checkpoints and reports (`Dist.is_writer`).
+
+Without torchrun's variables everything here is a no-op: one process, no process group, the
+model unwrapped. A training loop written once runs both ways:
+
+    dist = from_env(device)
+    plan = shard(chunk_plan(cache, cfg.chunk_entities), dist)
+    net = wrap(model, dist)                       # forward/backward through `net`
+    with uneven(net):
+        ... the epochs ...
+    if dist.is_writer:
+        save_checkpoint(path, unwrap(net), config)
+"""
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: str = "cpu"
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_writer(self) -> bool:
+        """Rank 0 writes checkpoints, metadata and logs; the others only train."""
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer (torchrun sets it; "
+                         f"unset it to train in one process)") from None
+
+
+def from_env(device: str = "auto", timeout_s: float = 1800.0) -> Dist:
+    """The process's place among torchrun's processes; joins the process group when there are
+    several (once per process). `device` auto/cuda picks this rank's GPU (cuda:LOCAL_RANK)."""
+    rank, world, local = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0)
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} was asked for but torch sees no CUDA device; use device cpu")
+    if cuda:
+        dev = f"cuda:{local}" if device in ("auto", "cuda") else device
+        torch.cuda.set_device(torch.device(dev))
+    else:
+        dev = "cpu"
+    if world > 1 and not torch.distributed.is_initialized():
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if not os.environ.get(name):
+                raise RuntimeError(f"WORLD_SIZE={world} but {name} is not set: start several processes with "
+                                   f"`torchrun --nproc_per_node N` (it sets them)")
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
+                                             timeout=datetime.timedelta(seconds=timeout_s))
+    return Dist(rank, world, local, dev)
+
+
+def shard(plan: list, dist: Dist) -> list:
+    """This rank's share of a chunk plan ((shard, lo, hi) entity chunks): every world-th chunk,
+    so the ranks' shares differ by at most one chunk and together cover the plan once."""
+    return list(plan[dist.rank::dist.world])
+
+
+def wrap(model: nn.Module, dist: Dist) -> nn.Module:
+    """DistributedDataParallel around `model` when several processes train; `model` itself otherwise.
+    Buffers (the input scaling) are broadcast from rank 0 once, at wrapping, and not at every
+    forward: fit them before wrapping."""
+    if not dist.enabled:
+        return model
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [torch.device(dist.device).index] if dist.device.startswith("cuda") else None
+    # torch >= 2.13 spells "sync buffers at wrapping only" forward_sync_buffers=False; older, broadcast_buffers
+    newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    return DistributedDataParallel(model, device_ids=ids,
+                                   **({"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}))
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model
+
+
+def uneven(model: nn.Module):
+    """The context for a loop whose ranks run different numbers of batches (DDP's join): a rank
+    that runs out shadows the others' gradient all-reduces instead of waiting for ever."""
+    return model.join() if hasattr(model, "join") and hasattr(model, "module") else contextlib.nullcontext()
+
+
+def mean_over_ranks(value: float, dist: Dist) -> float:
+    """A scalar (a loss) averaged over the ranks, for what rank 0 reports."""
+    if not dist.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=dist.device)
+    torch.distributed.all_reduce(t)
+    return float(t.item()) / dist.world
+
+
+def autocast(precision: str, device: str):
+    """bf16 mixed precision (torch.autocast) on GPUs; fp32 is the plain context."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "bf16":
+        if not str(device).startswith("cuda"):
+            raise ValueError(f"bf16 training runs on GPUs (device {device!r}); use precision fp32 on CPUs")
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    raise ValueError(f"unknown training precision {precision!r}; choose fp32 or bf16")
+
+
+def close(dist: Dist) -> None:
+    if dist.enabled and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def check(device: str = "auto") -> str:
+    """Join the process group, all-reduce one number and say so: the smoke test of a launch
+    (`torchrun --nproc_per_node N -m models.distributed`)."""
+    dist = from_env(device)
+    t = torch.tensor([float(dist.rank + 1)], device=dist.device)
+    if dist.enabled:
+        torch.distributed.all_reduce(t)
+    expected = dist.world * (dist.world + 1) / 2
+    if float(t.item()) != expected:
+        raise RuntimeError(f"rank {dist.rank}: all-reduce gave {float(t.item())}, expected {expected}")
+    close(dist)
+    return f"rank {dist.rank}/{dist.world} on {dist.device}: all-reduce ok"
+
+
+if __name__ == "__main__":
+    import sys
+
+    # one write() per line: the ranks share torchrun's stdout, and two writes could interleave
+    sys.stdout.buffer.write((check(sys.argv[1] if len(sys.argv) > 1 else "auto") + "\n").encode())
+    sys.stdout.flush()
