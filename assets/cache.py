@@ -13,7 +13,7 @@ from assets.sources import source_key
 from pipelines.partitions import events_partitions
 from models.cache import Cache, CacheSpec, TableInput, build_cache, infer_column_type
 from models.storage import folder_bytes, read_json, write_json
-from resources.workspace import Workspace
+from resources.workspace import Workspace, locked
 
 CACHE_KEY = dg.AssetKey("cache")
 # the volume below which models are unreliable (the product's data guidelines)
@@ -73,6 +73,7 @@ def guideline_warnings(manifest: dict) -> list[str]:
 def build_cache_asset(project) -> dg.AssetsDefinition:
     @dg.asset(key=CACHE_KEY, deps=[source_key(s.name) for s in project.sources], group_name="training",
               kinds={"duckdb", "arrow"}, description="Encoded, entity-sorted, sharded events + vocabularies")
+    @locked("cache")
     def cache(context: dg.AssetExecutionContext, workspace: Workspace) -> dg.MaterializeResult:
         started = time.time()
         for source in project.sources:

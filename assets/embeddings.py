@@ -6,23 +6,25 @@ import time
 import dagster as dg
 import numpy as np
 
-from assets.cache import current_cache
+from assets.cache import CACHE_KEY, current_cache
 from assets.foundation import FOUNDATION_KEY
 from assets.predictions import as_of_time, write_entity_file
 from models.checkpoint import load_checkpoint
 from models.features import FeatureSpec
 from models.network import NetConfig, Trunk
 from models.predict import embed
-from resources.workspace import Workspace
+from models.quantize import for_inference
+from resources.workspace import Workspace, locked
 
 EMBEDDINGS_KEY = dg.AssetKey("embeddings")
 
 
 def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
-    @dg.asset(key=EMBEDDINGS_KEY, deps=[FOUNDATION_KEY], partitions_def=partitions_def, group_name="predictions",
+    @dg.asset(key=EMBEDDINGS_KEY, deps=[FOUNDATION_KEY, CACHE_KEY], partitions_def=partitions_def, group_name="predictions",
               kinds={"parquet"}, backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=31),
               required_resource_keys={"workspace", "executor"},
               description="Entity embeddings from the foundation model (float16, fixed width)")
+    @locked("embeddings")
     def embeddings(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         started = time.time()
         workspace: Workspace = context.resources.workspace
@@ -34,7 +36,7 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
                              "ids differ); materialize foundation_model again before exporting embeddings")
         trunk = Trunk(NetConfig(**config["net"]))
         trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
-        trunk.to(device).eval()
+        trunk = for_inference(trunk, context.resources.executor.inference_precision).to(device)
         rows, files = 0, []
         for day in context.partition_keys:  # a backfill embeds up to 31 days in one run
             as_of = as_of_time(day)

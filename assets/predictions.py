@@ -10,14 +10,15 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from assets.cache import current_cache
+from assets.cache import CACHE_KEY, current_cache
 from assets.scenarios import scenario_key
 from assets.serving import serving_checkpoint
 from assets.sources import connection_key
 from models.checkpoint import load_checkpoint
 from models.predict import load_model, predict
+from models.quantize import for_inference
 from resources.executor import TrainingExecutor
-from resources.workspace import Workspace
+from resources.workspace import Workspace, locked
 
 
 def as_of_time(day: str) -> datetime:
@@ -58,11 +59,12 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
     sink = project.predictions.sink
     resource_keys = {"workspace", "executor"} | ({connection_key(sink.connection)} if sink else set())
 
-    @dg.asset(key=predictions_key(name), deps=[scenario_key(name)], partitions_def=partitions_def,
+    @dg.asset(key=predictions_key(name), deps=[scenario_key(name), CACHE_KEY], partitions_def=partitions_def,
               required_resource_keys=resource_keys, group_name="predictions", kinds={"parquet"},
               backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=31),  # a year: 12 runs
               description=f"Daily scores of scenario {name!r} from its newest checkpoint that beat "
                           f"its baselines")
+    @locked(f"predictions/{name}")
     def _predictions(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         started = time.time()
         workspace: Workspace = context.resources.workspace
@@ -78,6 +80,7 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
             raise dg.Failure(f"the cache was rebuilt with other settings since scenario {name!r} was trained (its ids "
                              f"differ); materialize foundation_model and scenario/{name} again before predicting")
         model, spec, task = load_model(state, config)
+        model = for_inference(model, executor.inference_precision)  # fp32, int8 (CPU) or bf16
         fingerprint = config["weights_sha256"][:16]
         warehouse = getattr(context.resources, connection_key(sink.connection)) if sink is not None else None
         rows, written_back, files = 0, 0, []

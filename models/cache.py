@@ -664,6 +664,11 @@ class Cache:
         return (checkpoint_config.get("cache_fingerprint") == self.fingerprint
                 or checkpoint_config.get("cache_lineage") == self.lineage)
 
+    def __del__(self):
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.close()  # releases the shared lock: the version may be pruned from now on
+
     @property
     def shard_count(self) -> int:
         return len(self.manifest["shards"])
