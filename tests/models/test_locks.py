@@ -53,7 +53,7 @@ def test_waiter_is_told_and_proceeds_when_the_holder_ends(tmp_path):
     proc = _holder_process(tmp_path, "scenario/churn", "sleep")
     notes = []
     try:
-        killer = subprocess.Popen([sys.executable, "-c", f"import os, time; time.sleep(1.0); os.kill({proc.pid}, 15)"])
+        killer = subprocess.Popen([sys.executable, "-c", f"import os, time; time.sleep(1.0); os.kill({proc.pid}, 9)"])
         started = time.monotonic()
         with ArtifactLock(tmp_path, "scenario/churn", timeout_s=20, log=notes.append, poll_s=0.05):
             waited = time.monotonic() - started
