@@ -120,12 +120,10 @@ def _decay(age_days: np.ndarray, half_life: float) -> np.ndarray:
 
 
 def _scatter_max(n: int, index: np.ndarray, values: np.ndarray) -> np.ndarray:
+    # unbuffered maximum per index: 4.8x faster than sorting (docs/speed.md); values are > 0, so
+    # the zeros of indices without an event stay zero
     out = np.zeros(n, np.float32)
-    if len(index):
-        order = np.lexsort((values, index))  # the last of each index group holds its max
-        idx, val = index[order], values[order]
-        last = np.r_[np.flatnonzero(np.diff(idx)), len(idx) - 1]
-        out[idx[last]] = val[last]
+    np.maximum.at(out, index, values.astype(np.float32, copy=False))
     return out
 
 
