@@ -375,3 +375,36 @@ def _other_weights(**kw):
     from models.train import FinetuneConfig
 
     return FinetuneConfig(**{**kw, "learning_rate": kw.get("learning_rate", 1e-3) * 3, "seed": 1})
+
+
+def test_a_deliberately_bad_scenario_fails_its_check_and_the_passed_checkpoint_keeps_serving(copy, monkeypatch):
+    """No verdict forced for the bad model: fine-tuning at an absurd learning rate diverges, the
+    weight soup keeps only the zero-weight head (constant scores, AUROC 0.5), and the real
+    beats_baselines comparison fails it. The earlier checkpoint (promoted as passed) keeps serving."""
+    root, warehouse = copy
+    churn = {"task": "binary", "epochs": 1, "train_cutoffs": 1, "target": {"no_event": "purchases", "within": "14d"}}
+    project = _project(root, warehouse, scenarios={"churn": churn})
+    with clean_instance_for_test() as instance:
+        _extract_all(project, instance)
+        scenario, predictions = dg.AssetKey(["scenario", "churn"]), dg.AssetKey(["predictions", "churn"])
+        ws = build_resources(project)["workspace"]
+        monkeypatch.setattr(assets.scenarios, "beats_baselines", lambda task, report: True)  # stage a passed one
+        assert _run(project, [dg.AssetKey("foundation_model"), scenario], instance=instance).success
+        good = json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"]
+        monkeypatch.undo()
+
+        bad_project = _project(root, warehouse, scenarios={"churn": {**churn, "learning_rate": 1e4}})
+        result = _run(bad_project, [scenario, predictions], instance=instance, partition_key="2026-05-31")
+        report = json.loads((ws.scenario("churn") / "config.json").read_text())
+        assert report["beats_baselines"] is False and report["weights_sha256"] != good
+        assert report["metrics"]["model"]["auroc"] < max(b["auroc"] for b in report["metrics"]["baselines"].values())
+        check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "beats_baselines")
+        assert not check.passed and check.severity == ERROR and "does not beat the best baseline" in check.description
+        assert result.asset_materializations_for_node("predictions__churn") == []  # blocked in that run
+        # the next day's scoring uses the checkpoint that passed, not the newest one
+        assert serving_checkpoint(ws, "churn") == (passed_path(ws, "churn"), True)
+        assert json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"] == good
+        scored = _run(bad_project, [predictions], instance=instance, partition_key="2026-05-31")
+        assert scored.success
+        meta = scored.asset_materializations_for_node("predictions__churn")[0].metadata
+        assert meta["model_fingerprint"].text == good[:16]
