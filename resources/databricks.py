@@ -20,7 +20,7 @@ import os
 import tempfile
 import uuid
 from datetime import datetime
-from typing import Any, Iterable, Iterator
+from typing import ClassVar, Any, Iterable, Iterator
 
 import dagster as dg
 import pyarrow as pa
@@ -28,10 +28,9 @@ import sqlglot
 from sqlglot import exp
 
 from resources.duckdb import WarehouseError
-from resources.duckdb import freshness_sql, partition_counts_sql
-from resources.remote import (SECRET_KEYS, as_time, conform, connect_error, naive_utc, period_counts, query_error, value,
+from resources.remote import (CursorQueries, SECRET_KEYS, conform, connect_error, query_error, value,
                              value_literal)
-from resources.sql import create_table_sql, delete_sql, limit0_sql, range_sql, select_sql, table_expr
+from resources.sql import create_table_sql, delete_sql, limit0_sql, select_sql, table_expr
 
 DIALECT = "databricks"
 
@@ -66,7 +65,9 @@ def values_sql(table: str, names: list[str], rows: list[tuple]) -> str:
     return exp.insert(values, cols).sql(dialect=DIALECT)
 
 
-class DatabricksWarehouse(dg.ConfigurableResource):
+class DatabricksWarehouse(CursorQueries, dg.ConfigurableResource):
+    sql_dialect: ClassVar[str] = DIALECT
+
     name: str = ""
     server_hostname: str
     http_path: str
@@ -120,29 +121,6 @@ class DatabricksWarehouse(dg.ConfigurableResource):
     def _describe(cur, table: str, columns: list[str] | None) -> pa.Schema:
         cur.execute(limit0_sql(DIALECT, table, columns))
         return pa.schema([pa.field(d[0], arrow_type(d[0], d[1], d[4], d[5])) for d in cur.description])
-
-    def schema(self, table: str) -> pa.Schema:
-        with self._cursor(table) as cur:
-            return self._describe(cur, table, None)
-
-    def time_range(self, table: str, time_column: str) -> tuple[datetime | None, datetime | None]:
-        with self._cursor(table) as cur:
-            cur.execute(range_sql(DIALECT, table, time_column))
-            lo, hi = cur.fetchone()
-            return naive_utc(lo), naive_utc(hi)
-
-    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
-        """Rows and the newest time (naive UTC): what a new-data sensor asks on every tick."""
-        with self._cursor(table) as cur:
-            cur.execute(freshness_sql(DIALECT, table, time_column))
-            rows, newest = cur.fetchone()
-            return int(rows), as_time(newest)
-
-    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
-        """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY in Databricks."""
-        with self._cursor(table) as cur:
-            cur.execute(partition_counts_sql(DIALECT, table, time_column, grain))
-            return period_counts(cur.fetchall())
 
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,

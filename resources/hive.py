@@ -20,16 +20,15 @@ import getpass
 import itertools
 import uuid
 from datetime import date, datetime
-from typing import Any, Iterable, Iterator
+from typing import ClassVar, Any, Iterable, Iterator
 
 import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
 from resources.duckdb import WarehouseError
-from resources.duckdb import freshness_sql, partition_counts_sql
-from resources.remote import (SECRET_KEYS, as_time, column_array, connect_error, fetch_rows, first_lines, naive_utc,
-                             period_counts, query_error, rows_to_batches, value, value_literal)
+from resources.remote import (CursorQueries, SECRET_KEYS, column_array, connect_error, fetch_rows, first_lines, naive_utc,
+                             query_error, rows_to_batches, value, value_literal)
 from resources.sql import arrow_sql_type, range_sql, select_sql, table_expr
 
 DIALECT = "hive"
@@ -69,7 +68,9 @@ def _partition_literal(v) -> exp.Expression:
     return _literal(v)
 
 
-class HiveWarehouse(dg.ConfigurableResource):
+class HiveWarehouse(CursorQueries, dg.ConfigurableResource):
+    sql_dialect: ClassVar[str] = DIALECT
+
     name: str = ""
     host: str = "localhost"
     port: int = 10000
@@ -165,10 +166,6 @@ class HiveWarehouse(dg.ConfigurableResource):
             raise WarehouseError(f"table {table!r}: column(s) {missing} not found; it has {list(types)}")
         return pa.schema([pa.field(c, arrow_type(c, types[c])) for c in names])
 
-    def schema(self, table: str) -> pa.Schema:
-        with self._cursor(table) as cur:
-            return self._describe(cur, table, None)
-
     def time_range(self, table: str, time_column: str) -> tuple[datetime | None, datetime | None]:
         with self._cursor(table) as cur:
             schema = self._describe(cur, table, [time_column])
@@ -177,19 +174,6 @@ class HiveWarehouse(dg.ConfigurableResource):
             typ = schema.field(0).type
             lo, hi = (column_array([v], typ, time_column)[0].as_py() for v in (lo, hi))
             return naive_utc(lo), naive_utc(hi)
-
-    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
-        """Rows and the newest time (naive UTC; HiveServer2 sends times as text)."""
-        with self._cursor(table) as cur:
-            cur.execute(freshness_sql(DIALECT, table, time_column))
-            rows, newest = cur.fetchone()
-            return int(rows), as_time(newest)
-
-    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
-        """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY on the server."""
-        with self._cursor(table) as cur:
-            cur.execute(partition_counts_sql(DIALECT, table, time_column, grain))
-            return period_counts(cur.fetchall())
 
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,

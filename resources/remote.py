@@ -8,7 +8,8 @@ Each connector (`snowflake`, `clickhouse`, `databricks`, `synapse`, `hive`, `big
 """
 
 import re
-from typing import Iterable, Iterator
+from datetime import datetime
+from typing import ClassVar, Iterable, Iterator
 
 import dagster as dg
 import pyarrow as pa
@@ -187,3 +188,42 @@ def value_literal(v, timestamp_type: str = "TIMESTAMP", aware_timestamp_type: st
     if isinstance(v, bytes):
         return exp.func("unhex", exp.Literal.string(v.hex()))
     return exp.Literal.string(str(v))
+
+
+class CursorQueries:
+    """`schema`, `time_range` and the new-data sensor's two questions for a connector with a DB-API
+    cursor: the connector gives `sql_dialect`, `_cursor(table)` (a context yielding a cursor whose
+    errors name the table) and `_describe(cursor, table, columns)`. One query each, run in the
+    warehouse."""
+
+    sql_dialect: ClassVar[str]
+
+    def schema(self, table: str) -> pa.Schema:
+        with self._cursor(table) as cur:
+            return self._describe(cur, table, None)
+
+    def time_range(self, table: str, time_column: str) -> tuple[datetime | None, datetime | None]:
+        """(min, max) of the time column; time-zone-aware values as naive UTC."""
+        from resources.sql import range_sql
+
+        with self._cursor(table) as cur:
+            cur.execute(range_sql(self.sql_dialect, table, time_column))
+            lo, hi = cur.fetchone()
+            return naive_utc(lo), naive_utc(hi)
+
+    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
+        """Rows and the newest time (naive UTC): what a new-data sensor asks on every tick."""
+        from resources.duckdb import freshness_sql
+
+        with self._cursor(table) as cur:
+            cur.execute(freshness_sql(self.sql_dialect, table, time_column))
+            rows, newest = cur.fetchone()
+            return int(rows), as_time(newest)
+
+    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
+        """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY in the warehouse."""
+        from resources.duckdb import partition_counts_sql
+
+        with self._cursor(table) as cur:
+            cur.execute(partition_counts_sql(self.sql_dialect, table, time_column, grain))
+            return period_counts(cur.fetchall())

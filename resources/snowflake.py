@@ -17,15 +17,14 @@ import os
 import tempfile
 import uuid
 from datetime import datetime
-from typing import Any, Iterable, Iterator
+from typing import ClassVar, Any, Iterable, Iterator
 
 import dagster as dg
 import pyarrow as pa
 
 from resources.duckdb import WarehouseError
-from resources.duckdb import freshness_sql, partition_counts_sql
-from resources.remote import SECRET_KEYS, as_time, conform, connect_error, naive_utc, period_counts, query_error, value
-from resources.sql import create_table_sql, delete_sql, limit0_sql, range_sql, select_sql, table_expr
+from resources.remote import CursorQueries, SECRET_KEYS, conform, connect_error, query_error, value
+from resources.sql import create_table_sql, delete_sql, limit0_sql, select_sql, table_expr
 
 DIALECT = "snowflake"
 
@@ -59,8 +58,10 @@ def arrow_type(name: str, type_code_name: str, precision: int | None, scale: int
                          f"leave it out of `columns` or cast it in a view")
 
 
-class SnowflakeWarehouse(dg.ConfigurableResource):
+class SnowflakeWarehouse(CursorQueries, dg.ConfigurableResource):
     """Snowflake; `schema_name` is the config's `schema`, `options` any other connector parameter."""
+
+    sql_dialect: ClassVar[str] = DIALECT
 
     name: str = ""
     account: str
@@ -128,30 +129,6 @@ class SnowflakeWarehouse(dg.ConfigurableResource):
         cur.execute(limit0_sql(DIALECT, table, columns))
         return pa.schema([pa.field(d.name, arrow_type(d.name, FIELD_ID_TO_NAME[d.type_code], d.precision, d.scale))
                           for d in cur.description])
-
-    def schema(self, table: str) -> pa.Schema:
-        with self._cursor(table) as cur:
-            return self._describe(cur, table, None)
-
-    def time_range(self, table: str, time_column: str) -> tuple[datetime | None, datetime | None]:
-        """(min, max) of the time column; time-zone-aware values as naive UTC."""
-        with self._cursor(table) as cur:
-            cur.execute(range_sql(DIALECT, table, time_column))
-            lo, hi = cur.fetchone()
-            return naive_utc(lo), naive_utc(hi)
-
-    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
-        """Rows and the newest time (naive UTC): what a new-data sensor asks on every tick."""
-        with self._cursor(table) as cur:
-            cur.execute(freshness_sql(DIALECT, table, time_column))
-            rows, newest = cur.fetchone()
-            return int(rows), as_time(newest)
-
-    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
-        """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY in Snowflake."""
-        with self._cursor(table) as cur:
-            cur.execute(partition_counts_sql(DIALECT, table, time_column, grain))
-            return period_counts(cur.fetchall())
 
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,
