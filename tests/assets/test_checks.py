@@ -2,7 +2,6 @@
 rule they guard: a scenario that loses to its baselines does not replace the checkpoint that serves
 predictions."""
 
-import contextlib
 import json
 import shutil
 from collections import namedtuple
@@ -25,22 +24,6 @@ from pipelines.demo_data import generate_demo_warehouse
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 ERROR, WARN = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
 SOURCE, CACHE = dg.AssetKey(["source", "purchases"]), dg.AssetKey("cache")
-
-
-@contextlib.contextmanager
-def clean_instance_for_test():
-    """dg.instance_for_test(), restoring Dagster's current defs-state storage afterwards. In 1.13.27 an
-    instance entered while another is current can leave a context manager behind that, when garbage
-    collected later, sets the storage of a disposed instance as current; the next Definitions load in
-    this process then fails with 'undefined DagsterInstance weakref'. Collect those here and reset."""
-    import gc
-
-    from dagster._core.storage.defs_state.base import set_defs_state_storage
-
-    with set_defs_state_storage(None):
-        with dg.instance_for_test() as instance:
-            yield instance
-        gc.collect()
 
 
 def _project(root, warehouse, scenarios=None, quality=None, **purchases):
@@ -328,45 +311,44 @@ def test_beats_baselines_check(tmp_path, demo):
     assert "auroc 0.7000 does not beat the best baseline (lightgbm: 0.7800" in bad.description
 
 
-def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch):
+def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, instance):
     """A scenario that passed is promoted; retrained into a worse model it fails its blocking check,
     predictions in that run do not happen, and later runs score with the checkpoint that passed."""
     root, warehouse = copy
     scenarios = {"churn": {"task": "binary", "epochs": 1, "train_cutoffs": 1,
                            "target": {"no_event": "purchases", "within": "14d"}}}
     project = _project(root, warehouse, scenarios=scenarios)
-    with clean_instance_for_test() as instance:
-        _extract_all(project, instance)
-        scenario, predictions = dg.AssetKey(["scenario", "churn"]), dg.AssetKey(["predictions", "churn"])
-        ws = build_resources(project)["workspace"]
-        monkeypatch.setattr(assets.scenarios, "beats_baselines", lambda task, report: True)
-        trained = _run(project, [dg.AssetKey("foundation_model"), scenario], instance=instance)
-        assert trained.success
-        meta = trained.asset_materializations_for_node("scenario__churn")[0].metadata
-        assert meta["calibration_and_lift"].value.startswith("![scenario churn: hold-out (")  # an inline PNG
-        assert "data:image/png;base64," in meta["calibration_and_lift"].value
-        assert meta["serving"].text.startswith("passed checkpoint ")
-        good = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"]
-        assert serving_checkpoint(ws, "churn") == (passed_path(ws, "churn"), True)
+    _extract_all(project, instance)
+    scenario, predictions = dg.AssetKey(["scenario", "churn"]), dg.AssetKey(["predictions", "churn"])
+    ws = build_resources(project)["workspace"]
+    monkeypatch.setattr(assets.scenarios, "beats_baselines", lambda task, report: True)
+    trained = _run(project, [dg.AssetKey("foundation_model"), scenario], instance=instance)
+    assert trained.success
+    meta = trained.asset_materializations_for_node("scenario__churn")[0].metadata
+    assert meta["calibration_and_lift"].value.startswith("![scenario churn: hold-out (")  # an inline PNG
+    assert "data:image/png;base64," in meta["calibration_and_lift"].value
+    assert meta["serving"].text.startswith("passed checkpoint ")
+    good = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"]
+    assert serving_checkpoint(ws, "churn") == (passed_path(ws, "churn"), True)
 
-        # retrained (other weights) into a model that loses to its baselines
-        monkeypatch.setattr(assets.scenarios, "beats_baselines", lambda task, report: False)
-        monkeypatch.setattr(assets.scenarios, "FinetuneConfig", _other_weights)
-        result = _run(project, [scenario, predictions], instance=instance, partition_key="2026-05-31")
-        bad = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"]
-        assert bad != good
-        checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-        assert checks == {"beats_baselines": False}
-        assert result.asset_materializations_for_node("predictions__churn") == []  # blocked in that run
-        assert json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"] == good
+    # retrained (other weights) into a model that loses to its baselines
+    monkeypatch.setattr(assets.scenarios, "beats_baselines", lambda task, report: False)
+    monkeypatch.setattr(assets.scenarios, "FinetuneConfig", _other_weights)
+    result = _run(project, [scenario, predictions], instance=instance, partition_key="2026-05-31")
+    bad = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"]
+    assert bad != good
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks == {"beats_baselines": False}
+    assert result.asset_materializations_for_node("predictions__churn") == []  # blocked in that run
+    assert json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"] == good
 
-        scored = _run(project, [predictions], instance=instance, partition_key="2026-05-31")
-        assert scored.success
-        meta = scored.asset_materializations_for_node("predictions__churn")[0].metadata
-        assert meta["model_fingerprint"].text == good[:16]
-        assert meta["checkpoint"].text == "passed its check (beats_baselines)"
-        table = pq.read_table(root / "ws" / "predictions" / "churn" / "2026-05-31.parquet")
-        assert set(table.column("model_fingerprint").to_pylist()) == {good[:16]}
+    scored = _run(project, [predictions], instance=instance, partition_key="2026-05-31")
+    assert scored.success
+    meta = scored.asset_materializations_for_node("predictions__churn")[0].metadata
+    assert meta["model_fingerprint"].text == good[:16]
+    assert meta["checkpoint"].text == "passed its check (beats_baselines)"
+    table = pq.read_table(root / "ws" / "predictions" / "churn" / "2026-05-31.parquet")
+    assert set(table.column("model_fingerprint").to_pylist()) == {good[:16]}
 
 
 def _other_weights(**kw):
@@ -377,34 +359,34 @@ def _other_weights(**kw):
     return FinetuneConfig(**{**kw, "learning_rate": kw.get("learning_rate", 1e-3) * 3, "seed": 1})
 
 
-def test_a_deliberately_bad_scenario_fails_its_check_and_the_passed_checkpoint_keeps_serving(copy, monkeypatch):
+def test_a_deliberately_bad_scenario_fails_its_check_and_the_passed_checkpoint_keeps_serving(copy, monkeypatch,
+                                                                                            instance):
     """No verdict forced for the bad model: fine-tuning at an absurd learning rate diverges, the
     weight soup keeps only the zero-weight head (constant scores, AUROC 0.5), and the real
     beats_baselines comparison fails it. The earlier checkpoint (promoted as passed) keeps serving."""
     root, warehouse = copy
     churn = {"task": "binary", "epochs": 1, "train_cutoffs": 1, "target": {"no_event": "purchases", "within": "14d"}}
     project = _project(root, warehouse, scenarios={"churn": churn})
-    with clean_instance_for_test() as instance:
-        _extract_all(project, instance)
-        scenario, predictions = dg.AssetKey(["scenario", "churn"]), dg.AssetKey(["predictions", "churn"])
-        ws = build_resources(project)["workspace"]
-        monkeypatch.setattr(assets.scenarios, "beats_baselines", lambda task, report: True)  # stage a passed one
-        assert _run(project, [dg.AssetKey("foundation_model"), scenario], instance=instance).success
-        good = json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"]
-        monkeypatch.undo()
+    _extract_all(project, instance)
+    scenario, predictions = dg.AssetKey(["scenario", "churn"]), dg.AssetKey(["predictions", "churn"])
+    ws = build_resources(project)["workspace"]
+    monkeypatch.setattr(assets.scenarios, "beats_baselines", lambda task, report: True)  # stage a passed one
+    assert _run(project, [dg.AssetKey("foundation_model"), scenario], instance=instance).success
+    good = json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"]
+    monkeypatch.undo()
 
-        bad_project = _project(root, warehouse, scenarios={"churn": {**churn, "learning_rate": 1e4}})
-        result = _run(bad_project, [scenario, predictions], instance=instance, partition_key="2026-05-31")
-        report = json.loads((ws.scenario("churn") / "config.json").read_text())
-        assert report["beats_baselines"] is False and report["weights_sha256"] != good
-        assert report["metrics"]["model"]["auroc"] < max(b["auroc"] for b in report["metrics"]["baselines"].values())
-        check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "beats_baselines")
-        assert not check.passed and check.severity == ERROR and "does not beat the best baseline" in check.description
-        assert result.asset_materializations_for_node("predictions__churn") == []  # blocked in that run
-        # the next day's scoring uses the checkpoint that passed, not the newest one
-        assert serving_checkpoint(ws, "churn") == (passed_path(ws, "churn"), True)
-        assert json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"] == good
-        scored = _run(bad_project, [predictions], instance=instance, partition_key="2026-05-31")
-        assert scored.success
-        meta = scored.asset_materializations_for_node("predictions__churn")[0].metadata
-        assert meta["model_fingerprint"].text == good[:16]
+    bad_project = _project(root, warehouse, scenarios={"churn": {**churn, "learning_rate": 1e4}})
+    result = _run(bad_project, [scenario, predictions], instance=instance, partition_key="2026-05-31")
+    report = json.loads((ws.scenario("churn") / "config.json").read_text())
+    assert report["beats_baselines"] is False and report["weights_sha256"] != good
+    assert report["metrics"]["model"]["auroc"] < max(b["auroc"] for b in report["metrics"]["baselines"].values())
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "beats_baselines")
+    assert not check.passed and check.severity == ERROR and "does not beat the best baseline" in check.description
+    assert result.asset_materializations_for_node("predictions__churn") == []  # blocked in that run
+    # the next day's scoring uses the checkpoint that passed, not the newest one
+    assert serving_checkpoint(ws, "churn") == (passed_path(ws, "churn"), True)
+    assert json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"] == good
+    scored = _run(bad_project, [predictions], instance=instance, partition_key="2026-05-31")
+    assert scored.success
+    meta = scored.asset_materializations_for_node("predictions__churn")[0].metadata
+    assert meta["model_fingerprint"].text == good[:16]
