@@ -283,12 +283,8 @@ def _column_sql(t: TableInput, column: str) -> str:
     return _q(column)
 
 
-def _all_files(spec: CacheSpec) -> dict[str, list[str]]:
-    return {t.name: t.files for t in spec.events}
-
-
 def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None" = None) -> dict:
-    stats, event_cols, coverage = _stage_events(con, spec, _all_files(spec))
+    stats, event_cols, coverage = _stage_events(con, spec, {t.name: t.files for t in spec.events})
     if stats["rows_in"] == 0:
         raise CacheError("the events sources hold no rows: nothing to train on; extract source partitions with data")
     if stats["rows_kept"] == 0:
@@ -658,6 +654,7 @@ class Cache:
         self.time_range: tuple[int, int] = tuple(self.manifest["time_range"])
         # versions of one lineage share ids (see build_cache); a model trained on any of them fits all
         self.lineage: str = self.manifest.get("lineage", self.fingerprint)
+        self._last: tuple[int, Shard] | None = None
 
     def fits(self, checkpoint_config: dict) -> bool:
         """Whether a model trained on the cache recorded in `checkpoint_config` can read this one."""
@@ -674,6 +671,15 @@ class Cache:
         return len(self.manifest["shards"])
 
     def shard(self, i: int) -> Shard:
+        """Shard `i`; the last one asked for is kept, since training and scoring read one shard chunk
+        by chunk (an appended shard is merged and sorted once, not once per chunk)."""
+        if self._last is not None and self._last[0] == i:
+            return self._last[1]
+        shard = self._read_shard(i)
+        self._last = (i, shard)
+        return shard
+
+    def _read_shard(self, i: int) -> Shard:
         table = _read_sorted([self.path / f for f in self.manifest["shards"][i]["files"]])
         cols = {c: table.column(c).to_numpy() for c in self.columns}
         entity = table.column("entity").to_numpy()
