@@ -3,11 +3,13 @@
 #   GPU (CUDA 12):  docker build -t habitus-gpu \
 #                     --build-arg BASE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04 \
 #                     --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu124 .
+#   Kubernetes:     add --build-arg EXTRAS=k8s (dagster-k8s; docs/clusters.md); EXTRAS=k8s,snowflake, ...
 ARG BASE=python:3.11-slim
 FROM ${BASE}
 
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG EXTRAS=""
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 DEBIAN_FRONTEND=noninteractive \
     HABITUS_CONFIG=/app/examples/demo.yaml DAGSTER_HOME=/home/habitus/dagster
 
@@ -24,7 +26,7 @@ RUN pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX}"
 COPY pyproject.toml README.md ./
 RUN mkdir -p pipelines assets resources models \
  && touch pipelines/__init__.py assets/__init__.py resources/__init__.py models/__init__.py \
- && pip install . && pip uninstall -y habitus
+ && pip install ".${EXTRAS:+[$EXTRAS]}" && pip uninstall -y habitus
 COPY pipelines pipelines
 COPY assets assets
 COPY resources resources

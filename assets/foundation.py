@@ -7,10 +7,12 @@ import dagster as dg
 from assets.cache import CACHE_KEY, current_cache
 from assets.plots import loss_curves
 from models.checkpoint import save_checkpoint
+from models.launch import foundation_job
 from models.resume import Resumer
 from models.storage import combine
 from models.features import DAY
 from models.train import FoundationConfig, config_dict, day_floor, train_foundation
+from pipelines.kubernetes import pod_tags
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
 
@@ -34,6 +36,7 @@ def foundation_config(project) -> FoundationConfig:
 
 def build_foundation_asset(project) -> dg.AssetsDefinition:
     @dg.asset(key=FOUNDATION_KEY, deps=[CACHE_KEY], group_name="training", kinds={"pytorch", "safetensors"},
+              op_tags=pod_tags(project, "foundation"),  # Kubernetes: the GPU pod (pipelines/kubernetes.py)
               description="Self-supervised model: predicts each entity's next window from its history")
     @locked("foundation")
     def foundation_model(context: dg.AssetExecutionContext, workspace: Workspace,
@@ -46,7 +49,12 @@ def build_foundation_asset(project) -> dg.AssetsDefinition:
         # a killed run continues from its last saved state (same cache, config and cut-off only)
         resume = Resumer(workspace.resume("foundation"), combine(cache.fingerprint, config_dict(cfg), last_cutoff),
                          every_steps=project.foundation.save_every_steps, log=context.log.info)
-        result = train_foundation(cache, cfg, last_cutoff, device=device, log=context.log.info, resume=resume)
+        if executor.distributed:  # N processes under torchrun; rank 0's result comes back here
+            context.log.info(f"training in {executor.process_count} processes under torchrun (DDP, entity chunks "
+                             f"sharded by rank); a killed run starts afresh (resumable saves need processes: 1)")
+            result = executor.train(foundation_job(cache, cfg, last_cutoff, device), device, log=context.log.info)
+        else:
+            result = train_foundation(cache, cfg, last_cutoff, device=device, log=context.log.info, resume=resume)
         info = result.info
         digest = save_checkpoint(workspace.foundation, result.model, {
             "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,

@@ -12,12 +12,14 @@ from assets.plots import calibration_and_lift, loss_curves
 from assets.serving import promote, serving_note
 from models.baselines import lightgbm_scores
 from models.checkpoint import load_checkpoint, save_checkpoint
+from models.launch import scenario_job
 from models.resume import Resumer
 from models.storage import combine
 from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
 from models.features import FeatureSpec
 from models.targets import TargetSpec
 from models.train import FinetuneConfig, TaskSpec, config_dict, finetune, top_values
+from pipelines.kubernetes import pod_tags
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
 
@@ -82,6 +84,7 @@ def beats_baselines(task: TaskSpec, report: dict) -> bool:
 
 def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
     @dg.asset(key=scenario_key(name), deps=[FOUNDATION_KEY], group_name="scenarios", kinds={"pytorch", "safetensors"},
+              op_tags=pod_tags(project, "scenarios"),  # Kubernetes: the GPU pod (pipelines/kubernetes.py)
               description=f"{scenario.task} scenario fine-tuned from the foundation model")
     @locked(f"scenario/{name}")
     def _scenario(context: dg.AssetExecutionContext, workspace: Workspace,
@@ -100,8 +103,15 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
         resume = Resumer(workspace.resume("scenarios", name),
                          combine(foundation["weights_sha256"], task.to_dict(), config_dict(cfg), list(plan.train_cutoffs),
                                  plan.val_cutoff), every_steps=scenario.save_every_steps, log=context.log.info)
-        result = finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
-                          device=device, log=context.log.info, resume=resume)
+        if executor.distributed:  # N processes under torchrun; rank 0's result comes back here
+            context.log.info(f"fine-tuning in {executor.process_count} processes under torchrun (DDP, entity chunks "
+                             f"sharded by rank); a killed run starts afresh (resumable saves need processes: 1)")
+            result = executor.train(scenario_job(cache, workspace.foundation, foundation["weights_sha256"], task,
+                                                 plan.train_cutoffs, plan.val_cutoff, cfg, device), device,
+                                    log=context.log.info)
+        else:
+            result = finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
+                              device=device, log=context.log.info, resume=resume)
         spec = FeatureSpec.from_dict(foundation["feature_spec"])
         context.log.info("fitting the LightGBM baseline on hand-made features (same cut-offs)")
         lgbm = lightgbm_scores(cache, spec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff)

@@ -1,6 +1,6 @@
 """The practitioner's baseline: hand-made features and LightGBM, trained on the same cut-offs.
 
-Hand features: recency / frequency / monetary scalars, the entity's attributes, and for each
+Hand features: recency / frequency (events and visits) / monetary scalars, the entity's attributes, and for each
 low-cardinality categorical column (categories, brands) the decayed counts of its most frequent
 values; for label tasks also each label's own count. One model per task (one per label for
 multilabel), early-stopped on the validation cut-off, scored on the test cut-off.
@@ -12,7 +12,9 @@ import warnings
 import numpy as np
 
 from models.cache import Cache
-from models.features import HALF_LIVES, FeatureSpec, chunk_at, entity_features, scalar_features, value_history
+from models.features import (HALF_LIVES, FeatureSpec, chunk_at, entity_features, scalar_features, value_history,
+                             visit_features)
+from models.items import SparseRows
 from models.targets import compute_target, eligible
 from models.train import TaskSpec, chunk_plan, label_history
 
@@ -23,7 +25,9 @@ MULTILABEL_ROWS = 30_000
 
 def hand_features(chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_sizes: dict[str, int]) -> np.ndarray:
     spec = dataclasses.replace(spec, half_lives=HALF_LIVES)  # the baseline's own features, whatever habitus uses
-    parts = [scalar_features(chunk, spec), entity_features(chunk.entities, chunk.cutoff, spec, entity_table)]
+    # frequency counted in visits as well as events (event rows are often lines of one basket)
+    parts = [scalar_features(chunk, spec), visit_features(chunk, spec),
+             entity_features(chunk.entities, chunk.cutoff, spec, entity_table)]
     for c, vocab in spec.categorical.items():
         if vocab > MAX_VOCAB:
             continue
@@ -32,7 +36,7 @@ def hand_features(chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_
         keep = (ids >= 1) & (ids <= top)  # ids are ordered by frequency: 1..top are the most frequent
         parts.append(np.log1p(value_history(chunk, np.where(keep, ids - 1, 0), top, spec.half_lives[-1:], keep)[:, :, 0]))
     if task.uses_label_history:
-        parts.append(label_history(chunk, task.target, vocab_sizes[task.target.column], spec.half_lives)[:, :, 1])
+        parts.append(label_history(chunk, task.target, vocab_sizes[task.target.column], spec.half_lives).dense(1))
     return np.concatenate(parts, axis=1)
 
 
@@ -47,7 +51,8 @@ def _dataset(cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoffs, chunk_ent
                 continue
             keep = eligible(chunk, task.target)
             xs.append(hand_features(chunk, spec, task, entity_table, vocab_sizes)[keep])
-            ys.append(compute_target(chunk, task.target, vocab_sizes.get(task.target.column), cache)[keep])
+            y = compute_target(chunk, task.target, vocab_sizes.get(task.target.column), cache)[keep]
+            ys.append(y.dense() if isinstance(y, SparseRows) else y)  # multilabel: the 0/1 matrix
     return np.concatenate(xs), np.concatenate(ys)
 
 

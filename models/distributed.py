@@ -3,17 +3,22 @@
 torchrun starts one process per device and sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
 MASTER_PORT; `from_env` joins the process group from them (nccl on GPUs, gloo on CPUs). Each
 rank trains on its own share of the cache's entity chunks (`shard`), DDP averages the gradients
-at every step (`wrap`), ranks whose share has fewer batches shadow the others' all-reduces
-(`uneven`, DDP's join), and only rank 0 writes checkpoints and reports (`Dist.is_writer`).
+at every step (`wrap`), ranks whose share has fewer batches keep stepping with the others'
+average (`Lockstep`; or shadow their all-reduces without stepping: `uneven`, DDP's join), and
+only rank 0 writes checkpoints and reports (`Dist.is_writer`).
 
 Without torchrun's variables everything here is a no-op: one process, no process group, the
-model unwrapped. A training loop written once runs both ways:
+model unwrapped. A training loop written once runs both ways (models/train.py does, and
+models/launch.py is what torchrun starts for the assets):
 
-    dist = from_env(device)
+    dist = detect(device)                         # from_env under torchrun, else one process
     plan = shard(chunk_plan(cache, cfg.chunk_entities), dist)
-    net = wrap(model, dist)                       # forward/backward through `net`
-    with uneven(net):
-        ... the epochs ...
+    net, lock = wrap(model, dist), Lockstep(dist)  # forward/backward through `net`
+    for epoch in ...:
+        for batch in this rank's batches:
+            lock.real(); ... step on loss(net(batch)) ...
+        for _ in lock.padding():
+            ... step on loss(net(any batch)) * 0 ...
     if dist.is_writer:
         save_checkpoint(path, unwrap(net), config)
 """
@@ -78,15 +83,34 @@ def from_env(device: str = "auto", timeout_s: float = 1800.0) -> Dist:
 
 
 def shard(plan: list, dist: Dist) -> list:
-    """This rank's share of a chunk plan ((shard, lo, hi) entity chunks): every world-th chunk,
-    so the ranks' shares differ by at most one chunk and together cover the plan once."""
-    return list(plan[dist.rank::dist.world])
+    """This rank's share of a chunk plan ((shard, lo, hi) entity chunks), in plan order. The shares
+    together cover the plan once and hold about as many entities each: chunks go, largest first,
+    to the rank with the fewest entities so far (the lowest rank on a tie), so a cache whose shards
+    end in small remainder chunks does not hand every full chunk to one rank. Chunks of one size
+    are dealt every world-th, as cards."""
+    if not dist.enabled:
+        return list(plan)
+    load, owner = [0] * dist.world, {}
+    for i in sorted(range(len(plan)), key=lambda i: -(plan[i][2] - plan[i][1])):  # stable: plan order on ties
+        rank = min(range(dist.world), key=lambda r: (load[r], r))
+        owner[i] = rank
+        load[rank] += plan[i][2] - plan[i][1]
+    return [c for i, c in enumerate(plan) if owner[i] == dist.rank]
 
 
-def wrap(model: nn.Module, dist: Dist) -> nn.Module:
+def detect(device: str = "auto") -> Dist:
+    """`from_env` when torchrun's variables say several processes (WORLD_SIZE > 1); one process
+    otherwise, without touching the device or any process group (what a plain call gets)."""
+    if _env_int("WORLD_SIZE", 1) > 1:
+        return from_env(device)
+    return Dist(device=device)
+
+
+def wrap(model: nn.Module, dist: Dist, find_unused: bool = False) -> nn.Module:
     """DistributedDataParallel around `model` when several processes train; `model` itself otherwise.
     Buffers (the input scaling) are broadcast from rank 0 once, at wrapping, and not at every
-    forward: fit them before wrapping."""
+    forward: fit them before wrapping. `find_unused`: some parameters may take no part in a step
+    (a recommendation head's history terms when a batch has no history)."""
     if not dist.enabled:
         return model
     import inspect
@@ -96,7 +120,7 @@ def wrap(model: nn.Module, dist: Dist) -> nn.Module:
     ids = [torch.device(dist.device).index] if dist.device.startswith("cuda") else None
     # torch >= 2.13 spells "sync buffers at wrapping only" forward_sync_buffers=False; older, broadcast_buffers
     newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
-    return DistributedDataParallel(model, device_ids=ids,
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused,
                                    **({"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}))
 
 
@@ -117,6 +141,58 @@ def mean_over_ranks(value: float, dist: Dist) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=dist.device)
     torch.distributed.all_reduce(t)
     return float(t.item()) / dist.world
+
+
+class Lockstep:
+    """Every rank runs the same number of optimizer steps in an epoch, whatever its share holds.
+
+    Call `real()` before each step of a batch of this rank's own, and after the rank's last batch
+    run a step for each round of `padding()`: a step whose loss is multiplied by 0 (on any batch),
+    so the rank joins the others' gradient all-reduce and steps its optimizer with their average,
+    until no rank has a batch left. One flag is all-reduced per step (as DDP's join does). Unlike
+    join, where a rank that ran out stops stepping, every rank applies every averaged gradient: the
+    weights, the optimizer moments and the schedule stay identical on all ranks, so validation and
+    the choice of epochs can be computed on any of them. One process: both are no-ops."""
+
+    def __init__(self, dist: Dist):
+        self.dist = dist
+
+    def _others(self, mine: int) -> int:
+        t = torch.tensor([mine], dtype=torch.int64, device=self.dist.device)
+        torch.distributed.all_reduce(t)
+        return int(t.item())
+
+    def real(self) -> None:
+        if self.dist.enabled:
+            self._others(1)
+
+    def padding(self):
+        while self.dist.enabled and self._others(0) > 0:
+            yield
+
+
+def sum_over_ranks(values: list[float], dist: Dist) -> list[float]:
+    """Numbers (counters, sums of losses) added up over the ranks; as they are with one process."""
+    if not dist.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=dist.device)
+    torch.distributed.all_reduce(t)
+    return [float(v) for v in t.tolist()]
+
+
+def weights_gap(model: nn.Module, dist: Dist) -> float:
+    """The largest difference between this rank's weights and rank 0's (0.0 with one process):
+    ranks that trained in lockstep hold the same weights; anything else is a bug worth seeing."""
+    if not dist.enabled:
+        return 0.0
+    gap = torch.zeros(1, dtype=torch.float64, device=dist.device)
+    for value in unwrap(model).state_dict().values():
+        theirs = value.detach().clone()
+        torch.distributed.broadcast(theirs, 0)
+        if value.numel() and value.is_floating_point():
+            gap = torch.maximum(gap, (value.detach().double() - theirs.double()).abs().max().reshape(1))
+    torch.distributed.all_reduce(gap, op=torch.distributed.ReduceOp.MAX)
+    return float(gap.item())
 
 
 def autocast(precision: str, device: str):

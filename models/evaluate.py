@@ -42,17 +42,19 @@ def protocol(test_cutoff: int, window_days: int, n_train: int, first_ts: int, mi
     return Protocol(test, val, train)
 
 
-def baseline_scores(task: TaskSpec, chunk, x_hist: np.ndarray | None, popularity: np.ndarray | None,
+def baseline_scores(task: TaskSpec, chunk, x_hist: SparseRows | np.ndarray | None, popularity: np.ndarray | None,
                     past_window: np.ndarray | None, channel: int = 1) -> dict[str, np.ndarray]:
     """Heuristics a practitioner would try first, from the same history the model sees.
-    `channel`: the label history's habitual decayed count (FeatureSpec.habitual_channel)."""
+    `x_hist`: the label history (label_history's sparse rows, or a dense [n, labels, channels]);
+    `channel`: its habitual decayed count (FeatureSpec.habitual_channel)."""
     if task.task == "binary":
         begins = np.r_[0, np.flatnonzero(np.diff(chunk.local)) + 1]
         last_age = chunk.age_days[np.r_[begins[1:] - 1, len(chunk.local) - 1]]
         count90 = np.bincount(chunk.local, chunk.age_days <= 90, minlength=chunk.n)
         return {"recency": last_age, "frequency": -count90.astype(np.float32)}
     if task.task == "multilabel":
-        return {"past frequency": x_hist[:, :, channel], "popularity": np.broadcast_to(popularity, x_hist.shape[:2])}
+        past = x_hist.dense(channel) if isinstance(x_hist, SparseRows) else x_hist[:, :, channel]
+        return {"past frequency": past, "popularity": np.broadcast_to(popularity, past.shape)}
     if task.task == "regression":
         return {} if past_window is None else {"previous window": past_window}
     raise ValueError(task.task)
@@ -77,6 +79,8 @@ def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cuto
         keep = eligible(chunk, target)
         x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
         y = compute_target(chunk, target, vocab_sizes.get(target.column), cache)[keep]
+        if task.task == "multilabel" and isinstance(y, SparseRows):  # the metrics read the 0/1 matrix
+            y = y.dense()
         if task.task == "recommendation":  # rank per chunk: [n, catalog] matrices never exist
             tops = item_rankings(model, x[keep], h[keep], popularity, item_pop, task.k, device, spec.habitual_channel)
             for name, top in tops.items():

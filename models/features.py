@@ -2,8 +2,8 @@
 
 For every categorical column the network sees, per value (or hashed bucket of rare values), how
 often the entity touched it recently (exponentially decayed counts at two half-lives) and how
-recently (decayed time since the last touch); plus recency / frequency / monetary scalars and the
-entity's attributes. Only events at or before the cut-off are read: no feature sees the future.
+recently (decayed time since the last touch); plus recency / frequency / monetary scalars, visits
+(distinct days with events: how many, lately, how regular) and the entity's attributes. Only events at or before the cut-off are read: no feature sees the future.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -43,6 +43,7 @@ class FeatureSpec:
     entity_timestamp: list[str]
     buckets: int = 256
     half_lives: tuple[float, ...] = HALF_LIVES
+    visits: bool = True  # visit features (models trained before they existed have none)
 
     @property
     def habitual_channel(self) -> int:
@@ -66,6 +67,7 @@ class FeatureSpec:
         d = dict(d)
         d["entity_numeric"] = {k: tuple(v) for k, v in d["entity_numeric"].items()}
         d["half_lives"] = tuple(d["half_lives"])
+        d.setdefault("visits", False)  # saved before visit features existed
         return cls(**d)
 
     @property
@@ -75,6 +77,7 @@ class FeatureSpec:
     @property
     def width(self) -> int:
         w = 3 + len(WINDOWS) + len(self.half_lives)  # global scalars
+        w += visit_width(self.half_lives) if self.visits else 0
         w += len(self.numeric) * (len(self.half_lives) + 1)
         w += sum(bucket_count(v, self.buckets) for v in self.categorical.values()) * self.channels
         w += sum(bucket_count(v, ENTITY_BUCKETS) for v in self.entity_categorical.values())
@@ -147,6 +150,8 @@ def featurize(chunk: Chunk, spec: FeatureSpec, entity_table: dict[str, np.ndarra
     if n == 0:
         return np.zeros((0, spec.width), np.float32)
     matrix = [scalar_features(chunk, spec)]
+    if spec.visits:
+        matrix.append(visit_features(chunk, spec))
     for c, vocab in spec.categorical.items():
         b = bucket_count(vocab, spec.buckets)
         hist = value_history(chunk, bucketize(chunk.shard.columns[c][chunk.rows], vocab, spec.buckets), b,
@@ -175,6 +180,33 @@ def scalar_features(chunk: Chunk, spec: FeatureSpec) -> np.ndarray:
             s = np.bincount(local, d * v, minlength=n)
             blocks.append(np.sign(s) * np.log1p(np.abs(s)))
         blocks.append(np.sign(m := np.bincount(local, v, minlength=n) / np.maximum(count, 1)) * np.log1p(np.abs(m)))
+    return np.stack(blocks, axis=1).astype(np.float32)
+
+
+def visit_width(half_lives) -> int:
+    return 5 + len(WINDOWS) + len(half_lives)
+
+
+def visit_features(chunk: Chunk, spec: FeatureSpec) -> np.ndarray:
+    """Visits (distinct days with events) of each entity: [n, visit_width]. Event rows are often
+    lines of one basket; visits say how often the entity comes, which events alone blur: log counts
+    (all, per window, decayed), the mean gap between visits, the days since the last visit against
+    that gap (overdue or not), whether there are two visits at all, and events per visit.
+    Measured on Ta-Feng: churn AUROC 0.731 -> 0.752 (docs/quality.md)."""
+    n, local, age = chunk.n, chunk.local, chunk.age_days
+    day = np.floor(age)
+    # rows are in (entity, time) order: a visit starts where the entity or the day changes
+    new = np.r_[True, (np.diff(local) != 0) | (np.diff(day) != 0)]
+    v_local, v_age = local[new], day[new]
+    visits = np.bincount(v_local, minlength=n).astype(np.float32)
+    blocks = [np.log1p(visits)]
+    blocks += [np.log1p(np.bincount(v_local, v_age < w, minlength=n)) for w in WINDOWS]
+    blocks += [np.log1p(np.bincount(v_local, _decay(v_age, h), minlength=n)) for h in spec.half_lives]
+    begins = np.r_[0, np.flatnonzero(np.diff(v_local)) + 1]
+    first, last = v_age[begins], v_age[np.r_[begins[1:] - 1, len(v_age) - 1]]
+    gap = np.where(visits > 1, (first - last) / np.maximum(visits - 1, 1), first + 30.0)
+    blocks += [np.log1p(gap), np.log1p(last + 1) - np.log1p(gap + 1), (visits > 1).astype(np.float32)]
+    blocks.append(np.log1p(np.bincount(local, minlength=n) / np.maximum(visits, 1)))
     return np.stack(blocks, axis=1).astype(np.float32)
 
 

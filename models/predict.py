@@ -8,10 +8,10 @@ import torch
 
 from models.cache import Cache
 from models.features import FeatureSpec, chunk_at, featurize
-from models.metrics import top_k
 from models.network import Model
 from models.targets import eligible
-from models.train import TaskSpec, build_model, chunk_plan, item_popularity, rank_items, scores, task_inputs
+from models.train import (TaskSpec, build_model, chunk_plan, history_rows, item_popularity, rank_items, scores,
+                          task_inputs)
 
 
 def load_model(state: dict, config: dict) -> tuple[Model, FeatureSpec, TaskSpec]:
@@ -48,19 +48,42 @@ def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutof
             if item_pop is None:
                 item_pop = item_popularity(cache, task.target, cutoff)
             best, best_scores = rank_items(model, x[keep], h[keep], item_pop, k, device=device)
+        elif names is not None:  # labels: the k best of each row, a block of rows at a time
+            best, best_scores = top_labels(model, x[keep], h[keep], k, device=device)
         else:
             out = scores(model, task.task, x[keep], None if h is None else h[keep], device=device)
         if names is None:
             yield pa.record_batch({"entity_index": ents, "score": pa.array(out.astype(np.float32))})
         else:
-            if task.task != "recommendation":
-                best = top_k(out, k)
-                best_scores = np.take_along_axis(out, best, 1)
             n, kk = best.shape
             offsets = pa.array(np.arange(0, n * kk + 1, kk, dtype=np.int32))
             labels = pa.ListArray.from_arrays(offsets, pa.array(names[best.ravel()].astype(str)))
             values = pa.ListArray.from_arrays(offsets, pa.array(best_scores.ravel().astype(np.float32)))
             yield pa.record_batch({"entity_index": ents, "labels": labels, "scores": values})
+
+
+LABEL_BLOCK = 1_024  # rows scored over every label at a time: 1,024 x 16,000 labels = 66 MB of logits
+
+
+@torch.no_grad()
+def top_labels(model: Model, x: np.ndarray, h, k: int, *, device: str = "cpu",
+               block: int = LABEL_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """The k most probable labels of every row of a multilabel model, best first, as (label
+    positions [rows, k], probabilities [rows, k]). Rows are scored a block at a time, so a wide label
+    set (16,000 products) never holds a chunk's [rows, labels] scores at once; the k best logits are
+    the k best probabilities (the sigmoid is monotonic), so only those k go through it. What
+    scores() + metrics.top_k gave over the whole chunk, up to float rounding (a block's matrix
+    products may round differently from a chunk's) and the order among exactly equal scores."""
+    dev = next(model.parameters()).device if device == "auto" else torch.device(device)
+    kk = min(k, model.head.linear.out_features)
+    best, best_scores = [np.zeros((0, kk), np.int64)], [np.zeros((0, kk), np.float32)]
+    for i in range(0, len(x), block):
+        rows = np.arange(i, min(i + block, len(x)))
+        logits = model(torch.from_numpy(x[i:i + block]).to(dev), history_rows(h, rows, dev)).float()
+        top, index = torch.topk(logits[:, None] if logits.dim() == 1 else logits, kk, dim=1)
+        best.append(index.cpu().numpy())
+        best_scores.append(torch.sigmoid(top).cpu().numpy())
+    return np.concatenate(best), np.concatenate(best_scores)
 
 
 @torch.no_grad()

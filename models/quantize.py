@@ -43,13 +43,14 @@ def precision_context(precision: str, device: str = "cpu"):
     return contextlib.nullcontext()
 
 
-def _quantize(module: nn.Module) -> nn.Module:
+def _quantize(module: nn.Module, which: set | None = None) -> nn.Module:
+    """`which`: the Linear layers to quantize (types or submodule names); all of them by default."""
     from torch.ao.quantization import quantize_dynamic
 
     with warnings.catch_warnings():  # torch marks torch.ao as deprecated (moving to torchao); it still works
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        return quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
+        return quantize_dynamic(module, which or {nn.Linear}, dtype=torch.qint8)
 
 
 def _int8(model: Model | Trunk) -> Model | Trunk:
@@ -57,8 +58,8 @@ def _int8(model: Model | Trunk) -> Model | Trunk:
         return _quantize(model.cpu())
     model = model.cpu()
     model.trunk = _quantize(model.trunk)
-    if isinstance(model.head, Head):
-        model.head = _quantize(model.head)
+    if isinstance(model.head, Head):  # the skip weights are read directly (per label): they stay fp32
+        model.head = _quantize(model.head, {"linear"})
     return model
 
 

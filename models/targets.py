@@ -64,8 +64,9 @@ def label_positions(labels: tuple[int, ...], ids: np.ndarray) -> np.ndarray:
 
 
 def compute_target(chunk: Chunk, spec: TargetSpec, vocab_size: int | None = None, cache=None) -> np.ndarray | SparseRows:
-    """Labels of every matrix row: [n] for binary/regression, [n, len(labels)] for multilabel, and
-    the sparse rows of bought items for items. A function target needs the cache (to decode values)."""
+    """Labels of every matrix row: [n] for binary/regression, and for any_event (multilabel) and
+    items the sparse rows [n, len(labels)] of the labels each row touched (`.dense()` for the 0/1
+    matrix). A function target needs the cache (to decode values)."""
     local, rows = future_rows(chunk, spec.window_days)
     n = chunk.n
     if spec.kind == "function":
@@ -82,15 +83,13 @@ def compute_target(chunk: Chunk, spec: TargetSpec, vocab_size: int | None = None
         v = np.nan_to_num(chunk.shard.columns[spec.column][rows].astype(np.float64))
         return np.bincount(local, v, minlength=n).astype(np.float32)
     if spec.kind in ("any_event", "items"):
+        # the labels (a catalog can be huge: 16,000 products, a million items) each row touched in the
+        # window, as sparse rows of ones: .dense() is the [n, labels] 0/1 matrix
         pos = label_positions(spec.labels, chunk.shard.columns[spec.column][rows])
         hit = pos >= 0
-        if spec.kind == "items":  # a catalog can be huge: the bought items of each row, sparse
-            key = np.unique(local[hit].astype(np.int64) * len(spec.labels) + pos[hit])
-            return SparseRows.from_pairs(key // len(spec.labels), key % len(spec.labels),
-                                         np.ones(len(key), np.float32), n, len(spec.labels))
-        out = np.zeros((n, len(spec.labels)), np.float32)
-        out[local[hit], pos[hit]] = 1.0
-        return out
+        key = np.unique(local[hit].astype(np.int64) * len(spec.labels) + pos[hit])
+        return SparseRows.from_pairs(key // len(spec.labels), key % len(spec.labels),
+                                     np.ones(len(key), np.float32), n, len(spec.labels))
     raise ValueError(f"unknown target kind {spec.kind!r}")
 
 

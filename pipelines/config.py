@@ -251,6 +251,28 @@ class QualitySettings(_Strict):
                                                              "is flagged (an id or free text used as a category?)")
 
 
+class TrainingPod(_Strict):
+    gpus: int = Field(1, ge=0, description="GPUs (nvidia.com/gpu) of the step's pod; training runs one process "
+                                           "per GPU it gets (torchrun when more than one)")
+    cpu: str | None = Field(None, description="CPU request, a Kubernetes quantity ('8', '500m')")
+    memory: str | None = Field(None, description="memory request, a Kubernetes quantity ('64Gi')")
+
+
+class KubernetesSettings(_Strict):
+    """Every asset runs as its own Kubernetes Job (dagster-k8s's k8s_job_executor); the training
+    assets on pods with GPUs (docs/clusters.md). Needs `pip install 'habitus[k8s]'`."""
+    namespace: str | None = Field(None, description="namespace of the step Jobs; default: the run's")
+    image: str | None = Field(None, description="image of the step pods; default: the run's (the code location's)")
+    workspace_claim: str | None = Field(None, description="a ReadWriteMany PersistentVolumeClaim mounted at the "
+                                                          "workspace path in every step pod (the steps share it)")
+    max_concurrent: int | None = Field(None, ge=1, description="step pods of one run at the same time")
+    env_secrets: list[str] = Field(default_factory=list, description="Secrets whose keys become environment "
+                                                                     "variables of every step pod (credentials)")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the GPU pods need")
+    foundation: TrainingPod = TrainingPod()
+    scenarios: TrainingPod = TrainingPod()
+
+
 class Project(_Strict):
     workspace: str
     output: str | None = None
@@ -263,6 +285,7 @@ class Project(_Strict):
     schedules: ScheduleSettings = ScheduleSettings()
     quality: QualitySettings = QualitySettings()
     test_cutoff: date | None = Field(None, description="hold-out cut-off; default: data end minus the longest window")
+    kubernetes: KubernetesSettings | None = Field(None, description="run on a Kubernetes cluster (docs/clusters.md)")
 
     @field_validator("workspace")
     @classmethod

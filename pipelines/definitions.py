@@ -98,7 +98,9 @@ def build_assets(project: Project) -> list[dg.AssetsDefinition]:
 
 
 def build_resources(project: Project) -> dict:
-    resources = {"workspace": Workspace(root=project.workspace), "executor": TrainingExecutor()}
+    # on Kubernetes each training pod trains with one process per GPU it got (pipelines/kubernetes.py)
+    executor = TrainingExecutor(processes=0) if project.kubernetes else TrainingExecutor()
+    resources = {"workspace": Workspace(root=project.workspace), "executor": executor}
     resources.update({connection_key(n): connection_resource(n, c) for n, c in project.connections.items()})
     return resources
 
@@ -111,8 +113,14 @@ def build_definitions(project: Project) -> dg.Definitions:
     sensors = build_sensors(project, assets, jobs) + [cache_automation_sensor(project)]
     scoring = build_scoring_sensor(project, jobs, assets)
     sensors += [scoring] if scoring is not None else []
+    executor = None
+    if project.kubernetes is not None:  # every step its own Kubernetes Job, training on GPU pods
+        from pipelines.kubernetes import k8s_executor
+
+        executor = k8s_executor(project)
     return dg.Definitions(assets=assets, asset_checks=build_checks(project), resources=build_resources(project),
-                          jobs=list(jobs.values()), sensors=sensors, schedules=build_schedules(project, jobs, assets))
+                          jobs=list(jobs.values()), sensors=sensors, schedules=build_schedules(project, jobs, assets),
+                          executor=executor)
 
 
 defs = build_definitions(load_project())

@@ -29,13 +29,14 @@ class TrainingExecutor(dg.ConfigurableResource):
     """`device`: auto (a GPU when one is visible), cpu, cuda or cuda:N. `precision`: fp32, or bf16
     mixed precision (torch.autocast) on GPUs. `inference_precision`: fp32, int8 (dynamic
     quantization, CPU) or bf16, for predictions and embeddings. `processes`: 1 trains in the
-    asset's process; N > 1 runs N processes under torchrun (one per GPU)."""
+    asset's process; N > 1 runs N processes under torchrun (one per GPU); 0 takes one per GPU
+    visible (one without a GPU), as a Kubernetes pod with a GPU request does."""
 
     device: str = "auto"
     threads: int | None = None
     precision: str = "fp32"
     inference_precision: str = "fp32"
-    processes: int = Field(1, ge=1)
+    processes: int = Field(1, ge=0)
 
     def _check(self) -> None:
         if self.precision not in TRAIN_PRECISIONS:
@@ -50,16 +51,11 @@ class TrainingExecutor(dg.ConfigurableResource):
                                 f"use device cuda (each process takes the GPU of its local rank)")
 
     def setup(self) -> str:
-        """Apply the thread setting and return the device this process trains on (in the asset's
-        process: the assets do not launch torchrun yet, so they refuse processes > 1 rather than
-        ignore it)."""
+        """Apply the thread setting and return the device this process trains on (with processes > 1:
+        the device every rank takes its GPU or CPU share of, after the asset launches them)."""
         import torch
 
         self._check()
-        if self.processes > 1:
-            raise ExecutorError(f"executor processes {self.processes}: the assets train in one process for now "
-                                f"(data-parallel training runs under torchrun through models.distributed, as "
-                                f"`bench/speed.py --ddp` does); set processes: 1")
         if self.threads:
             torch.set_num_threads(self.threads)
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -72,7 +68,7 @@ class TrainingExecutor(dg.ConfigurableResource):
                                 f"use precision: fp32 on CPUs")
         if self.inference_precision == "int8" and not device.startswith("cpu"):
             raise ExecutorError("executor inference_precision int8 runs on the CPU only; use bf16 on GPUs")
-        if self.processes > 1 and device.startswith("cuda") and torch.cuda.device_count() < self.processes:
+        if self.process_count > 1 and device.startswith("cuda") and torch.cuda.device_count() < self.process_count:
             raise ExecutorError(f"executor processes {self.processes} > the {torch.cuda.device_count()} GPU(s) "
                                 f"visible; lower processes or request more GPUs")
         return device
@@ -84,15 +80,47 @@ class TrainingExecutor(dg.ConfigurableResource):
         return autocast(self.precision, device)
 
     @property
+    def process_count(self) -> int:
+        """`processes`, 0 resolved: one per visible GPU when training may use them, else one."""
+        if self.processes:
+            return self.processes
+        import torch
+
+        gpus = torch.cuda.device_count() if self.device in ("auto", "cuda") and torch.cuda.is_available() else 0
+        return max(gpus, 1)
+
+    @property
     def distributed(self) -> bool:
-        return self.processes > 1
+        return self.process_count > 1
 
     def torchrun_command(self, target: list[str]) -> list[str]:
         """The command that runs `target` (`-m module args...` or `script args...`) in `processes`
         processes on this machine (torchrun --standalone picks a free rendezvous port)."""
         self._check()
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                str(self.processes), *target]
+                str(self.process_count), *target]
+
+    def train(self, job: dict, device: str, log: Callable[[str], None] = print):
+        """Train `job` (models.launch.foundation_job / scenario_job) in `processes` processes under
+        torchrun and return rank 0's result as a models.train.TrainResult, the model on `device`:
+        what the same training in this process would return. The job and rank 0's checkpoint pass
+        through a temporary folder ($TMPDIR); a rank's failure raises with its traceback."""
+        import tempfile
+
+        from models.launch import rank_errors, read_result, write_job
+
+        # the ranks import what this process can (a scenario's target function, say)
+        paths = [os.path.abspath(p or os.getcwd()) for p in sys.path
+                 if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))]
+        env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))} if paths else {}
+        with tempfile.TemporaryDirectory(prefix="habitus-torchrun-") as tmp:
+            write_job(tmp, job)
+            try:
+                self.launch(["-m", "models.launch", tmp], log=log, env=env)
+            except ExecutorError as e:
+                errors = rank_errors(tmp)
+                raise ExecutorError(f"{e}\nthe failed ranks' errors:\n{errors}" if errors else str(e)) from None
+            return read_result(tmp, device)
 
     def launch(self, target: list[str], log: Callable[[str], None] = print, env: dict | None = None) -> None:
         """Run `target` under torchrun, streaming every line it prints to `log`. Raises with the
@@ -103,7 +131,7 @@ class TrainingExecutor(dg.ConfigurableResource):
         if self.threads:
             env["OMP_NUM_THREADS"] = str(self.threads)
         tail: list[str] = []
-        log(f"launching {self.processes} processes: {' '.join(cmd[2:])}")
+        log(f"launching {self.process_count} processes: {' '.join(cmd[2:])}")
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                               cwd=ROOT) as proc:
             for line in proc.stdout:

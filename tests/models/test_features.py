@@ -6,7 +6,7 @@ import pytest
 
 from models.cache import TableInput
 from models.features import (DAY, HALF_LIVES, RECENCY_DAYS, WINDOWS, FeatureSpec, bucket_count, bucketize, chunk_at,
-                             featurize)
+                             featurize, visit_features, visit_width)
 from models.targets import TargetSpec, compute_target, eligible, foundation_target
 from models.train import chunk_plan
 
@@ -89,8 +89,8 @@ def test_feature_width_matches_the_spec(sources):
     for buckets in (256, 4):  # 4 < vocab + 1: the tail is hashed
         spec = FeatureSpec.from_cache(cache, buckets=buckets)
         # globals 3 + 3 windows + 2 half-lives; price 2 decays + mean; product buckets x 3 channels;
-        # segment one-hot (3 values + unknown); age and signup (value, missing flag) each
-        expected = 8 + 3 + min(5, buckets) * 3 + 4 + 2 + 2
+        # segment one-hot (3 values + unknown); age and signup (value, missing flag) each; visits
+        expected = 8 + 3 + min(5, buckets) * 3 + 4 + 2 + 2 + visit_width(HALF_LIVES)
         assert spec.width == expected
         x = _features_by_id(cache, spec, sources.at(CUT_DAY))
         assert all(row.shape == (expected,) for row in x.values())
@@ -117,10 +117,17 @@ def test_decayed_counts_follow_the_closed_form(sources):
     expected_globals += [np.log1p(np.sum(ages <= w)) for w in WINDOWS]
     expected_globals += [np.log1p(decayed(ages, h).sum()) for h in HALF_LIVES]
     np.testing.assert_allclose(x[:8], expected_globals, rtol=1e-6)
+    # visits: three days (10, 3 and 0 days before); mean gap (10 - 0) / 2 = 5; last visit 0 days ago
+    days = np.floor(ages)
+    expected_visits = [np.log1p(3)] + [np.log1p(np.sum(days < w)) for w in WINDOWS]
+    expected_visits += [np.log1p(decayed(days, h).sum()) for h in HALF_LIVES]
+    expected_visits += [np.log1p(5.0), np.log1p(1.0) - np.log1p(6.0), 1.0, np.log1p(1.0)]
+    v = visit_width(HALF_LIVES)
     price = [np.log1p((decayed(ages, h) * prices).sum()) for h in HALF_LIVES] + [np.log1p(np.mean(prices))]
     np.testing.assert_allclose(x[8:11], price, rtol=1e-6)
+    np.testing.assert_allclose(x[11:11 + v], expected_visits, rtol=1e-6, atol=1e-7)
 
-    hist = x[11:11 + bucket_count(2, spec.buckets) * 3].reshape(-1, 3)  # [bucket, (h=14, h=60, recency)]
+    hist = x[11 + v:11 + v + bucket_count(2, spec.buckets) * 3].reshape(-1, 3)  # [bucket, (h=14, h=60, recency)]
     for name, mask in (("p_x", np.array([True, False, True])), ("p_y", np.array([False, True, False]))):
         row = hist[ids[name]]
         np.testing.assert_allclose(np.expm1(row[:2]), [decayed(ages[mask], h).sum() for h in HALF_LIVES], rtol=1e-5)
@@ -183,10 +190,10 @@ def test_compute_target_window_boundaries(target_cache):
                 [0, 0, 0]]
     for kind in ("any_event", "items"):
         y = compute_target(chunk, TargetSpec(kind, WINDOW, "product_id", labels), vocab)
-        np.testing.assert_array_equal(y if kind == "any_event" else y.dense(), expected)  # items: sparse rows
+        np.testing.assert_array_equal(y.dense(), expected)  # sparse rows: whatever the number of labels
     # a label subset: only p2 counts
     y = compute_target(chunk, TargetSpec("any_event", WINDOW, "product_id", (ids["p2"],)), vocab)
-    np.testing.assert_array_equal(y, [[0], [1], [0]])
+    np.testing.assert_array_equal(y.dense(), [[0], [1], [0]])
 
 
 def test_foundation_target_is_next_window_activity(target_cache):
@@ -236,8 +243,31 @@ def test_half_lives_are_configurable_and_the_habitual_channel_follows(sources):
     assert default.half_lives == HALF_LIVES and default.habitual_channel == 1  # 60 days
     four = FeatureSpec.from_cache(cache, half_lives=(3.0, 14.0, 60.0, 180.0))
     assert four.channels == 5 and four.habitual_channel == 2
-    # two more decayed counts per value, per numeric column and among the global scalars
-    assert four.width - default.width == 2 * (1 + 1 + 5)
+    # two more decayed counts per value, per numeric column, among the global scalars and the visits
+    assert four.width - default.width == 2 * (1 + 1 + 1 + 5)
     x = _features_by_id(cache, four, sources.at(CUT_DAY))
     assert all(row.shape == (four.width,) and np.isfinite(row).all() for row in x.values())
     assert FeatureSpec.from_dict(four.to_dict()) == four
+
+
+def test_events_of_one_day_are_one_visit(sources):
+    """Basket lines share a day: visits count days, events per visit the lines."""
+    cutoff = sources.at(CUT_DAY)
+    at = [cutoff - 5 * DAY + 60, cutoff - 5 * DAY + 120, cutoff - 5 * DAY + 180, cutoff - 20 * DAY]
+    cache = sources.build(sources.events(sources.write_events("e", ["a"] * 4, at, ["p1", "p2", "p3", "p1"],
+                                                               [1.0] * 4)))
+    spec = FeatureSpec.from_cache(cache)
+    chunk = chunk_at(cache.shard(0), 0, 1, cutoff)
+    v = visit_features(chunk, spec)[0]
+    assert v[0] == pytest.approx(np.log1p(2))  # two visits, not four events
+    assert v[-1] == pytest.approx(np.log1p(2.0))  # four events over two visits
+    assert v[-2] == 1.0  # more than one visit: the mean gap is defined
+
+
+def test_specs_saved_before_visit_features_keep_their_width(sources):
+    rng = np.random.default_rng(5)
+    customer, ts, product, price = _history(sources, rng)
+    cache = sources.build(sources.events(sources.write_events("e", customer, ts, product, price)))
+    spec = FeatureSpec.from_cache(cache)
+    old = {k: v for k, v in spec.to_dict().items() if k != "visits"}
+    assert FeatureSpec.from_dict(old).width == spec.width - visit_width(spec.half_lives)

@@ -54,6 +54,11 @@ def test_launch_runs_every_rank_and_reports_a_failure():
         TrainingExecutor(device="cpu", processes=2, threads=1).launch(["-m", "no_such_module"], log=lambda _: None)
 
 
-def test_assets_refuse_several_processes_rather_than_ignore_them():
-    with pytest.raises(ExecutorError, match="the assets train in one process for now"):
-        TrainingExecutor(device="cpu", processes=2).setup()
+def test_several_processes_are_set_up_for_the_assets_to_launch():
+    """processes > 1: setup() checks and returns the device; the assets then launch torchrun
+    (TrainingExecutor.train; tests/models/test_launch.py, tests/assets/test_distributed_training.py)."""
+    executor = TrainingExecutor(device="cpu", processes=2)
+    assert executor.setup() == "cpu" and executor.distributed
+    assert not TrainingExecutor(device="cpu").distributed
+    # 0: one process per visible GPU (a Kubernetes pod's request), one on a CPU
+    assert TrainingExecutor(device="cpu", processes=0).process_count == 1

@@ -1,0 +1,230 @@
+"""Multilabel scenarios keep label histories and targets as sparse rows (models.items.SparseRows)
+and densify a mini-batch at a time: checked against the dense [n, labels, channels] computation
+they replace (same outputs, losses and training), and that a wide label set never builds a
+dense per-chunk array."""
+
+import tracemalloc
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+import models.train as train
+from models.evaluate import baseline_scores, evaluate, protocol
+from models.features import DAY, HALF_LIVES, FeatureSpec, chunk_at, value_history
+from models.items import SparseRows, batch_history
+from models.metrics import top_k
+from models.network import Head, Model, NetConfig
+from models.predict import predict, top_labels
+from models.targets import TargetSpec, compute_target, label_positions
+from models.train import (FinetuneConfig, FoundationConfig, TaskSpec, batch_loss, build_model, finetune, label_history,
+                          scores, train_foundation)
+
+N_CUSTOMERS = 240
+SPAN_DAYS = 112
+HORIZON = 14
+FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=16, layers=1, epochs=1,
+                              batch_size=16, learning_rate=5e-3, buckets=32, seed=0, cutoffs_per_chunk=1,
+                              chunk_entities=64, min_history_days=28)
+FINETUNE = FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=64, seed=0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def world(module_sources):
+    """Customers of three segments, each buying mostly its own products of 12."""
+    rng = np.random.default_rng(0)
+    customer, ts, product = [], [], []
+    for i in range(N_CUSTOMERS):
+        k = rng.poisson(0.4 * SPAN_DAYS)
+        customer += [f"c{i:04d}"] * k
+        ts += [module_sources.at(d) for d in np.sort(rng.uniform(0, SPAN_DAYS, k))]
+        own = rng.random(k) < 0.8
+        product += [f"p{(i % 3) * 4 + j}" if o else f"p{j}" for j, o in zip(rng.integers(0, 4, k), own)]
+    cache = module_sources.build(module_sources.events(module_sources.write_events(
+        "purchases", customer, ts, product, [1.0] * len(ts))), shard_events=3000)
+    test_cutoff = module_sources.at(SPAN_DAYS - HORIZON)
+    foundation = train_foundation(cache, FOUNDATION, test_cutoff - HORIZON * DAY, device="cpu", log=lambda _: None)
+    vocab = cache.columns["product_id"]["vocab_size"]
+    task = TaskSpec("multilabel", TargetSpec("any_event", HORIZON, "product_id", tuple(range(1, vocab + 1))))
+    return cache, test_cutoff, foundation, task
+
+
+def _dense_history(chunk, target, vocab_size, half_lives) -> np.ndarray:
+    """The dense [n, labels, channels] label history multilabel used before (value_history + log1p)."""
+    pos = label_positions(target.labels, chunk.shard.columns[target.column][chunk.rows])
+    keep = pos >= 0
+    hist = value_history(chunk, np.where(keep, pos, 0), len(target.labels), half_lives, keep)
+    hist[:, :, :-1] = np.log1p(hist[:, :, :-1])
+    return hist
+
+
+def _chunk(cache, cutoff):
+    shard = cache.shard(0)
+    return chunk_at(shard, 0, len(shard.entities), cutoff)
+
+
+def _dense_target(*args, **kwargs):
+    y = compute_target(*args, **kwargs)
+    return y.dense() if isinstance(y, SparseRows) else y
+
+
+def _stack(hist: SparseRows, channels: int) -> np.ndarray:
+    return np.stack([hist.dense(c) for c in range(channels)], axis=2)
+
+
+def test_sparse_label_history_and_targets_equal_the_dense_ones(world):
+    cache, test_cutoff, foundation, task = world
+    chunk = _chunk(cache, test_cutoff)
+    vocab = cache.columns["product_id"]["vocab_size"]
+    hist = label_history(chunk, task.target, vocab, HALF_LIVES)
+    assert isinstance(hist, SparseRows) and hist.shape == (chunk.n, vocab) and hist.values.shape[1] == 3
+    np.testing.assert_allclose(_stack(hist, 3), _dense_history(chunk, task.target, vocab, HALF_LIVES),
+                               rtol=1e-6, atol=1e-7)
+    y = compute_target(chunk, task.target, vocab)
+    assert isinstance(y, SparseRows) and y.shape == (chunk.n, vocab)
+    assert set(np.unique(y.dense())) <= {0.0, 1.0} and y.dense().sum() == len(y.cols) > 0
+
+
+def test_head_gives_the_same_outputs_from_sparse_and_dense_histories():
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    n, labels, channels = 9, 23, 3
+    rows, cols = np.nonzero(rng.random((n, labels)) < 0.2)
+    hist = SparseRows.from_pairs(rows, cols, rng.random((len(rows), channels)), n, labels)
+    head = Head(8, labels, channels)
+    h = torch.randn(n, 8)
+    dense = torch.from_numpy(_stack(hist, channels))
+    torch.testing.assert_close(head(h, batch_history(hist, "cpu")), head(h, dense), rtol=1e-6, atol=1e-6)
+    # the fine-tuning start ("what they bought, habitually"): exactly the same numbers
+    with torch.no_grad():
+        head.skip.weight.zero_()
+        head.skip.weight[0, 1] = 5.0
+    assert torch.equal(head(h, batch_history(hist, "cpu")), head(h, dense))
+    # and the same gradients
+    y = torch.from_numpy((rng.random((n, labels)) < 0.3).astype(np.float32))
+    grads = []
+    for history in (batch_history(hist, "cpu"), dense):
+        head.zero_grad()
+        torch.nn.functional.binary_cross_entropy_with_logits(head(h, history), y).backward()
+        grads.append([p.grad.clone() for p in head.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    # a batch without any history entry: the skip still takes part (a zero gradient, as dense zeros)
+    empty = hist[np.array([], np.int64)]
+    head.zero_grad()
+    head(h[:0], batch_history(empty, "cpu")).sum().backward()
+    assert head.skip.weight.grad is not None and not head.skip.weight.grad.any()
+
+
+def test_batch_loss_and_scores_match_the_dense_path(world):
+    cache, test_cutoff, foundation, task = world
+    spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
+    model = build_model(NetConfig(**foundation.info["net"]), task, spec)
+    with torch.no_grad():
+        model.head.skip.weight.normal_()
+        model.head.linear.weight.normal_(std=0.1)
+    model.eval()
+    chunk = _chunk(cache, test_cutoff - HORIZON * DAY)
+    vocab_sizes = {"product_id": cache.columns["product_id"]["vocab_size"]}
+    x, h = train.task_inputs(chunk, spec, task, cache.entity_table(), vocab_sizes)
+    y = compute_target(chunk, task.target, vocab_sizes["product_id"])
+    dense = (x, _stack(h, spec.channels), y.dense())
+    rng = np.random.default_rng(0)
+    b = rng.permutation(len(x))[:20]
+    sparse_loss = batch_loss(model, task, (x, h, y), b, "cpu", rng)
+    dense_loss = batch_loss(model, task, dense, b, "cpu", rng)
+    assert sparse_loss.item() == pytest.approx(dense_loss.item(), rel=1e-6)
+    np.testing.assert_allclose(scores(model, "multilabel", x, h, batch=7),
+                               scores(model, "multilabel", x, dense[1]), rtol=1e-5, atol=1e-7)
+    # inference's top labels, a block of rows at a time: the top_k of the whole chunk's scores (up to
+    # float noise: the matrix products of 5 rows and of a whole chunk may round differently)
+    full = scores(model, "multilabel", x, h)
+    best, best_scores = top_labels(model, x, h, 3, block=5)
+    assert best.shape == (len(x), 3) and (np.diff(best_scores, axis=1) <= 0).all()
+    np.testing.assert_allclose(best_scores, np.take_along_axis(full, best, 1), rtol=1e-6)
+    np.testing.assert_allclose(best_scores, np.take_along_axis(full, top_k(full, 3), 1), rtol=1e-6)
+    # the evaluation's baselines read the same habitual channel
+    dense_b = baseline_scores(task, chunk, dense[1], np.ones(vocab_sizes["product_id"]), None, spec.habitual_channel)
+    sparse_b = baseline_scores(task, chunk, h, np.ones(vocab_sizes["product_id"]), None, spec.habitual_channel)
+    for k in dense_b:
+        np.testing.assert_allclose(sparse_b[k], dense_b[k], rtol=1e-6)
+
+
+def test_finetune_on_sparse_rows_trains_as_the_dense_arrays_did(world, monkeypatch):
+    """The whole fine-tuning (base-rate start, habitual skip, epochs, soup) on sparse rows against the
+    same run fed the dense [n, labels, channels] histories and [n, labels] targets."""
+    cache, test_cutoff, foundation, task = world
+    plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
+    state = foundation.model.state_dict()
+
+    def run():
+        return finetune(cache, state, foundation.info, task, list(plan.train_cutoffs), plan.val_cutoff, FINETUNE,
+                        device="cpu", log=lambda _: None)
+
+    sparse = run()
+    with monkeypatch.context() as m:
+        m.setattr(train, "label_history", _dense_history)
+        m.setattr(train, "compute_target", _dense_target)
+        dense = run()
+    for key in ("train_loss", "val_loss"):
+        np.testing.assert_allclose(sparse.curves[key], dense.curves[key], rtol=1e-5)
+    assert sparse.info["soup_epochs"] == dense.info["soup_epochs"]
+    assert sparse.info["val_target_mean"] == pytest.approx(dense.info["val_target_mean"], rel=1e-12)
+    for k, v in dense.model.state_dict().items():
+        torch.testing.assert_close(sparse.model.state_dict()[k], v, rtol=1e-4, atol=1e-5, msg=k)
+    # the hold-out report and the predictions go through the sparse rows too
+    spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
+    report = evaluate(sparse.model, cache, spec, task, plan.test_cutoff, chunk_entities=64)
+    with monkeypatch.context() as m:
+        import models.evaluate as ev
+        m.setattr(ev, "task_inputs", lambda chunk, spec, task, et, vs: (
+            train.featurize(chunk, spec, et), _dense_history(chunk, task.target, vs[task.target.column],
+                                                             spec.half_lives)))
+        m.setattr(ev, "compute_target", _dense_target)
+        dense_report = evaluate(sparse.model, cache, spec, task, plan.test_cutoff, chunk_entities=64)
+    assert report["entities"] == dense_report["entities"] > 0
+    assert report["model"]["macro_auroc"] == pytest.approx(dense_report["model"]["macro_auroc"], abs=1e-6)
+    for name, metrics in dense_report["baselines"].items():
+        assert report["baselines"][name]["macro_auroc"] == pytest.approx(metrics["macro_auroc"], abs=1e-6)
+    table = pa.Table.from_batches(list(predict(sparse.model, cache, spec, task, test_cutoff, k=3,
+                                               label_names=[f"l{i}" for i in task.target.labels], chunk_entities=64)))
+    assert table.column_names == ["entity_index", "labels", "scores"]
+    assert all(len(v) == 3 and s[0] >= s[1] >= s[2] for v, s in zip(table.column("labels").to_pylist(),
+                                                                     table.column("scores").to_pylist()))
+
+
+def test_a_wide_label_set_never_builds_a_dense_chunk_array(world):
+    """200,000 labels (most never bought): the history and targets of a chunk, and a fine-tuning
+    epoch, stay far below one dense [chunk, labels, channels] array (~60 x 200,000 x 3 float32 =
+    ~140 MB; NumPy allocations are what tracemalloc sees)."""
+    cache, test_cutoff, foundation, _ = world
+    vocab = cache.columns["product_id"]["vocab_size"]
+    wide = TaskSpec("multilabel", TargetSpec("any_event", HORIZON, "product_id", tuple(range(1, 200_001))))
+    chunk = _chunk(cache, test_cutoff - HORIZON * DAY)
+    dense_bytes = chunk.n * 200_000 * 3 * 4
+    tracemalloc.start()
+    try:
+        hist = label_history(chunk, wide.target, vocab, HALF_LIVES)
+        y = compute_target(chunk, wide.target, vocab)
+        assert hist.shape == y.shape == (chunk.n, 200_000)
+        # what remains grows with the labels, not with rows x labels: the id -> label position index
+        assert tracemalloc.get_traced_memory()[1] < dense_bytes / 20
+        tracemalloc.reset_peak()
+        plan = protocol(test_cutoff, HORIZON, 1, cache.time_range[0])
+        result = finetune(cache, foundation.model.state_dict(), foundation.info, wide, list(plan.train_cutoffs),
+                          plan.val_cutoff, FinetuneConfig(epochs=1, batch_size=32, chunk_entities=64, soup=False),
+                          device="cpu", log=lambda _: None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert np.isfinite(result.curves["val_loss"]).all()
+    assert peak < dense_bytes / 10, f"{peak / 2**20:.0f} MB of NumPy arrays"
