@@ -188,17 +188,26 @@ def stage_duckdb(st: Stage) -> dict:
 
 
 def stage_cache(st: Stage) -> dict:
+    """A fresh build_cache, as the cache asset runs it. With --threads, DuckDB runs that many threads too
+    (HABITUS_DUCKDB_THREADS; its default is one per core). cpu_seconds: the process's CPU time during
+    the build, all threads (a busy machine stretches the wall time more than this)."""
     from assets.cache import cache_spec
     from models.cache import build_cache
     from models.storage import write_json
 
+    if os.environ.get("HABITUS_BENCH_THREADS"):
+        os.environ.setdefault("HABITUS_DUCKDB_THREADS", os.environ["HABITUS_BENCH_THREADS"])
     spec = cache_spec(st.project, st.workspace)
     shutil.rmtree(st.workspace.cache_root, ignore_errors=True)  # a fresh build, never the reused one
+    cpu = time.process_time()
     folder, seconds = _timed(lambda: build_cache(spec, st.workspace.cache_root, log=lambda _: None))
+    cpu = time.process_time() - cpu
     write_json(st.workspace.cache_root / "current.json", {"folder": folder.name, "at": datetime.now().isoformat()})
     cache = st.cache
-    return {"seconds": seconds, "events": cache.manifest["n_events"], "entities": cache.manifest["n_entities"],
-            "events_per_s": cache.manifest["n_events"] / seconds}
+    n = cache.manifest["n_events"]
+    return {"seconds": seconds, "events": n, "entities": cache.manifest["n_entities"], "events_per_s": n / seconds,
+            "cpu_seconds": cpu, "events_per_cpu_s": n / cpu, "shards": len(cache.manifest["shards"]),
+            "duckdb_threads": os.environ.get("HABITUS_DUCKDB_THREADS", "default (one per core)")}
 
 
 def stage_foundation(st: Stage, profile: str | None = None) -> dict:
@@ -235,9 +244,11 @@ def stage_foundation(st: Stage, profile: str | None = None) -> dict:
             "val_loss": result.curves["val_loss"][-1], "input_width": result.info["net"]["in_dim"]}
 
 
-def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profile: str | None = None) -> dict:
-    """finetune (method full) or LoRA adapters on the frozen trunk (method lora), then the churn
-    hold-out metric (not timed)."""
+def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profile: str | None = None,
+                   sampled_negatives: int | None = None, holdout: bool = True) -> dict:
+    """finetune (method full) or LoRA adapters on the frozen trunk (method lora), then the hold-out
+    metric (not timed): churn AUROC, or the macro AUROC of a multilabel scenario (_holdout_multilabel).
+    `sampled_negatives`: FinetuneConfig's (0: the full loss even for a wide head; None: the default)."""
     from models.checkpoint import load_checkpoint, save_checkpoint
     from models.train import finetune
 
@@ -246,17 +257,30 @@ def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profil
     task, plan, cfg = st.scenario(name, cache)
     if epochs:
         cfg.epochs = epochs
+    if sampled_negatives is not None:
+        cfg.sampled_negatives = sampled_negatives
+    marks = []  # when each epoch's log line came (its validation included)
+
+    def log(msg):
+        if " epoch " in msg and "criterion" not in msg:
+            marks.append(time.perf_counter())
 
     def run():
+        marks.append(time.perf_counter())
         if method == "lora":
             from models.lora import finetune_lora
             return finetune_lora(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
                                  device=st.device, log=lambda _: None)
         return finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
-                        device=st.device, log=lambda _: None)
+                        device=st.device, log=log)
 
     result, seconds = _profiled(run, profile)
+    import resource
     out = {"seconds": seconds, "epochs": cfg.epochs, "labels": task.outputs, "best_epoch": result.info["best_epoch"],
+           # the process's peak before the hold-out metric (which may take more; peak_rss_gb is the whole stage's)
+           "train_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+           "soup_epochs": result.info["soup_epochs"], "sampled_negatives": result.info.get("sampled_negatives", 0),
+           "epoch_marks_seconds": [round(b - a, 2) for a, b in zip(marks, marks[1:])],
            "entities_per_s": cache.manifest["n_entities"] / seconds,
            "events_per_s": cache.manifest["n_events"] / seconds, "rows_seen": result.info["rows_seen"]}
     path = st.workspace.scenario(name if method == "full" else f"{name}_{method}")
@@ -267,9 +291,69 @@ def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profil
         "kind": "scenario", "scenario": name, "task": task.to_dict(), "feature_spec": foundation["feature_spec"],
         "net": foundation["net"], "foundation_sha256": foundation["weights_sha256"]})
     out["checkpoint_bytes"] = (path / "model.safetensors").stat().st_size
-    if task.task == "binary":
+    if task.task == "binary" and holdout:
         out.update(_holdout(st, result.model, cache, task, plan.test_cutoff, "fp32"))
+    if task.task == "multilabel" and holdout:
+        out.update(_holdout_multilabel(st, result.model, cache, task, plan.test_cutoff))
     return out
+
+
+def _holdout_multilabel(st: Stage, model, cache, task, cutoff: int, block: int = 512) -> dict:
+    """models.metrics.macro_auroc of the model's scores at the hold-out cut-off (labels with at least
+    5 positives and 5 negatives), without evaluate()'s dense [entities, labels] matrices (~1 GB each at
+    16,000 labels): the trunk runs once, then the scores of `block` labels at a time are ranked."""
+    import numpy as np
+    import torch
+    from scipy.stats import rankdata
+
+    from models.features import FeatureSpec, chunk_at
+    from models.items import batch_history
+    from models.targets import compute_target, eligible
+    from models.train import chunk_plan, task_inputs
+
+    spec = FeatureSpec.from_dict(json.loads((st.workspace.foundation / "config.json").read_text())["feature_spec"])
+    entity_table = cache.entity_table()
+    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
+    hidden, hist, ys, n = [], [], [], 0
+    model.eval()
+    with torch.no_grad():
+        for s, lo, hi in chunk_plan(cache, 4096):
+            chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
+            if chunk.n == 0:
+                continue
+            keep = eligible(chunk, task.target)
+            x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
+            y = compute_target(chunk, task.target, vocab_sizes.get(task.target.column), cache)[keep]
+            h = h[keep]
+            hidden.append(model.trunk(torch.from_numpy(x[keep])))
+            hist.append((h.rows + n, h.cols, h.values))
+            ys.append((y.rows + n, y.cols))
+            n += len(y)
+        trunk = torch.cat(hidden)
+        h_rows, h_cols, h_values = (np.concatenate(a) for a in zip(*hist))
+        y_rows, y_cols = (np.concatenate(a) for a in zip(*ys))
+        history = (torch.from_numpy(h_rows), torch.from_numpy(h_cols), torch.from_numpy(h_values))
+        labels = task.outputs
+        positives = np.bincount(y_cols, minlength=labels)
+        values = []
+        for l0 in range(0, labels, block):
+            l1 = min(l0 + block, labels)
+            measured = np.flatnonzero((positives[l0:l1] >= 5) & (positives[l0:l1] <= n - 5))
+            if not len(measured):
+                continue
+            cols = torch.arange(l0, l1)
+            empty = torch.zeros(0, dtype=torch.int64)
+            scores = model.head.sampled(trunk, history, cols, empty, empty)[0].float().numpy()
+            ranks = rankdata(scores[:, measured], axis=0)  # ties averaged, as metrics.auroc
+            inside = (y_cols >= l0) & (y_cols < l1)
+            y = np.zeros((n, l1 - l0), bool)
+            y[y_rows[inside], y_cols[inside] - l0] = True
+            y = y[:, measured]
+            pos = y.sum(0)
+            values.append(((ranks * y).sum(0) - pos * (pos + 1) / 2) / (pos * (n - pos)))
+    auc = np.concatenate(values) if values else np.zeros(0)
+    return {"metric": "macro_auroc", "metric_value": float(auc.mean()) if len(auc) else float("nan"),
+            "holdout_entities": n, "labels_measured": int(len(auc))}
 
 
 def _merged(model):

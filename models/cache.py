@@ -5,8 +5,10 @@ Layout of one cache version, `<root>/<fingerprint[:16]>/`:
     manifest.json          written last; a folder without it is not a cache
     entities.arrow         one row per entity id (0..N-1): encoded entity attributes
     vocab/<column>.parquet value -> id (1..n, most frequent first at the first build; 0 = null / unseen)
-    shard-00000.arrow ...  events sorted by (entity, ts), split by a stable hash of the entity id;
-                           appended events add pieces (shard-00000-0001.arrow ...) that readers merge
+    shard-00000.arrow ...  events sorted by (entity, ts) (within one second by a hash of the row, so
+                           that the same inputs give the same bytes), split by a stable hash of the
+                           entity id, in record batches of 65,536 rows; appended events add pieces
+                           (shard-00000-0001.arrow ...) that readers merge
 
 Versions of one lineage (same settings, built from one another) give every value and entity the
 same id forever: new data appends ids, it never renumbers, so a trained model keeps working.
@@ -159,9 +161,13 @@ def build_cache(spec: CacheSpec, root: str | Path, *, previous: str | Path | Non
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         spill = tmp / "_spill"
-        # bounded memory: DuckDB spills sorts and joins to the workspace beyond this
-        con = duckdb.connect(config={"temp_directory": str(spill),
-                                     "memory_limit": os.environ.get("HABITUS_DUCKDB_MEMORY", "2GB")})
+        # bounded memory: DuckDB spills to the workspace beyond this (a build needs far less: the sort
+        # runs over PART_EVENTS events at a time); threads: DuckDB's default is one per core, 1 is
+        # faster on a machine whose cores other work keeps busy
+        config = {"temp_directory": str(spill), "memory_limit": os.environ.get("HABITUS_DUCKDB_MEMORY", "2GB")}
+        if os.environ.get("HABITUS_DUCKDB_THREADS"):
+            config["threads"] = int(os.environ["HABITUS_DUCKDB_THREADS"])
+        con = duckdb.connect(config=config)
         try:
             if mode == "append":
                 manifest = _append(con, spec, prev, new_files, tmp, log)
@@ -220,14 +226,54 @@ def _prune(root: Path, keep: int, current: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> tuple[dict, dict, dict]:
-    """Create temp table `events`: the events of `files` (per source) that pass the quarantine
-    (models.quarantine), with item attributes joined. Returns (quarantine counts, event column ->
-    type, join coverage counts per attributes source)."""
-    from models.quarantine import quarantine
+# --------------------------------------------------------------------------- building
+#
+# A build reads the events with a few DuckDB statements, each streaming the Parquet files (nothing the
+# size of the events is materialized, in DuckDB or in Python):
+#
+#   screen    the quarantine's counts by reason (models.quarantine.screen: one grouped pass); the view
+#             of the valid rows repeats only the rules that dropped or repaired something, so on clean
+#             data the passes below read the Parquet as plainly as a scan
+#   count     kept events per entity and per value of every categorical and join-key column (one
+#             GROUP BY each, one statement): the vocabularies, entity ids, join coverage and the
+#             attribute columns' counts and statistics come from these counts and the small
+#             attribute tables, never from joining the events
+#   describe  the numeric columns' statistics, the time range, the number of events
+#   encode    ids through small lookup tables (one join per categorical or key column, the attributes
+#             riding on their key's), sorted by (shard, entity, ts, row hash) and streamed into the
+#             shard files, in ranges of entities of about PART_EVENTS events: DuckDB's sort, the
+#             largest cost in time and memory, stays the same size whatever the data's, and on
+#             entity-sorted Parquet (as extracted) each range reads only the row groups it needs
+#
+# Exact copies of a row (the quarantine's duplicate_event) sort next to each other in `encode` (same
+# entity, time and row hash). Without any (the usual case) nothing more is needed. With some, or with a
+# 64-bit hash collision within one entity and second, `count`, `describe` and `encode` run again over
+# the DISTINCT rows, ordered by every column: always exact, only slower for data that has duplicates.
+
+PART_EVENTS = int(os.environ.get("HABITUS_CACHE_PART_EVENTS", 2_000_000))  # ~150 MB of DuckDB sort
+BATCH_ROWS = 1 << 16  # rows per record batch in shard files (whatever DuckDB's chunking: same bytes)
+
+
+@dataclass
+class _Staged:
+    stats: dict  # quarantine counts of models.quarantine.screen (duplicates not counted yet)
+    event_cols: dict[str, str]  # column -> categorical | numeric: the events' own, then the attributes'
+    source_cols: list[str]  # the events' own columns
+    attrs: list[tuple[str, TableInput, list[str]]]  # (temp table with one row per key, source, its columns)
+    valid: str  # view of the rows that pass the quarantine (exact copies not dropped yet)
+
+
+class _Tie(Exception):
+    """Two rows sort equal on (entity, ts, row hash): exact copies, or a hash collision."""
+
+
+def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> _Staged:
+    """Views `raw_events` (every event source as one stream, the entity id as text) and the quarantine's
+    `raw_events_valid`; one temp table per attributes source (one row per key: duplicate keys would
+    copy events)."""
+    from models.quarantine import screen
 
     ent = _q(spec.entity)
-    # all event sources as one stream with the entity id as text (ids keep one type across sources)
     parts = []
     for i, t in enumerate(spec.events):
         if not files.get(t.name):
@@ -240,15 +286,14 @@ def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> tuple[di
     for t in spec.events:
         for c, kind in t.columns.items():
             event_cols.setdefault(c, "numeric" if kind == "timestamp" else kind)
-    kept, stats = quarantine(con, "raw_events", event_cols, now_s=int(time.time()))
+    source_cols = list(event_cols)
+    valid, stats = screen(con, "raw_events", event_cols, now_s=int(time.time()))
 
-    # item attributes joined through their key (one row per key: duplicates would copy events)
-    joins, coverage = [], {}
+    attrs = []
     for j, t in enumerate(spec.attributes):
-        if t.key not in event_cols:
+        if t.key not in source_cols:
             raise CacheError(f"attributes source {t.name!r} joins on {t.key!r}, which is not a column of the events "
-                             f"sources (they have {sorted(event_cols)}); add it to the events' columns")
-        alias = f"a{j}"
+                             f"sources (they have {sorted(source_cols)}); add it to the events' columns")
         cols = [c for c in t.columns if c != t.key]
         for c in cols:
             if c in event_cols:
@@ -256,23 +301,12 @@ def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> tuple[di
                                  f"same name; leave one of them out of `columns`")
             kind = t.columns[c]
             event_cols[c] = "numeric" if kind == "timestamp" else kind
-        picks = ", ".join(f"any_value({_epoch_s(_utc(_q(c), _field_type(t, c))) if t.columns[c] == 'timestamp' else _q(c)}) AS {_q(c)}"
-                          for c in cols)
-        joins.append((alias, t, cols, f"SELECT CAST({_q(t.key)} AS VARCHAR) AS __key, {picks} FROM "
-                                      f"{_files_sql(t.files)} GROUP BY 1"))
-    select_cols = list(dict.fromkeys(f"e.{_q(c)}" for t in spec.events for c in t.columns))
-    from_sql = f"{_q(kept)} e"
-    for alias, t, cols, sub in joins:
-        from_sql += f" LEFT JOIN ({sub}) {alias} ON CAST(e.{_q(t.key)} AS VARCHAR) = {alias}.__key"
-        select_cols += [f"{alias}.{_q(c)}" for c in cols] + [f"{alias}.__key AS __hit{len(coverage)}"]
-        coverage[t.name] = (len(coverage), t.key)
-    con.sql(f"CREATE OR REPLACE TEMP TABLE events AS SELECT e.__entity, e.__ts, e.__source, {', '.join(select_cols)} "
-            f"FROM {from_sql}")
-    if coverage:  # counted on the built table: joining each attributes table a second time costs as much again
-        row = _one(con, "SELECT " + ", ".join(f"count(__hit{i}), count({_q(key)})" for i, key in coverage.values())
-                        + " FROM events")
-        coverage = {name: [int(row[2 * i]), int(row[2 * i + 1])] for name, (i, _) in coverage.items()}
-    return stats, event_cols, coverage
+        picks = "".join(f", any_value({_epoch_s(_utc(_q(c), _field_type(t, c))) if t.columns[c] == 'timestamp' else _q(c)}) "
+                        f"AS {_q(c)}" for c in cols)
+        con.sql(f"CREATE OR REPLACE TEMP TABLE __a{j} AS SELECT CAST({_q(t.key)} AS VARCHAR) AS __key{picks} "
+                f"FROM {_files_sql(t.files)} GROUP BY 1")
+        attrs.append((f"__a{j}", t, cols))
+    return _Staged(stats=stats, event_cols=event_cols, source_cols=source_cols, attrs=attrs, valid=valid)
 
 
 def _column_sql(t: TableInput, column: str) -> str:
@@ -283,59 +317,329 @@ def _column_sql(t: TableInput, column: str) -> str:
     return _q(column)
 
 
-def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None" = None) -> dict:
-    stats, event_cols, coverage = _stage_events(con, spec, {t.name: t.files for t in spec.events})
-    if stats["rows_in"] == 0:
-        raise CacheError("the events sources hold no rows: nothing to train on; extract source partitions with data")
-    if stats["rows_kept"] == 0:
-        from models.quarantine import summary
-        raise CacheError(f"every event row was quarantined ({summary(stats)}); fix the source data or the config")
+def _encode(con, spec: CacheSpec, st: _Staged, out: Path, *, seed: "Cache | None", append: bool, n_shards=None,
+            name=lambda s: f"shard-{s:05d}.arrow") -> dict:
+    """Passes 2 and 3 over the valid rows; again over the DISTINCT rows when some are exact copies."""
+    try:
+        return _encode_kept(con, spec, st, st.valid, out, seed=seed, append=append, n_shards=n_shards, name=name,
+                            exact=False)
+    except _Tie:
+        # exact copies (or a hash collision): drop them the quarantine's way and order by every column
+        con.sql(f"CREATE OR REPLACE TEMP TABLE __distinct AS SELECT DISTINCT * FROM {_q(st.valid)}")
+        return _encode_kept(con, spec, st, "__distinct", out, seed=seed, append=append, n_shards=n_shards,
+                            name=name, exact=True)
 
-    # vocabularies: most frequent value first, ties by value, so ids are deterministic; a seed's ids kept
-    (out / "vocab").mkdir()
+
+def _encode_kept(con, spec: CacheSpec, st: _Staged, kept: str, out: Path, *, seed, append: bool, n_shards, name,
+                 exact: bool) -> dict:
+    """Vocabularies, entity ids and the shard files of the events of view `kept`."""
+    sets = _count(con, kept, st)
+    numeric, time_range, n_events = _describe(con, kept, [c for c in st.source_cols if st.event_cols[c] == "numeric"])
+    (out / "vocab").mkdir(exist_ok=True)
     columns: dict[str, dict] = {}
-    for c, kind in event_cols.items():
+    vocab_table: dict[str, str] = {}
+    for k, (c, kind) in enumerate(st.event_cols.items()):
         if kind == "categorical":
-            n = _write_vocab(con, f"SELECT CAST({_q(c)} AS VARCHAR) AS v FROM events", out / "vocab" / f"{c}.parquet",
-                             f"v_{len(columns)}", seed=seed and seed.path / "vocab" / f"{c}.parquet")
+            vocab_table[c] = f"v_{k}"
+            n = _write_vocab(con, _counted(st, sets, c), out / "vocab" / f"{c}.parquet", f"v_{k}",
+                             seed=seed and seed.path / "vocab" / f"{c}.parquet", add_counts=append)
             columns[c] = {"type": "categorical", "vocab_size": n}
-        else:
-            mean, std, lo, hi, nulls = _one(
-                con, f"SELECT avg(x), stddev_pop(x), min(x), max(x), count(*) - count(x) FROM "
-                     f"(SELECT CAST({_q(c)} AS DOUBLE) AS x FROM events)")
+        elif c in numeric:
+            mean, std, lo, hi, nulls = numeric[c]
             # rounded: a parallel sum differs in the last bits from run to run
             columns[c] = {"type": "numeric", "mean": _round(mean), "std": _round(std), "min": lo, "max": hi,
                           "nulls": int(nulls)}
+        else:
+            mean, std, lo, hi, nulls = _attribute_stats(con, st, sets, c, n_events)
+            columns[c] = {"type": "numeric", "mean": _round(mean), "std": _round(std), "min": lo, "max": hi,
+                          "nulls": int(nulls)}
+    if append:  # numeric statistics stay those of the first build: the models standardize with them
+        columns = {c: (info if info["type"] == "categorical" else dict(seed.manifest["columns"][c]))
+                   for c, info in columns.items()}
 
     # entity ids: every entity seen in events or in an entity attribute table, new ones ordered by id text
-    _stage_entity_ids(con, spec, seed)
-    n_entities = _one(con, "SELECT count(*) FROM entity_ids")[0]
+    _stage_entity_ids(con, spec, seed, add_events=append)
+    n_entities = int(_one(con, "SELECT count(*) FROM entity_ids")[0])
     _write_entity_vocab(con, out)
+    n_shards = n_shards or max(1, math.ceil(n_events / spec.shard_events))
+    con.sql(f"CREATE OR REPLACE TEMP TABLE __ents AS SELECT v, id, before = 0 AS new, CAST(CAST(('0x' || "
+            f"substr(md5(v), 1, 12)) AS UBIGINT) % {n_shards} AS INTEGER) AS shard FROM entity_ids WHERE events > before")
+    entities = {int(s): (int(a), int(b)) for s, a, b in
+                con.sql("SELECT shard, count(*), count(*) FILTER (WHERE new) FROM __ents GROUP BY 1").fetchall()}
 
-    # events, encoded, sorted by (shard, entity, ts) and streamed into one Arrow file per shard
-    n_events = _one(con, "SELECT count(*) FROM events")[0]
-    n_shards = max(1, math.ceil(n_events / spec.shard_events))
-    shards = [{"files": [f], "rows": r, "entities": e} for _, f, r, e in
-              _write_shards(_encoded(con, columns, n_shards), out, n_shards, lambda s: f"shard-{s:05d}.arrow",
-                            all_shards=True)]
-    log(f"encoded {n_events:,} events into {n_shards} shard(s)")
+    # events, encoded, sorted and streamed into one Arrow file per shard (entity ranges: see above)
+    select, joins, codes = _lookups(con, st, sets, vocab_table)
+    parts = _entity_parts(con, PART_EVENTS) if n_events > PART_EVENTS else [None]
+    files = _ShardFiles(out, name, check=not exact)
+    try:
+        for part in parts:
+            where = "" if part is None else (f"e.id >= {part[0]} AND e.id < {part[1]} AND k.__entity >= {_lit(part[2])} "
+                                             f"AND k.__entity <= {_lit(part[3])}")
+            reader = con.sql(_encode_sql(kept, st, select, joins, codes, where, exact)).to_arrow_reader(BATCH_ROWS)
+            try:
+                files.write(reader)
+            finally:
+                reader.close()  # the connection runs nothing else while a result is open
+        written = files.close()
+    except BaseException:
+        files.abandon()
+        raise
+    coverage = {}
+    if st.attrs:  # events whose key finds an attributes row, events with a key
+        row = _one(con, "SELECT " + ", ".join(
+            f"(SELECT sum(c.n) FILTER (WHERE a.__key IS NOT NULL) FROM __counts c LEFT JOIN {a} a ON c.v = a.__key "
+            f"WHERE c.__set = {sets[t.key]} AND c.v IS NOT NULL), "
+            f"(SELECT sum(n) FROM __counts WHERE __set = {sets[t.key]} AND v IS NOT NULL)" for a, t, _ in st.attrs))
+        coverage = {t.name: [int(row[2 * j] or 0), int(row[2 * j + 1] or 0)] for j, (_, t, _) in enumerate(st.attrs)}
+    return {"columns": columns, "coverage": coverage, "n_events": n_events, "n_entities": n_entities, "time_range": time_range,
+            "n_shards": n_shards, "written": written, "entities": entities, "schema": files.schema}
+
+
+def _count(con, kept: str, st: _Staged) -> dict[str, int]:
+    """Temp table __counts (__set, v, n): the kept events per entity (set 0) and per value, as text, of every
+    categorical and join-key column (set i, NULL values included). Returns column -> set. One GROUP BY
+    per column in one statement (not GROUPING SETS, which materializes its input first)."""
+    grouped = [c for c in st.source_cols if st.event_cols[c] == "categorical"] + [t.key for _, t, _ in st.attrs]
+    sets = {c: i + 1 for i, c in enumerate(dict.fromkeys(grouped))}
+    parts = [f"SELECT 0 AS __set, __entity AS v, count(*) AS n FROM {_q(kept)} GROUP BY 2"]
+    parts += [f"SELECT {i}, CAST({_q(c)} AS VARCHAR), count(*) FROM {_q(kept)} GROUP BY 2" for c, i in sets.items()]
+    con.sql(f"CREATE OR REPLACE TEMP TABLE __counts AS {' UNION ALL '.join(parts)}")
+    return sets
+
+
+def _counted(st: _Staged, sets: dict[str, int], column: str) -> str:
+    """SQL of (v, n): the kept events per value (as text) of a categorical column; an attribute column's
+    through the counts of its key."""
+    if column in st.source_cols:
+        return f"SELECT v, n FROM __counts WHERE __set = {sets[column]} AND v IS NOT NULL"
+    a, t = next((a, t) for a, t, cols in st.attrs if column in cols)
+    return (f"SELECT CAST(a.{_q(column)} AS VARCHAR) AS v, CAST(sum(c.n) AS BIGINT) AS n FROM __counts c "
+            f"JOIN {a} a ON c.v = a.__key WHERE c.__set = {sets[t.key]} AND a.{_q(column)} IS NOT NULL GROUP BY 1")
+
+
+def _describe(con, kept: str, numeric: list[str]) -> tuple[dict[str, tuple], tuple, int]:
+    """(mean, std, min, max, nulls) of each numeric events column, the (first, last) event time and the
+    number of events, over `kept`."""
+    aggs = [f"min({_epoch_s('__ts')})", f"max({_epoch_s('__ts')})", "count(*)"]
+    aggs += [f"{f}({_q(c)})" for c in numeric for f in ("avg", "stddev_pop", "min", "max", "count")]
+    row = _one(con, f"SELECT {', '.join(aggs)} FROM {_q(kept)}")
+    return {c: (*row[3 + 5 * i: 7 + 5 * i], row[2] - row[7 + 5 * i]) for i, c in enumerate(numeric)}, row[:2], int(row[2])
+
+
+def _attribute_stats(con, st: _Staged, sets: dict[str, int], column: str, n_events: int) -> tuple:
+    """(mean, std, min, max, nulls) of a numeric attribute column over the kept events, from the events per key."""
+    a, t = next((a, t) for a, t, cols in st.attrs if column in cols)
+    joined = (f"SELECT CAST(a.{_q(column)} AS DOUBLE) AS x, c.n FROM __counts c JOIN {a} a ON c.v = a.__key "
+              f"WHERE c.__set = {sets[t.key]} AND a.{_q(column)} IS NOT NULL")
+    mean, std, lo, hi, n = _one(con, f"WITH j AS ({joined}), m AS (SELECT sum(n * x) / sum(n) AS mean, sum(n) AS n, "
+                                     f"min(x) AS lo, max(x) AS hi FROM j) "
+                                     f"SELECT mean, (SELECT sqrt(sum(j.n * (j.x - m.mean) * (j.x - m.mean)) / m.n) FROM j), "
+                                     f"lo, hi, n FROM m")
+    return mean, std, lo, hi, n_events - int(n or 0)
+
+
+def _lookups(con, st: _Staged, sets: dict[str, int], vocab_table: dict[str, str]) -> tuple[list[str], str, list[str]]:
+    """One small lookup table per categorical or join-key column: value -> its id and the encoded columns
+    of the attributes joined on it. Returns the encoded columns' SELECT expressions (in st.event_cols
+    order), the joins they need, and per events column what tells its values apart (the id of a
+    categorical value, a number itself) for the row hash."""
+    joins, expr, code, alias = "", {}, {}, {x: f"__x{n}" for n, x in enumerate(st.event_cols)}
+    for c, i in sets.items():
+        keyed = [(a, t, cols) for a, t, cols in st.attrs if t.key == c]
+        categorical = st.event_cols[c] == "categorical"
+        if categorical and not keyed:
+            table = vocab_table[c]
+        else:
+            table = f"__l{i}"
+            sel, lj = ["b.v"] + ["b.id AS __id"] * categorical, ""
+            for a, t, cols in keyed:
+                lj += f" LEFT JOIN {a} ON b.v = {a}.__key"
+                for x in cols:
+                    if st.event_cols[x] == "categorical":
+                        lj += f" LEFT JOIN {vocab_table[x]} ON CAST({a}.{_q(x)} AS VARCHAR) = {vocab_table[x]}.v"
+                        sel.append(f"{vocab_table[x]}.id AS {alias[x]}")
+                    else:
+                        sel.append(f"CAST({a}.{_q(x)} AS DOUBLE) AS {alias[x]}")
+            base = vocab_table[c] if categorical else f"(SELECT v FROM __counts WHERE __set = {i} AND v IS NOT NULL)"
+            con.sql(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT {', '.join(sel)} FROM {base} b{lj}")
+        joins += f" LEFT JOIN {table} l{i} ON CAST(k.{_q(c)} AS VARCHAR) = l{i}.v"
+        if categorical:
+            code[c] = f"l{i}.{'id' if table == vocab_table[c] else '__id'}"
+            expr[c] = f"CAST(coalesce({code[c]}, 0) AS INTEGER) AS {_q(c)}"
+        for a, t, cols in keyed:
+            for x in cols:
+                expr[x] = (f"CAST(coalesce(l{i}.{alias[x]}, 0) AS INTEGER) AS {_q(x)}" if st.event_cols[x] == "categorical"
+                           else f"CAST(coalesce(l{i}.{alias[x]}, 'NaN') AS FLOAT) AS {_q(x)}")
+    for c in st.source_cols:
+        if st.event_cols[c] == "numeric":
+            code[c] = f"k.{_q(c)}"
+            expr[c] = f"CAST(coalesce(CAST(k.{_q(c)} AS DOUBLE), 'NaN') AS FLOAT) AS {_q(c)}"
+    return [expr[c] for c in st.event_cols], joins, [code[c] for c in st.source_cols]
+
+
+def _encode_sql(kept: str, st: _Staged, select: list[str], joins: str, codes: list[str], where: str, exact: bool) -> str:
+    """The kept events encoded, ordered by (shard, entity, ts, row hash). The shard is a stable hash of the
+    entity id, so an entity's events always go to the same shard, whatever the build. The row hash (of
+    the time to the microsecond, the source and each column's id or number: equal for exact copies,
+    which are all DISTINCT drops) orders the events of one entity in one second (a basket) the same way
+    on every run, so the same inputs give the same bytes. `exact`: ties broken by every raw column."""
+    raw = ["k.__ts", "k.__source"] + [f"k.{_q(c)}" for c in st.source_cols]
+    order = ["__shard", "entity", "ts", "__h"] + raw * exact
+    return (f"SELECT e.shard AS __shard, e.id AS entity, {_epoch_s('k.__ts')} AS ts, {''.join(c + ', ' for c in select)}"
+            f"hash(epoch_us(k.__ts), k.__source{''.join(', ' + c for c in codes)}) AS __h "
+            f"FROM {_q(kept)} k JOIN __ents e ON k.__entity = e.v{joins}"
+            f"{' WHERE ' + where if where else ''} ORDER BY {', '.join(order)}")
+
+
+def _entity_parts(con, max_events: int) -> list[tuple[int, int, str, str]]:
+    """Ranges of entity ids [lo, hi) holding about `max_events` of this build's events each, with the first
+    and last of their ids as text: a range is selected by its ids, and the text bounds (the same
+    range on a fresh build, whose ids follow the text order) let the Parquet reader skip row groups."""
+    table = con.sql("SELECT id, events - before AS n FROM entity_ids WHERE events > before ORDER BY id").to_arrow_table()
+    ids, n = _values(table.column("id")), _values(table.column("n"))
+    parts = math.ceil(int(n.sum()) / max_events)
+    at = np.searchsorted(np.cumsum(n), int(n.sum()) * np.arange(1, parts) / parts, side="right")
+    cuts = [int(ids[i]) for i in sorted(set(at.tolist())) if 0 < i < len(ids)]
+    bounds = [int(ids[0]), *cuts, int(ids[-1]) + 1]
+    which = "CASE " + " ".join(f"WHEN id < {b} THEN {j}" for j, b in enumerate(bounds[1:])) + " END"
+    text = dict((j, (lo, hi)) for j, lo, hi in con.sql(f"SELECT {which} AS j, min(v), max(v) FROM __ents GROUP BY 1").fetchall())
+    return [(lo, hi, *text[j]) for j, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])) if j in text]
+
+
+_NUMPY = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64, pa.uint8(): np.uint8,
+          pa.uint16(): np.uint16, pa.uint32(): np.uint32, pa.uint64(): np.uint64, pa.float32(): np.float32,
+          pa.float64(): np.float64}
+
+
+def _values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric Arrow column without nulls as numpy, zero-copy from one chunk. Not `to_numpy`: in
+    pyarrow 26 its first call imports pandas, 0.6 s and 50 MB a process that does not need it."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    dtype = _NUMPY.get(arr.type)
+    if dtype is None or arr.null_count:
+        return arr.to_numpy(zero_copy_only=False)
+    if not len(arr):
+        return np.empty(0, dtype)
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * np.dtype(dtype).itemsize)
+
+
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+class _ShardFiles:
+    """Streams (shard, entity, ts)-ordered batches into one Arrow file per shard, named name(shard), in
+    record batches of exactly BATCH_ROWS rows (the last one shorter), so that the bytes do not depend on
+    how the result was chunked. With `check`, raises _Tie at two rows equal on (entity, ts, row hash)."""
+
+    def __init__(self, out: Path, name, check: bool):
+        self.out, self.name, self.check = out, name, check
+        self.schema: pa.Schema | None = None
+        self.open: dict[int, list] = {}  # shard -> [writer, pending batches, pending rows, rows written]
+        self.last = None
+
+    def write(self, reader: pa.RecordBatchReader) -> None:
+        if self.schema is None:
+            self.schema = pa.schema([f for f in reader.schema if f.name not in ("__shard", "__h")])
+        for batch in reader:
+            if not len(batch):
+                continue
+            if self.check:
+                e, t, h = (_values(batch.column(c)) for c in ("entity", "ts", "__h"))
+                if (np.any((e[1:] == e[:-1]) & (t[1:] == t[:-1]) & (h[1:] == h[:-1]))
+                        or self.last == (e[0], t[0], h[0])):
+                    raise _Tie()
+                self.last = (e[-1], t[-1], h[-1])
+            sid = _values(batch.column("__shard"))
+            body = batch.drop_columns(["__shard", "__h"])
+            cuts = np.flatnonzero(np.diff(sid)) + 1
+            for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(sid)]):
+                self._add(int(sid[lo]), body.slice(lo, hi - lo))
+
+    def _add(self, shard: int, part: pa.RecordBatch) -> None:
+        if shard not in self.open:
+            self.open[shard] = [ipc.new_file(str(self.out / self.name(shard)), self.schema), [], 0, 0]
+        state = self.open[shard]
+        state[1].append(part)
+        state[2] += len(part)
+        if state[2] >= BATCH_ROWS:
+            self._flush(state, final=False)
+
+    @staticmethod
+    def _flush(state: list, final: bool) -> None:
+        """Write the pending rows as batches of BATCH_ROWS (and the rest, when `final`). Each batch is
+        copied into buffers of its own (pa.concat_batches): the IPC bytes of a slice depend on the
+        buffer it was cut from, so slices of DuckDB's chunks would not give the same bytes twice."""
+        writer, pending, rows, written = state
+        while rows >= BATCH_ROWS or (final and rows):
+            want, take = min(BATCH_ROWS, rows), []
+            while want:
+                head = pending[0]
+                take.append(head.slice(0, want))
+                if len(head) <= want:
+                    pending.pop(0)
+                else:
+                    pending[0] = head.slice(want)
+                want -= len(take[-1])
+            batch = pa.concat_batches(take)
+            writer.write_batch(batch)
+            rows, written = rows - len(batch), written + len(batch)
+        state[2], state[3] = rows, written
+
+    def close(self) -> dict[int, tuple[str, int]]:
+        """shard -> (file, rows) of every shard written."""
+        for state in self.open.values():
+            self._flush(state, final=True)
+            state[0].close()
+        return {s: (self.name(s), state[3]) for s, state in sorted(self.open.items())}
+
+    def abandon(self) -> None:
+        for s, state in self.open.items():
+            try:
+                state[0].close()
+            except Exception:  # noqa: BLE001 - the file is removed anyway
+                pass
+            (self.out / self.name(s)).unlink(missing_ok=True)
+        self.open = {}
+
+
+def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None" = None) -> dict:
+    from models.quarantine import finish, summary
+
+    st = _stage_events(con, spec, {t.name: t.files for t in spec.events})
+    if st.stats["rows_in"] == 0:
+        raise CacheError("the events sources hold no rows: nothing to train on; extract source partitions with data")
+    if st.stats["rows_valid"] == 0:
+        raise CacheError(f"every event row was quarantined ({summary(finish(st.stats, 0))}); fix the source data or "
+                         f"the config")
+    enc = _encode(con, spec, st, out, seed=seed, append=False)
+    stats = finish(st.stats, enc["n_events"])
+    n_shards = enc["n_shards"]
+    shards = []
+    for s in range(n_shards):  # every shard gets a file, so shard i is always manifest["shards"][i]
+        if s not in enc["written"]:
+            with ipc.new_file(str(out / f"shard-{s:05d}.arrow"), enc["schema"]):
+                pass
+        f, rows = enc["written"].get(s, (f"shard-{s:05d}.arrow", 0))
+        shards.append({"files": [f], "rows": rows, "entities": enc["entities"].get(s, (0, 0))[0]})
+    log(f"encoded {enc['n_events']:,} events into {n_shards} shard(s)")
 
     entity_columns = _write_entity_table(con, spec, out, seed)
-    t_min, t_max = _one(con, f"SELECT min({_epoch_s('__ts')}), max({_epoch_s('__ts')}) FROM events")
+    t_min, t_max = enc["time_range"]
     return {
         "entity": spec.entity,
         "entity_type": str(_entity_arrow_type(spec)),
-        "n_entities": int(n_entities),
-        "n_events": int(n_events),
+        "n_entities": enc["n_entities"],
+        "n_events": enc["n_events"],
         "time_range": [int(t_min), int(t_max)],
-        "columns": columns,
+        "columns": enc["columns"],
         "entity_columns": entity_columns,
         "shards": shards,
         "appends": 0,
         "dropped": {"null_entity": stats["null_entity"], "null_timestamp": stats["null_timestamp"]},
         "quarantine": stats,
-        "join_counts": coverage,
-        "join_coverage": _coverage(coverage),
+        "join_counts": enc["coverage"],
+        "join_coverage": _coverage(enc["coverage"]),
         "sources": {t.name: sorted(t.files) for t in spec.events + spec.entity_attributes + spec.attributes},
     }
 
@@ -343,26 +647,17 @@ def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None" = None) ->
 def _append(con, spec: CacheSpec, prev: "Cache", files: dict[str, list[str]], out: Path, log) -> dict:
     """Encode only the events of new files and add them to `prev`'s shards, which are hard-linked
     (never copied, never modified): past events are not read, let alone re-encoded."""
-    stats, event_cols, coverage = _stage_events(con, spec, files)
-    pm = prev.manifest
-    (out / "vocab").mkdir()
-    columns: dict[str, dict] = {}
-    for k, (c, kind) in enumerate(event_cols.items()):
-        info = dict(pm["columns"][c])
-        if kind == "categorical":
-            info["vocab_size"] = _write_vocab(con, f"SELECT CAST({_q(c)} AS VARCHAR) AS v FROM events",
-                                              out / "vocab" / f"{c}.parquet", f"v_{k}",
-                                              seed=prev.path / "vocab" / f"{c}.parquet", add_counts=True)
-        columns[c] = info  # numeric statistics stay those of the first build: the models standardize with them
-    _stage_entity_ids(con, spec, prev, add_events=True)
-    n_entities = _one(con, "SELECT count(*) FROM entity_ids")[0]
-    _write_entity_vocab(con, out)
+    from models.quarantine import finish
 
+    st = _stage_events(con, spec, files)
+    pm = prev.manifest
     seq = pm.get("appends", 0) + 1
     n_shards = len(pm["shards"])
-    delta = {s: (f, r, e) for s, f, r, e in _write_shards(
-        _encoded(con, columns, n_shards, new_to_shard=True), out, n_shards,
-        lambda s: f"shard-{s:05d}-{seq:04d}.arrow")}
+    # (no valid rows: nothing to write; the vocabularies and entity ids are those of `prev`)
+    enc = _encode(con, spec, st, out, seed=prev, append=True, n_shards=n_shards,
+                  name=lambda s: f"shard-{s:05d}-{seq:04d}.arrow")
+    stats = finish(st.stats, enc["n_events"])
+    delta = {s: (f, rows, enc["entities"].get(s, (0, 0))[1]) for s, (f, rows) in enc["written"].items()}
     shards = []
     for s, meta in enumerate(pm["shards"]):
         for f in meta["files"]:
@@ -384,16 +679,17 @@ def _append(con, spec: CacheSpec, prev: "Cache", files: dict[str, list[str]], ou
     entity_columns = _write_entity_table(con, spec, out, prev)
     t_min, t_max = pm["time_range"]
     if n_new:
-        lo, hi = _one(con, f"SELECT min({_epoch_s('__ts')}), max({_epoch_s('__ts')}) FROM events")
+        lo, hi = enc["time_range"]
         t_min, t_max = min(t_min, int(lo)), max(t_max, int(hi))
+    coverage = enc["coverage"]
     counts = {name: [a + b for a, b in zip(pm["join_counts"].get(name, [0, 0]), coverage.get(name, [0, 0]))]
               for name in set(pm["join_counts"]) | set(coverage)}
     return {
         **{k: pm[k] for k in ("entity", "entity_type")},
-        "n_entities": int(n_entities),
+        "n_entities": enc["n_entities"],
         "n_events": pm["n_events"] + n_new,
         "time_range": [t_min, t_max],
-        "columns": columns,
+        "columns": enc["columns"],
         "entity_columns": entity_columns,
         "shards": shards,
         "appends": seq,
@@ -435,11 +731,12 @@ def _one(con, sql: str) -> tuple:
     return con.sql(sql).fetchall()[0]
 
 
-def _write_vocab(con, values_sql: str, path: Path, table: str, seed: Path | None = None, add_counts: bool = False) -> int:
+def _write_vocab(con, counted_sql: str, path: Path, table: str, seed: Path | None = None, add_counts: bool = False) -> int:
     """Write value -> id (1..n) and the value's count; create temp table `table` (v, id) for encoding.
-    Without a seed, ids go by count (descending), then value. With one, the seed's values keep their
-    ids and new values follow them; counts are recounted, or added to the seed's with `add_counts`."""
-    counted = f"SELECT v, count(*) AS n FROM ({values_sql}) WHERE v IS NOT NULL GROUP BY v"
+    `counted_sql` gives (v, n): each non-null value and its count. Without a seed, ids go by count
+    (descending), then value. With one, the seed's values keep their ids and new values follow them;
+    counts are recounted, or added to the seed's with `add_counts`."""
+    counted = f"SELECT v, CAST(n AS BIGINT) AS n FROM ({counted_sql})"
     if seed is None or not Path(seed).exists():
         con.sql(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT v, CAST(row_number() OVER (ORDER BY n DESC, v) AS INTEGER) "
                 f"AS id, n AS count FROM ({counted})")
@@ -451,19 +748,22 @@ def _write_vocab(con, values_sql: str, path: Path, table: str, seed: Path | None
                 f"UNION ALL "
                 f"SELECT c.v, CAST((SELECT coalesce(max(id), 0) FROM {old}) + row_number() OVER (ORDER BY c.n DESC, c.v) AS INTEGER), c.n "
                 f"FROM ({counted}) c ANTI JOIN {old} s ON c.v = s.value")
-    pq.write_table(con.sql(f"SELECT v AS value, id, count FROM {table} ORDER BY id").to_arrow_table(), path)
-    return int(_one(con, f"SELECT count(*) FROM {table}")[0])
+    vocab = con.sql(f"SELECT v AS value, id, count FROM {table} ORDER BY id").to_arrow_table()
+    pq.write_table(vocab, path)
+    return len(vocab)
 
 
 def _stage_entity_ids(con, spec: CacheSpec, seed: "Cache | None", add_events: bool = False) -> None:
-    """Temp table entity_ids (v, id, events, before): every entity of the events and entity attribute
-    tables; a seed's entities keep their ids; `before` = events the entity had before this build."""
+    """Temp table entity_ids (v, id, events, before): every entity of the events (from __counts) and the
+    entity attribute tables; a seed's entities keep their ids; `before` = events the entity had before
+    this build."""
     ent = _q(spec.entity)
-    ent_sources = ["SELECT DISTINCT __entity AS v FROM events"] + [
-        f"SELECT DISTINCT CAST({ent} AS VARCHAR) AS v FROM {_files_sql(t.files)}" for t in spec.entity_attributes]
-    con.sql(f"CREATE OR REPLACE TEMP TABLE __seen AS SELECT s.v, coalesce(c.n, 0) AS n FROM "
-            f"(SELECT v FROM ({' UNION '.join(ent_sources)}) WHERE v IS NOT NULL) s "
-            f"LEFT JOIN (SELECT __entity AS v, count(*) AS n FROM events GROUP BY 1) c ON s.v = c.v")
+    counted = "SELECT v, n FROM __counts WHERE __set = 0"
+    others = [f"SELECT DISTINCT CAST({ent} AS VARCHAR) AS v FROM {_files_sql(t.files)}" for t in spec.entity_attributes]
+    if others:
+        counted = (f"SELECT s.v, coalesce(c.n, 0) AS n FROM (SELECT v FROM ({' UNION '.join([f'SELECT v FROM ({counted})'] + others)}) "
+                   f"WHERE v IS NOT NULL) s LEFT JOIN ({counted}) c ON s.v = c.v")
+    con.sql(f"CREATE OR REPLACE TEMP TABLE __seen AS {counted}")
     if seed is None:
         con.sql("CREATE OR REPLACE TEMP TABLE entity_ids AS SELECT v, CAST(row_number() OVER (ORDER BY v) - 1 AS INTEGER) "
                 "AS id, n AS events, CAST(0 AS BIGINT) AS before FROM __seen")
@@ -483,81 +783,12 @@ def _write_entity_vocab(con, out: Path) -> None:
                    out / "vocab" / "__entity.parquet")
 
 
-def _encoded(con, columns: dict[str, dict], n_shards: int, new_to_shard: bool = False) -> pa.RecordBatchReader:
-    """The staged events encoded, ordered by (shard, entity, ts). The shard is a stable hash of the
-    entity id, so an entity's events always go to the same shard, whatever the build.
-    With `new_to_shard`, a column `__new` marks the first row of entities that had no events before."""
-    enc = ["CAST(ids.id AS INTEGER) AS entity", f"{_epoch_s('e.__ts')} AS ts"]
-    vjoins = ""
-    for k, (c, info) in enumerate(columns.items()):
-        if info["type"] == "categorical":
-            vjoins += f" LEFT JOIN v_{k} ON CAST(e.{_q(c)} AS VARCHAR) = v_{k}.v"
-            enc.append(f"CAST(coalesce(v_{k}.id, 0) AS INTEGER) AS {_q(c)}")
-        else:
-            enc.append(f"CAST(coalesce(CAST(e.{_q(c)} AS DOUBLE), 'NaN') AS FLOAT) AS {_q(c)}")
-    if new_to_shard:
-        enc.append("ids.before = 0 AND row_number() OVER (PARTITION BY ids.id ORDER BY e.__ts) = 1 AS __new")
-    shard_expr = f"CAST(('0x' || substr(md5(e.__entity), 1, 12)) AS UBIGINT) % {n_shards}"
-    # every column in the order: events of one entity in the same second (a basket) come out in one
-    # order on every run, so the same inputs give the same bytes
-    order = ", ".join(["__shard", "entity", "ts"] + [_q(c) for c in columns])
-    return con.sql(f"SELECT {shard_expr} AS __shard, {', '.join(enc)} FROM events e JOIN entity_ids ids ON e.__entity = ids.v"
-                   f"{vjoins} ORDER BY {order}").to_arrow_reader(1 << 16)
-
-
 def _entity_arrow_type(spec: CacheSpec) -> pa.DataType:
     schema = pq.read_schema(spec.events[0].files[0])
     if spec.entity not in schema.names:
         raise CacheError(f"entity column {spec.entity!r} is not in source {spec.events[0].name!r} "
                          f"(columns: {schema.names}); set `entity:` in the project config")
     return schema.field(spec.entity).type
-
-
-def _write_shards(reader: pa.RecordBatchReader, out: Path, n_shards: int, name, all_shards: bool = False) -> list[tuple]:
-    """Stream (shard, entity, ts)-ordered batches into one Arrow file per shard, named name(shard).
-    Returns (shard, file, rows, entities) per shard written; entities are those marked `__new` if present."""
-    shards, writer, current, rows, ents = [], None, None, 0, 0
-    last_entity = None
-
-    def close():
-        nonlocal writer
-        if writer is not None:
-            writer.close()
-            shards.append((current, name(current), rows, ents))
-            writer = None
-
-    for batch in reader:
-        sid = batch.column("__shard").to_numpy()
-        cuts = np.flatnonzero(np.diff(sid)) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(sid)]):
-            part = batch.slice(lo, hi - lo).drop_columns(["__shard"])
-            if writer is None or sid[lo] != current:
-                close()
-                current, rows, ents, last_entity = int(sid[lo]), 0, 0, None
-                writer = ipc.new_file(str(out / name(current)), _stored_schema(part.schema))
-            if "__new" in part.schema.names:
-                ents += int(np.count_nonzero(part.column("__new").to_numpy(zero_copy_only=False)))
-                part = part.drop_columns(["__new"])
-            else:
-                e = part.column("entity").to_numpy()
-                ents += int(np.count_nonzero(np.diff(e))) + 1 - (1 if last_entity == e[0] else 0)
-                last_entity = e[-1]
-            writer.write_batch(part)
-            rows += len(part)
-    close()
-    if all_shards:  # every shard gets a file, so shard i is always manifest["shards"][i]
-        written = {s for s, *_ in shards}
-        for s in range(n_shards):
-            if s not in written:
-                with ipc.new_file(str(out / name(s)), _stored_schema(reader.schema).remove(0)):
-                    pass
-                shards.append((s, name(s), 0, 0))
-        shards.sort()
-    return shards
-
-
-def _stored_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([f for f in schema if f.name != "__new"])
 
 
 def _merge_shard_files(paths: list[Path], out: Path) -> None:
@@ -597,25 +828,23 @@ def _write_entity_table(con, spec: CacheSpec, out: Path, seed: "Cache | None" = 
                 raise CacheError(f"entity attribute {c!r} appears in two entity_attributes sources; keep one")
             if kind == "categorical":
                 vt = f"ev_{len(info)}"
-                n = _write_vocab(con, f"SELECT CAST({_q(c)} AS VARCHAR) AS v FROM {_files_sql(t.files)}",
+                n = _write_vocab(con, f"SELECT v, count(*) AS n FROM (SELECT CAST({_q(c)} AS VARCHAR) AS v FROM "
+                                      f"{_files_sql(t.files)}) WHERE v IS NOT NULL GROUP BY v",
                                  out / "vocab" / f"entity.{c}.parquet", vt,
                                  seed=seed and seed.path / "vocab" / f"entity.{c}.parquet")
                 joins += f" LEFT JOIN {vt} ON CAST({alias}.{_q(c)} AS VARCHAR) = {vt}.v"
                 sel.append(f"CAST(coalesce({vt}.id, 0) AS INTEGER) AS {_q(c)}")
                 info[c] = {"type": "categorical", "vocab_size": n}
-            elif kind == "timestamp":
-                sel.append(f"{_epoch_s(_utc(f'{alias}.{_q(c)}', _field_type(t, c)))} AS {_q(c)}")
-                info[c] = {"type": "timestamp"}
-            else:
-                sel.append(f"CAST({alias}.{_q(c)} AS DOUBLE) AS {_q(c)}")
-                info[c] = {"type": "numeric"}
+            else:  # nulls -> NaN, so columns map to numpy without copies or masks
+                x = _epoch_s(_utc(f"{alias}.{_q(c)}", _field_type(t, c))) if kind == "timestamp" else f"{alias}.{_q(c)}"
+                sel.append(f"coalesce(CAST({x} AS DOUBLE), 'NaN') AS {_q(c)}")
+                info[c] = {"type": "timestamp" if kind == "timestamp" else "numeric"}
     table = con.sql(f"SELECT {', '.join(sel)} FROM entity_ids ids{joins} ORDER BY ids.id").to_arrow_table()
-    for c, meta in info.items():  # nulls -> NaN, so columns map to numpy without copies or masks
+    for c, meta in info.items():
         if meta["type"] != "categorical":
-            col = table.column(c).to_numpy(zero_copy_only=False).astype("float64")
+            col = _values(table.column(c))
             meta.update(mean=float(np.nanmean(col)) if np.isfinite(col).any() else 0.0,
                         std=float(np.nanstd(col)) if np.isfinite(col).any() else 1.0)
-            table = table.set_column(table.schema.get_field_index(c), c, pa.array(col, pa.float64()))
     with ipc.new_file(str(path), table.schema) as w:
         w.write_table(table)
     return info

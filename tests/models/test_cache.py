@@ -440,3 +440,25 @@ def test_the_same_inputs_give_the_same_bytes(sources):
     assert a == b and a
     strip = lambda m: {k: v for k, v in m.items() if k not in ("build_seconds",)}  # noqa: E731
     assert strip(one.manifest) == strip(two.manifest)
+
+
+def test_sorting_in_entity_ranges_gives_the_same_bytes(sources, monkeypatch):
+    # the encoding pass sorts a range of entities at a time (PART_EVENTS events): the files must not
+    # depend on where the ranges fall, with duplicates (the DISTINCT path) or without
+    import models.cache
+
+    basket = FIRST + LATER + [("c1", 1.0, "p_b", 3.0), ("c1", 1.0, "p_c", 2.0)]
+    for rows, name in ((basket, "clean"), (basket + basket[:3], "copies")):
+        files = [_write_events(sources, rows, name)]
+        whole = _grow(sources, None, files, root=f"{name}-whole", shard_events=6)
+        monkeypatch.setattr(models.cache, "PART_EVENTS", 3)
+        ranged = _grow(sources, None, files, root=f"{name}-ranged", shard_events=6)
+        monkeypatch.undo()
+        assert whole.shard_count > 1
+        a = {p.relative_to(whole.path): p.read_bytes() for p in whole.path.rglob("*.arrow")}
+        b = {p.relative_to(ranged.path): p.read_bytes() for p in ranged.path.rglob("*.arrow")}
+        assert a == b
+        strip = lambda m: {k: v for k, v in m.items() if k != "build_seconds"}  # noqa: E731
+        assert strip(whole.manifest) == strip(ranged.manifest)
+        assert whole.manifest["quarantine"]["duplicate_event"] == (3 if name == "copies" else 0)
+        assert whole.manifest["n_events"] == len(basket)
