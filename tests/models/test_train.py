@@ -226,3 +226,38 @@ def test_tiny_binary_head_loss_trajectory():
     assert losses[0] == pytest.approx(first)
     assert all(b < a for a, b in zip(losses, losses[1:]))
     assert losses[-1] < 0.9 * first
+
+
+def test_per_label_history_weights_learn_what_one_shared_weight_cannot():
+    """Label 0 is bought again by whoever bought it (a staple), label 1 never by the same people (a
+    one-off): one weight shared by both labels cannot fit both, the per-label weights can, and they
+    take opposite signs. At zero they leave the shared skip's outputs unchanged."""
+    from models.network import Head
+
+    torch.manual_seed(0)
+    n = 512
+    history = torch.zeros(n, 2, 3)
+    bought = torch.rand(n, 2) < 0.5
+    history[..., 1] = bought.float()  # the habitual channel
+    y = torch.stack([bought[:, 0], ~bought[:, 1]], 1).float()
+    h = torch.zeros(n, 4)
+    shared = Head(4, 2, 3)
+    with torch.no_grad():
+        shared.skip.weight.fill_(0.3)
+    before = shared(h, history)
+    assert torch.allclose(before, shared.linear(h) + 0.3 * history.sum(-1))  # label_skip starts at zero
+    losses = {}
+    for per_label in (False, True):
+        head = Head(4, 2, 3)
+        params = [head.skip.weight, head.linear.bias] + ([head.label_skip] if per_label else [])
+        opt = torch.optim.Adam(params, lr=0.1)
+        for _ in range(200):
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(head(h, history), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        losses[per_label] = loss.item()
+        if per_label:
+            w = (head.skip.weight[0] + head.label_skip)[:, 1]
+            assert w[0] > 1.0 and w[1] < -1.0
+    assert losses[True] < 0.1 < 0.5 < losses[False]
