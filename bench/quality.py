@@ -122,7 +122,9 @@ def run(dataset: str, customers: int, log=print) -> dict:
                              "baselines": baselines, "entities": report["entities"],
                              "finetune_s": round(tuned_s, 1), "no_pretraining_s": round(scratch_s, 1),
                              "soup_epochs": tuned.info["soup_epochs"],
-                             "soup_epochs_no_pretraining": scratch.info["soup_epochs"]})
+                             "soup_epochs_no_pretraining": scratch.info["soup_epochs"],
+                             "val_loss": tuned.curves["val_loss"],
+                             "val_loss_no_pretraining": scratch.curves["val_loss"]})
             log(f"{name}: " + ", ".join(f"{m} {report['model'][m]:.4f}" for m in metrics)
                 + f" (fine-tune {tuned_s:.0f}s, from scratch {scratch_s:.0f}s; {time.time() - t_run:.0f}s so far)")
     return {"dataset": dataset, "test_cutoff": dt.datetime.fromtimestamp(test_cutoff, dt.timezone.utc).isoformat(),
@@ -150,6 +152,10 @@ def table(result: dict) -> str:
             lines.append(f"{head}  {b:<26} {v:>8.4f} {diff:>+19.4f}")
         lines.append(f"{'':<34}  fine-tune {r['finetune_s']}s (epochs averaged {r['soup_epochs']}); "
                      f"no pretraining {r['no_pretraining_s']}s ({r['soup_epochs_no_pretraining']})")
+        if r.get("val_loss"):  # how fast each start learns: validation loss after each epoch
+            lines.append(f"{'':<34}  validation loss by epoch: fine-tuned "
+                         + " ".join(f"{v:.4f}" for v in r["val_loss"]) + "; no pretraining "
+                         + " ".join(f"{v:.4f}" for v in r["val_loss_no_pretraining"]))
     lines.append("(habitus - baseline > 0 means habitus is better; for mae the sign is flipped)")
     return "\n".join(lines)
 

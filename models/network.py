@@ -96,6 +96,30 @@ class Head(nn.Module):
         return out.index_put_((rows, cols), (values * self._skip_weights(cols)).sum(-1).to(out.dtype),
                               accumulate=True)
 
+    def sampled(self, h: torch.Tensor, history, cols: torch.Tensor, entry_rows: torch.Tensor,
+                entry_cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training a wide head on a few labels (models/train.py: sampled_multilabel_loss): the logits
+        of labels `cols` (sorted, unique) for every row, [rows, len(cols)], and of the (row, label)
+        `entries` (a batch's positives), [entries]. Only those rows of `linear` are read, so the cost
+        grows with len(cols) + entries, never rows x labels; `history` is sparse (row, label, values)."""
+        out = nn.functional.linear(h, self.linear.weight[cols], self.linear.bias[cols])
+        z = (h[entry_rows] * self.linear.weight[entry_cols]).sum(-1) + self.linear.bias[entry_cols]
+        if self.skip is None or history is None:
+            return out, z
+        rows, hcols, values = history  # (with no entries the skip still takes part, as in forward)
+        term = (values * self._skip_weights(hcols)).sum(-1).to(out.dtype)
+        at = torch.searchsorted(cols, hcols).clamp_max(len(cols) - 1)  # history entries among the columns
+        inside = cols[at] == hcols
+        out = out.index_put((rows[inside], at[inside]), term[inside], accumulate=True)
+        if not len(rows) or not len(entry_rows):
+            return out, z + term.sum() * 0.0
+        n = int(self.linear.out_features)  # history entries at the positives: match (row, label) keys
+        keys = rows * n + hcols  # sorted (sparse rows are by row, then label)
+        want = entry_rows * n + entry_cols
+        at = torch.searchsorted(keys, want).clamp_max(len(keys) - 1)
+        found = keys[at] == want
+        return out, z + torch.where(found, term[at], torch.zeros_like(z))
+
 
 class ItemHead(nn.Module):
     """Recommendation over a catalog of any size: score(entity, item) = query(entity) . embedding(item)
@@ -158,8 +182,11 @@ class Model(nn.Module):
                      else Head(cfg.hidden, outputs, history_channels))
 
     def forward(self, x: torch.Tensor, history=None, cand: torch.Tensor | None = None,
-                item_features: torch.Tensor | None = None) -> torch.Tensor:
+                item_features: torch.Tensor | None = None, labels: tuple | None = None) -> torch.Tensor:
+        """`labels` = (cols, entry_rows, entry_cols): a label head's sampled logits (Head.sampled)."""
         if isinstance(self.head, ItemHead):
             return self.head(self.trunk(x), item_features, history, cand)
+        if labels is not None:
+            return self.head.sampled(self.trunk(x), history, *labels)
         out = self.head(self.trunk(x), history)
         return out.squeeze(-1) if out.shape[-1] == 1 else out

@@ -3,6 +3,7 @@ and densify a mini-batch at a time: checked against the dense [n, labels, channe
 they replace (same outputs, losses and training), and that a wide label set never builds a
 dense per-chunk array."""
 
+import math
 import tracemalloc
 
 import numpy as np
@@ -228,3 +229,161 @@ def test_a_wide_label_set_never_builds_a_dense_chunk_array(world):
         tracemalloc.stop()
     assert np.isfinite(result.curves["val_loss"]).all()
     assert peak < dense_bytes / 10, f"{peak / 2**20:.0f} MB of NumPy arrays"
+
+
+# --------------------------------------------------------------------------- sampled negatives (wide heads)
+
+
+def test_a_narrow_head_keeps_the_full_loss_bit_for_bit(world):
+    """Heads up to FinetuneConfig.sampled_above_labels labels (Ta-Feng's 50 brands, this world's 12
+    products) train on the full loss: batch_loss draws nothing and gives multilabel_loss's value, and a
+    whole fine-tuning is bit-identical to one with sampling switched off."""
+    cache, test_cutoff, foundation, task = world
+    assert task.outputs <= FinetuneConfig().sampled_above_labels
+    spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
+    model = build_model(NetConfig(**foundation.info["net"]), task, spec)
+    with torch.no_grad():
+        model.head.skip.weight.normal_()
+        model.head.linear.weight.normal_(std=0.1)
+    model.eval()  # (dropout)
+    chunk = _chunk(cache, test_cutoff - HORIZON * DAY)
+    vocab_sizes = {"product_id": cache.columns["product_id"]["vocab_size"]}
+    x, h = train.task_inputs(chunk, spec, task, cache.entity_table(), vocab_sizes)
+    y = compute_target(chunk, task.target, vocab_sizes["product_id"])
+    b = np.random.default_rng(1).permutation(len(x))[:20]
+    rng = np.random.default_rng(0)
+    loss = batch_loss(model, task, (x, h, y), b, "cpu", rng)
+    assert torch.equal(loss, train.multilabel_loss(model(torch.from_numpy(x[b]), train.history_rows(h, b, "cpu")),
+                                                   y[b], "cpu"))
+    assert rng.bit_generator.state == np.random.default_rng(0).bit_generator.state  # nothing drawn
+    plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
+    state = foundation.model.state_dict()
+    runs = [finetune(cache, state, foundation.info, task, list(plan.train_cutoffs), plan.val_cutoff,
+                     FinetuneConfig(**{**train.asdict(FINETUNE), "sampled_negatives": n}), device="cpu",
+                     log=lambda _: None) for n in (FINETUNE.sampled_negatives, 0)]
+    assert "sampled_negatives" not in runs[0].info
+    assert runs[0].curves == runs[1].curves
+    for k, v in runs[1].model.state_dict().items():
+        assert torch.equal(runs[0].model.state_dict()[k], v), k
+
+
+def _wide_problem(n: int, labels: int, seed: int = 0):
+    """Rows of 20 clusters (features: the cluster's one-hot plus noise); each label belongs to one
+    cluster and is bought by 3% of its rows (half of those bought it before: the history), plus a
+    few strays. Sparse targets and histories."""
+    rng = np.random.default_rng(seed)
+    cluster = rng.integers(0, 20, n)
+    owner = rng.integers(0, 20, labels)
+    x = np.eye(20, dtype=np.float32)[cluster] + 0.3 * rng.standard_normal((n, 20)).astype(np.float32)
+    rows, cols = [], []
+    hist_rows, hist_cols = [], []
+    for r in range(n):
+        own = np.flatnonzero(owner == cluster[r])
+        bought = own[rng.random(len(own)) < 0.03]
+        stray = rng.integers(0, labels, rng.poisson(labels * 0.0002))
+        pos = np.unique(np.r_[bought, stray])
+        rows += [r] * len(pos)
+        cols += list(pos)
+        past = np.unique(np.r_[bought[rng.random(len(bought)) < 0.5], own[rng.random(len(own)) < 0.01]])
+        hist_rows += [r] * len(past)
+        hist_cols += list(past)
+    rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
+    y = SparseRows.from_pairs(rows, cols, np.ones(len(rows)), n, labels)
+    hr, hc = np.asarray(hist_rows, np.int64), np.asarray(hist_cols, np.int64)
+    h = SparseRows.from_pairs(hr, hc, rng.random((len(hr), 3)), n, labels)
+    return x, h, y
+
+
+def test_sampled_head_logits_are_the_full_heads_columns():
+    x, h, y = _wide_problem(40, 300)
+    torch.manual_seed(0)
+    model = Model(NetConfig(20, 16, 1, 0.0), 300, 3)
+    with torch.no_grad():
+        model.head.skip.weight.normal_()
+        model.head.label_skip.normal_()
+    model.eval()
+    xb, hist = torch.from_numpy(x), batch_history(h, "cpu")
+    full = model(xb, hist)
+    cols = torch.from_numpy(np.sort(np.random.default_rng(0).choice(300, 50, replace=False)))
+    out, z = model(xb, hist, labels=(cols, torch.from_numpy(y.rows), torch.from_numpy(y.cols)))
+    torch.testing.assert_close(out, full[:, cols], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(z, full[torch.from_numpy(y.rows), torch.from_numpy(y.cols)], rtol=1e-5, atol=1e-6)
+    # every label sampled: the full loss; fewer: an unbiased estimate of it
+    rng = np.random.default_rng(0)
+    exact = train.multilabel_loss(full, y, "cpu")
+    every = train.sampled_multilabel_loss(model, xb, hist, y, 300, rng, "cpu")
+    assert every.item() == pytest.approx(exact.item(), rel=1e-5)
+    draws = [train.sampled_multilabel_loss(model, xb, hist, y, 30, rng, "cpu").item() for _ in range(400)]
+    assert np.mean(draws) == pytest.approx(exact.item(), rel=0.03)
+    # a batch without any history entry: the skip still takes part (a zero gradient), as in forward
+    empty = h[np.array([], np.int64)]
+    model.zero_grad()
+    out, z = model(xb[:0], batch_history(empty, "cpu"), labels=(cols, torch.zeros(0, dtype=torch.int64),
+                                                                torch.zeros(0, dtype=torch.int64)))
+    (out.sum() + z.sum()).backward()
+    assert model.head.skip.weight.grad is not None and not model.head.skip.weight.grad.any()
+
+
+def test_a_wide_head_trains_on_sampled_labels_without_rows_x_labels_logits():
+    """20,000 labels, 256 rows a batch: no tensor of the training step (forward, loss or backward)
+    comes near [rows, labels], and the sampled loss learns: the full loss falls, positives rank above
+    negatives on rows it never saw, and the mean probability stays near the positive rate."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from models.metrics import auroc
+
+    labels, batch, hidden = 20_000, 256, 16
+    x, h, y = _wide_problem(batch * 12, labels)
+    train_rows, test_rows = np.arange(batch * 8), np.arange(batch * 8, batch * 12)
+    torch.manual_seed(0)
+    model = Model(NetConfig(20, hidden, 1, 0.0), labels, 3)
+    rate = len(y.cols) / (len(y) * labels)
+    with torch.no_grad():
+        model.head.linear.weight.zero_()
+        model.head.linear.bias.fill_(float(np.log(rate / (1 - rate))))
+    task = TaskSpec("multilabel", TargetSpec("any_event", HORIZON, "product_id", tuple(range(1, labels + 1))))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    rng = np.random.default_rng(0)
+
+    def full_loss(rows):
+        with torch.no_grad():
+            return train.multilabel_loss(model(torch.from_numpy(x[rows]), batch_history(h[rows], "cpu")),
+                                         y[rows], "cpu").item()
+
+    class Shapes(TorchDispatchMode):  # the shape of every tensor an operation makes
+        seen: set = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    Shapes.seen.add(tuple(t.shape))
+            return out
+
+    def ranking(rows):  # AUROC of positive over negative (row, label) pairs, a sample of them
+        with torch.no_grad():
+            p = torch.sigmoid(model(torch.from_numpy(x[rows]), batch_history(h[rows], "cpu"))).numpy()
+        yt = y[rows].dense()
+        sample = np.random.default_rng(1).choice(p.size, 200_000, replace=False)
+        return auroc(yt.ravel()[sample], p.ravel()[sample]), p[yt == 1].mean() / p[yt == 0].mean(), p.mean()
+
+    model.eval()
+    before, auc_before = full_loss(test_rows), ranking(test_rows)[0]
+    model.train()
+    for epoch in range(6):
+        for b in train._batches(len(train_rows), batch, rng):
+            with Shapes():
+                loss = batch_loss(model, task, (x, h, y), train_rows[b], "cpu", rng, negatives=512)
+                opt.zero_grad()
+                loss.backward()
+            opt.step()
+    model.eval()
+    after, (auc, lift, mean_p) = full_loss(test_rows), ranking(test_rows)
+    # nothing [rows, labels]: only the head's own parameters and their gradients span the labels; the
+    # logits are [rows, columns], columns = the batch's positive labels + 512 drawn
+    assert {s for s in Shapes.seen if labels in s} <= {(labels, hidden), (labels,), (labels, 3)}
+    assert max(math.prod(s) for s in Shapes.seen) < batch * labels / 2
+    # (the full loss, 6 epochs of it, reaches about the same on this problem: 0.0105, AUROC 0.854)
+    assert after < 0.93 * before
+    assert auc > max(0.8, auc_before + 0.05) and lift > 5
+    assert 0.5 * rate < mean_p < 2.5 * rate  # the inverse-probability weights keep the base rate
