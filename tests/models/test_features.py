@@ -1,7 +1,6 @@
 """models.features and models.targets: what a cut-off lets the features see, and what it labels."""
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from models.cache import TableInput

@@ -35,7 +35,7 @@ from models.train import (FinetuneConfig, FoundationConfig, TaskSpec, chunk_plan
                           train_foundation)
 from resources.executor import ExecutorError, TrainingExecutor
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 SPAN, HORIZON = 126, 14
 FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=16, layers=1, epochs=2, batch_size=16,
@@ -44,14 +44,6 @@ FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=
 FINETUNE = FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=48, seed=0)
 CHURN = TaskSpec("binary", TargetSpec("no_event", HORIZON, active_days=30))
 TWO = TrainingExecutor(device="cpu", processes=2, threads=1)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -49,15 +49,6 @@ def _world(sources):
     return cache, sources.at(126 - HORIZON)
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny networks train several times faster on one thread, above all on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
 def test_finetune_lora_trains_adapters_and_head_only(sources, tmp_path, one_thread):
     cache, test_cutoff = _world(sources)

@@ -19,6 +19,8 @@ FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=
 FINETUNE = FinetuneConfig(epochs=3, learning_rate=3e-3, batch_size=16, chunk_entities=32, seed=5)
 CHURN = TaskSpec("binary", TargetSpec("no_event", HORIZON, active_days=30))
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 class Killed(Exception):
     """Stands in for SIGKILL right after a save (tests/faults kills real processes)."""
@@ -33,14 +35,6 @@ class DiesAfter(Resumer):
         super().save(*args, **kwargs)
         if self.saves == self.die_after:
             raise Killed
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -30,13 +30,7 @@ FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=
                               chunk_entities=64, min_history_days=28)
 FINETUNE = FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=64, seed=0)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,8 @@ FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=
 FINETUNE = FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=48, seed=0)
 CHURN = TaskSpec("binary", TargetSpec("no_event", HORIZON, active_days=ACTIVE_DAYS))
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _behaviour(sources, seed=0):
     """Customers of three segments, each buying its own four products at its own pace; half of them
@@ -42,15 +44,6 @@ def _behaviour(sources, seed=0):
         product += [f"p{segment}{j}" for j in rng.choice(4, k, p=[0.55, 0.25, 0.15, 0.05])]
         price += (rng.gamma(2.0, 4.0 + 6.0 * segment, k)).round(2).tolist()
     return customer, ts, product, price
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny networks train several times faster on one thread, above all on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
