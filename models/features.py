@@ -75,6 +75,17 @@ class FeatureSpec:
         return len(self.half_lives) + 1
 
     @property
+    def scalar_width(self) -> int:
+        """The leading columns of `featurize`: recency, frequency, money and visits of the entity."""
+        w = 3 + len(WINDOWS) + len(self.half_lives) + len(self.numeric) * (len(self.half_lives) + 1)
+        return w + (visit_width(self.half_lives) if self.visits else 0)
+
+    @property
+    def entity_scalar_width(self) -> int:
+        """The trailing columns of `featurize`: the entity's numbers and dates (value, missing)."""
+        return 2 * len(self.entity_numeric) + 2 * len(self.entity_timestamp)
+
+    @property
     def width(self) -> int:
         w = 3 + len(WINDOWS) + len(self.half_lives)  # global scalars
         w += visit_width(self.half_lives) if self.visits else 0

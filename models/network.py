@@ -8,6 +8,7 @@ learned skip, so "buys what they bought before" never has to be squeezed through
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -18,6 +19,12 @@ class NetConfig:
     hidden: int = 256
     layers: int = 2
     dropout: float = 0.1
+    # the leading `ple_columns` inputs (recency, frequency, visits, money) and the trailing `ple_tail`
+    # ones (the entity's numbers and dates) also enter piecewise-linearly over `ple_bins` quantile
+    # bins, which lets a thin MLP cut a scalar where a tree would
+    ple_columns: int = 0
+    ple_bins: int = 0
+    ple_tail: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -43,15 +50,37 @@ class Trunk(nn.Module):
         self.register_buffer("in_mean", torch.zeros(cfg.in_dim))
         self.register_buffer("in_std", torch.ones(cfg.in_dim))
         self.inp = nn.Linear(cfg.in_dim, cfg.hidden)
+        if cfg.ple_bins:
+            self.register_buffer("ple_edges", torch.zeros(cfg.ple_columns + cfg.ple_tail, cfg.ple_bins + 1))
+            self.ple = nn.Linear((cfg.ple_columns + cfg.ple_tail) * cfg.ple_bins, cfg.hidden, bias=False)
         self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.dropout) for _ in range(cfg.layers))
         self.norm = nn.LayerNorm(cfg.hidden)
 
     def fit_input_scale(self, x: torch.Tensor, std_floor: float = 1e-3) -> None:
         self.in_mean.copy_(x.mean(0))
         self.in_std.copy_(x.std(0).clamp_min(std_floor))
+        if self.cfg.ple_bins:
+            z = self._scalars((x - self.in_mean) / self.in_std).double().cpu().numpy()
+            edges = np.quantile(z, np.linspace(0, 1, self.cfg.ple_bins + 1), axis=0).T
+            self.ple_edges.copy_(torch.from_numpy(edges))
+
+    def _scalars(self, z: torch.Tensor) -> torch.Tensor:
+        head, tail = self.cfg.ple_columns, self.cfg.ple_tail
+        return torch.cat([z[:, :head], z[:, z.shape[1] - tail:]], 1) if tail else z[:, :head]
+
+    def piecewise(self, z: torch.Tensor) -> torch.Tensor:
+        """[rows, (ple_columns + ple_tail) * ple_bins]: per column, 1 for the bins below the value, its
+        position in its own bin, 0 above (Gorishniy et al. 2022, "On embeddings for numerical features")."""
+        lo, hi = self.ple_edges[:, :-1], self.ple_edges[:, 1:]
+        e = ((self._scalars(z)[:, :, None] - lo) / (hi - lo).clamp_min(1e-6)).clamp(0, 1)
+        return e.flatten(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = nn.functional.gelu(self.inp((x - self.in_mean) / self.in_std))
+        z = (x - self.in_mean) / self.in_std
+        h = self.inp(z)
+        if self.cfg.ple_bins:
+            h = h + self.ple(self.piecewise(z))
+        h = nn.functional.gelu(h)
         for block in self.blocks:
             h = block(h)
         return self.norm(h)
