@@ -247,7 +247,8 @@ def stage_foundation(st: Stage, profile: str | None = None) -> dict:
 def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profile: str | None = None,
                    sampled_negatives: int | None = None, holdout: bool = True) -> dict:
     """finetune (method full) or LoRA adapters on the frozen trunk (method lora), then the hold-out
-    metric (not timed): churn AUROC, or the macro AUROC of a multilabel scenario (_holdout_multilabel).
+    metric (not timed): churn AUROC, or the macro AUROC of a multilabel scenario (models.evaluate scores
+    a wide head a block of labels at a time).
     `sampled_negatives`: FinetuneConfig's (0: the full loss even for a wide head; None: the default)."""
     from models.checkpoint import load_checkpoint, save_checkpoint
     from models.train import finetune
@@ -291,69 +292,9 @@ def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profil
         "kind": "scenario", "scenario": name, "task": task.to_dict(), "feature_spec": foundation["feature_spec"],
         "net": foundation["net"], "foundation_sha256": foundation["weights_sha256"]})
     out["checkpoint_bytes"] = (path / "model.safetensors").stat().st_size
-    if task.task == "binary" and holdout:
+    if task.task in ("binary", "multilabel") and holdout:
         out.update(_holdout(st, result.model, cache, task, plan.test_cutoff, "fp32"))
-    if task.task == "multilabel" and holdout:
-        out.update(_holdout_multilabel(st, result.model, cache, task, plan.test_cutoff))
     return out
-
-
-def _holdout_multilabel(st: Stage, model, cache, task, cutoff: int, block: int = 512) -> dict:
-    """models.metrics.macro_auroc of the model's scores at the hold-out cut-off (labels with at least
-    5 positives and 5 negatives), without evaluate()'s dense [entities, labels] matrices (~1 GB each at
-    16,000 labels): the trunk runs once, then the scores of `block` labels at a time are ranked."""
-    import numpy as np
-    import torch
-    from scipy.stats import rankdata
-
-    from models.features import FeatureSpec, chunk_at
-    from models.items import batch_history
-    from models.targets import compute_target, eligible
-    from models.train import chunk_plan, task_inputs
-
-    spec = FeatureSpec.from_dict(json.loads((st.workspace.foundation / "config.json").read_text())["feature_spec"])
-    entity_table = cache.entity_table()
-    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
-    hidden, hist, ys, n = [], [], [], 0
-    model.eval()
-    with torch.no_grad():
-        for s, lo, hi in chunk_plan(cache, 4096):
-            chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
-            if chunk.n == 0:
-                continue
-            keep = eligible(chunk, task.target)
-            x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
-            y = compute_target(chunk, task.target, vocab_sizes.get(task.target.column), cache)[keep]
-            h = h[keep]
-            hidden.append(model.trunk(torch.from_numpy(x[keep])))
-            hist.append((h.rows + n, h.cols, h.values))
-            ys.append((y.rows + n, y.cols))
-            n += len(y)
-        trunk = torch.cat(hidden)
-        h_rows, h_cols, h_values = (np.concatenate(a) for a in zip(*hist))
-        y_rows, y_cols = (np.concatenate(a) for a in zip(*ys))
-        history = (torch.from_numpy(h_rows), torch.from_numpy(h_cols), torch.from_numpy(h_values))
-        labels = task.outputs
-        positives = np.bincount(y_cols, minlength=labels)
-        values = []
-        for l0 in range(0, labels, block):
-            l1 = min(l0 + block, labels)
-            measured = np.flatnonzero((positives[l0:l1] >= 5) & (positives[l0:l1] <= n - 5))
-            if not len(measured):
-                continue
-            cols = torch.arange(l0, l1)
-            empty = torch.zeros(0, dtype=torch.int64)
-            scores = model.head.sampled(trunk, history, cols, empty, empty)[0].float().numpy()
-            ranks = rankdata(scores[:, measured], axis=0)  # ties averaged, as metrics.auroc
-            inside = (y_cols >= l0) & (y_cols < l1)
-            y = np.zeros((n, l1 - l0), bool)
-            y[y_rows[inside], y_cols[inside] - l0] = True
-            y = y[:, measured]
-            pos = y.sum(0)
-            values.append(((ranks * y).sum(0) - pos * (pos + 1) / 2) / (pos * (n - pos)))
-    auc = np.concatenate(values) if values else np.zeros(0)
-    return {"metric": "macro_auroc", "metric_value": float(auc.mean()) if len(auc) else float("nan"),
-            "holdout_entities": n, "labels_measured": int(len(auc))}
 
 
 def _merged(model):
@@ -370,7 +311,10 @@ def _holdout(st: Stage, model, cache, task, cutoff: int, precision: str) -> dict
     with precision_context(precision, st.device):
         report = evaluate(model, cache, spec, task, cutoff, device=st.device)
     key = headline(task)
-    return {"metric": key, "metric_value": report["model"][key], "holdout_entities": report["entities"]}
+    out = {"metric": key, "metric_value": report["model"][key], "holdout_entities": report["entities"]}
+    if "labels_measured" in report:
+        out["labels_measured"] = report["labels_measured"]
+    return out
 
 
 def stage_predict(st: Stage, name: str, precision: str, profile: str | None = None) -> dict:

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from models.baselines import LabelScores, dense_columns
 from models.cache import Cache
 from models.features import DAY, FeatureSpec, chunk_at
 from models.items import SparseRows, top_k_items
-from models.metrics import auroc, average_precision, macro_auroc, mae, normalized_gini, ranking_metrics_at, rmse
+from models.metrics import (auroc, average_precision, blockwise_macro_auroc, macro_auroc, mae, normalized_gini,
+                            ranking_metrics_at, rmse)
 from models.network import Model
 from models.targets import compute_target, eligible
 from models.train import (TaskSpec, chunk_plan, day_floor, item_popularity, label_history, rank_items, scores,
@@ -61,17 +63,20 @@ def baseline_scores(task: TaskSpec, chunk, x_hist: SparseRows | np.ndarray | Non
 
 
 def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, *,
-             constant: float | None = None, extra: dict[str, np.ndarray] | None = None,
+             constant: float | None = None, extra: dict[str, np.ndarray | LabelScores | None] | None = None,
              chunk_entities: int = 4096, device: str = "cpu") -> dict:
     """Metrics of the model and of each baseline on the entities eligible at `cutoff`.
-    `extra`: scores of other baselines (e.g. LightGBM) for the same entities in the same order."""
+    `extra`: scores of other baselines (e.g. LightGBM) for the same entities in the same order; for
+    multilabel also LabelScores (a subset of the labels), reported on that subset next to the model's."""
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     target = task.target
     popularity = recent_popularity(cache, target, cutoff) if task.uses_label_history else None
     item_pop = item_popularity(cache, target, cutoff) if task.task == "recommendation" else None
     ys, preds, base = [], [], {}
+    trunks, hists = [], []  # multilabel
     ranking: dict[str, list] = {}
+    dev = next(model.parameters()).device if device == "auto" else torch.device(device)
     for s, lo, hi in chunk_plan(cache, chunk_entities):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
         if chunk.n == 0:
@@ -79,8 +84,11 @@ def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cuto
         keep = eligible(chunk, target)
         x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
         y = compute_target(chunk, target, vocab_sizes.get(target.column), cache)[keep]
-        if task.task == "multilabel" and isinstance(y, SparseRows):  # the metrics read the 0/1 matrix
-            y = y.dense()
+        if task.task == "multilabel":  # the trunk's output and sparse rows only: labels are scored in blocks later
+            ys.append(_sparse(y))
+            trunks.append(_trunk(model, x[keep], dev))
+            hists.append(_sparse(h[keep]))
+            continue
         if task.task == "recommendation":  # rank per chunk: [n, catalog] matrices never exist
             tops = item_rankings(model, x[keep], h[keep], popularity, item_pop, task.k, device, spec.habitual_channel)
             for name, top in tops.items():
@@ -100,6 +108,9 @@ def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cuto
         results = {name: _weighted(parts) for name, parts in ranking.items()}
         n = sum(w for _, w in ranking["model"]) if ranking else 0
         return {"model": results.pop("model", {}), "baselines": results, "entities": n}
+    if task.task == "multilabel":
+        return _multilabel_report(model, ys, trunks, hists, popularity, extra or {},
+                                  spec.habitual_channel, dev)
     y = np.concatenate(ys) if ys else np.zeros(0)
     model_scores = np.concatenate(preds) if preds else np.zeros(0)
     baselines = {k: np.concatenate(v) for k, v in base.items()}
@@ -112,6 +123,69 @@ def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cuto
     return {"model": task_metrics(task.task, y, model_scores),
             "baselines": {k: task_metrics(task.task, y, v) for k, v in baselines.items()},
             "entities": int(len(y)), "positive_rate": float(np.mean(y)) if len(y) else float("nan")}
+
+
+def _multilabel_report(model: Model, ys: list[SparseRows], trunks: list[torch.Tensor], hists: list[SparseRows],
+                       popularity: np.ndarray, extra: dict, channel: int, dev) -> dict:
+    """macro AUROC of the model and the baselines, a block of labels at a time: what exists at once is
+    the trunk's output [entities, hidden], the sparse targets and histories, and [entities, block] scores."""
+    y, hist = _stack(ys), _stack(hists)
+    h = torch.cat(trunks) if trunks else torch.zeros((0, model.trunk.cfg.hidden), device=dev)
+    history = tuple(torch.from_numpy(a).to(dev) for a in (hist.rows, hist.cols, hist.values))
+    empty = torch.zeros(0, dtype=torch.int64, device=dev)
+    n = len(y)
+
+    @torch.no_grad()
+    def model_scores(cols):  # the head's columns `cols`: what scores() gives for them
+        logits = model.head.sampled(h, history, torch.from_numpy(cols).to(dev), empty, empty)[0]
+        return torch.sigmoid(logits).float().cpu().numpy()
+
+    scorers = {"model": model_scores, "past frequency": lambda cols: dense_columns(hist, cols, channel),
+               "popularity": lambda cols: np.broadcast_to(popularity[cols], (n, len(cols)))}
+    subsets = {}
+    for name, values in extra.items():
+        if isinstance(values, LabelScores):  # e.g. LightGBM on the most frequent labels of a wide head
+            subsets[name] = values
+        elif values is not None:
+            assert len(values) == n, f"baseline {name}: {len(values)} scores for {n} entities"
+            scorers[name] = lambda cols, v=values: v[:, cols]
+    aucs, measured = blockwise_macro_auroc(y, scorers)
+    report = {"model": {"macro_auroc": aucs.pop("model")},
+              "baselines": {k: {"macro_auroc": v} for k, v in aucs.items()}, "entities": n,
+              "positive_rate": len(y.cols) / (n * y.n_cols) if n and y.n_cols else float("nan"),
+              "labels_measured": measured}
+    for name, sub in subsets.items():  # habitus on the same labels, so the comparison stays like for like
+        assert len(sub.scores) == n, f"baseline {name}: {len(sub.scores)} scores for {n} entities"
+        order = np.argsort(sub.labels)  # label position -> its column of sub.scores
+        pair, k = blockwise_macro_auroc(y, {"model": model_scores, name: lambda cols, v=sub, o=order: v.scores[
+            :, o[np.searchsorted(v.labels[o], cols)]]}, labels=sub.labels)
+        report["baselines"][f"{name} (top {len(sub.labels)} labels)"] = {
+            "macro_auroc": pair[name], "model_macro_auroc": pair["model"], "labels_measured": k}
+    return report
+
+
+@torch.no_grad()
+def _trunk(model: Model, x: np.ndarray, dev, batch: int = 8192) -> torch.Tensor:
+    out = [model.trunk(torch.from_numpy(x[i:i + batch]).to(dev)) for i in range(0, len(x), batch)]
+    return torch.cat(out) if out else torch.zeros((0, model.trunk.cfg.hidden), device=dev)
+
+
+def _sparse(a: SparseRows | np.ndarray) -> SparseRows:
+    """Sparse rows of a dense [n, labels] matrix or [n, labels, channels] history (its nonzero entries)."""
+    if isinstance(a, SparseRows):
+        return a
+    a = a if a.ndim == 3 else a[:, :, None]
+    rows, cols = np.nonzero((a != 0).any(-1))
+    return SparseRows.from_pairs(rows, cols, a[rows, cols], len(a), a.shape[1])
+
+
+def _stack(parts: list[SparseRows]) -> SparseRows:
+    """Sparse rows one under another."""
+    if not parts:
+        return SparseRows(np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros((0, 1), np.float32), 0)
+    indptr = np.r_[0, np.cumsum(np.concatenate([np.diff(p.indptr) for p in parts]))].astype(np.int64)
+    return SparseRows(indptr, np.concatenate([p.cols for p in parts]),
+                      np.concatenate([p.values for p in parts]), parts[0].n_cols)
 
 
 def item_rankings(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.ndarray, item_pop: np.ndarray,
@@ -154,7 +228,7 @@ def _weighted(parts: list[tuple[dict, int]]) -> dict[str, float]:
 
 def recent_popularity(cache: Cache, target, cutoff: int, days: int = 30) -> np.ndarray:
     """How often each label was touched by anyone in the `days` before the cut-off."""
-    vocab = cache.columns[target.column]["vocab_size"]
+    vocab = max(cache.columns[target.column]["vocab_size"], max(target.labels, default=0))  # (absent labels: 0)
     counts = np.zeros(vocab + 1, np.float64)
     for i in range(cache.shard_count):
         sh = cache.shard(i)

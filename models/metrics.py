@@ -1,6 +1,11 @@
 """Hold-out metrics, in NumPy so that models, baselines and benchmarks share one implementation."""
 
+from typing import TYPE_CHECKING, Callable
+
 import numpy as np
+
+if TYPE_CHECKING:  # (models.items imports torch; these metrics need NumPy only)
+    from models.items import SparseRows
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -43,6 +48,55 @@ def macro_auroc(y: np.ndarray, score: np.ndarray, min_positives: int = 5) -> flo
     values = [auroc(y[:, j], score[:, j]) for j in range(y.shape[1])
               if min_positives <= y[:, j].sum() <= len(y) - min_positives]
     return float(np.mean(values)) if values else float("nan")
+
+
+LABEL_BLOCK_VALUES = 1 << 24  # scores ranked at a time (64 MB of float32): memory stays rows x block at any width
+
+
+def measured_labels(y: "SparseRows", labels: np.ndarray | None = None, min_positives: int = 5) -> np.ndarray:
+    """The label positions (sorted; of `labels`, default all) macro_auroc measures: enough positives and negatives."""
+    counts, n = y.col_counts(), len(y)
+    labels = np.arange(y.n_cols) if labels is None else np.unique(np.asarray(labels, np.int64))
+    return labels[(counts[labels] >= min_positives) & (counts[labels] <= n - min_positives)]
+
+
+def column_aurocs(score: np.ndarray, pos_rows: np.ndarray, pos_cols: np.ndarray) -> np.ndarray:
+    """auroc of each column of `score` [rows, b] whose positives are the (row, column) pairs given:
+    ties averaged as in auroc, from each positive's place in its sorted column, so the 0/1 matrix is never built."""
+    s = np.ascontiguousarray(score.T)  # [b, rows]: one contiguous row per label
+    n, srt = s.shape[1], np.sort(s, axis=1)
+    order = np.argsort(pos_cols, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(pos_cols, minlength=len(s)))]
+    out = np.full(len(s), np.nan)
+    for j in range(len(s)):
+        v = s[j, pos_rows[order[bounds[j]:bounds[j + 1]]]]
+        p = len(v)
+        if 0 < p < n:  # average 1-based rank of a score: (#less + #less-or-equal + 1) / 2
+            ranks = (np.searchsorted(srt[j], v, "left") + np.searchsorted(srt[j], v, "right") + 1) / 2.0
+            out[j] = (ranks.sum() - p * (p + 1) / 2) / (p * (n - p))
+    return out
+
+
+def blockwise_macro_auroc(y: "SparseRows", scorers: dict[str, Callable[[np.ndarray], np.ndarray]],
+                          labels: np.ndarray | None = None, min_positives: int = 5,
+                          block_values: int | None = None) -> tuple[dict[str, float], int]:
+    """macro_auroc of every scorer, over `labels` (default all), with sparse targets `y` [rows, labels]:
+    `scorer(cols)` gives the [rows, len(cols)] scores of those label positions, asked for a block of
+    labels at a time (block_values, default LABEL_BLOCK_VALUES, // rows of them), so no [rows, labels]
+    matrix ever exists.
+    Returns ({name: macro AUROC}, how many labels were measured)."""
+    measured = measured_labels(y, labels, min_positives)
+    n = len(y)
+    step = max(1, (block_values or LABEL_BLOCK_VALUES) // max(n, 1))
+    y_rows, y_cols = y.rows, y.cols
+    per = {name: [] for name in scorers}
+    for i in range(0, len(measured), step):
+        cols = measured[i:i + step]
+        inside = np.isin(y_cols, cols)
+        r, c = y_rows[inside], np.searchsorted(cols, y_cols[inside])
+        for name, scorer in scorers.items():
+            per[name].append(column_aurocs(scorer(cols), r, c))
+    return {name: float(np.mean(np.concatenate(v))) if v else float("nan") for name, v in per.items()}, len(measured)
 
 
 def mae(y, pred) -> float:

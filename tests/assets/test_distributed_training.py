@@ -57,7 +57,8 @@ def test_training_assets_run_in_two_processes(tmp_path, instance):
     assert meta["fingerprint"].value == config["weights_sha256"][:16]
     assert meta["final_validation_loss"].value == config["curves"]["val_loss"][-1] > 0
     assert config["training"]["device"] == "cpu" and config["training"]["steps"] > 0
-    assert meta["parameters"].value == sum(v.numel() for k, v in state.items() if not k.startswith("trunk.in_"))
+    assert meta["parameters"].value == sum(v.numel() for k, v in state.items()   # buffers are not parameters
+                                           if not k.startswith(("trunk.in_", "trunk.ple_edges")))
     logs = [e.message for e in instance.all_logs(foundation.run_id) if e.message]
     assert any("launching 2 processes" in m for m in logs)
     assert sum("foundation epoch" in m for m in logs) == 2  # rank 0's lines only, streamed into the run's log
