@@ -210,15 +210,17 @@ def space_needed(workspace, project) -> dict:
 
 
 def baseline_margin(cfg: dict) -> dict:
-    """The headline metric of the model next to the best baseline's, from a scenario's config.json."""
+    """The headline metric of the model next to the closest baseline's, from a scenario's config.json.
+    A baseline scored on some labels only (LightGBM on a wide head) is compared with the model's value
+    on those labels (`model_<metric>`), so the two numbers shown are always like for like."""
     key, metrics = cfg["headline"], cfg["metrics"]
     lower = key in LOWER_IS_BETTER
     model = metrics["model"].get(key, math.nan)
-    base = {b: m.get(key, math.nan) for b, m in metrics["baselines"].items()}
-    base = {b: v for b, v in base.items() if not math.isnan(v)}
-    best = (min if lower else max)(base, key=base.get) if base else None
-    return {"metric": key, "model": model, "best_baseline": best,
-            "baseline": base.get(best, math.nan), "lower_is_better": lower}
+    pairs = {b: (m.get(f"model_{key}", model), m.get(key, math.nan)) for b, m in metrics["baselines"].items()}
+    pairs = {b: p for b, p in pairs.items() if not math.isnan(p[1])}
+    best = min(pairs, key=lambda b: (pairs[b][1] - pairs[b][0]) * (1 if lower else -1)) if pairs else None
+    mine, theirs = pairs[best] if best else (model, math.nan)
+    return {"metric": key, "model": mine, "best_baseline": best, "baseline": theirs, "lower_is_better": lower}
 
 
 # --------------------------------------------------------------------------- the check definitions

@@ -69,6 +69,10 @@ def metrics_markdown(task: TaskSpec, report: dict) -> str:
     keys = list(report["model"])
     lines = ["| | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(f"{m.get(k, float('nan')):.4f}" for k in keys) + " |" for name, m in rows]
+    for name, m in report["baselines"].items():  # a baseline of some labels only: the model on the same labels
+        if any(k.startswith("model_") for k in m):
+            lines.append(f"| model, on the labels of {name} | "
+                         + " | ".join(f"{m.get(f'model_{k}', float('nan')):.4f}" for k in keys) + " |")
     return "\n".join(lines)
 
 

@@ -9,7 +9,6 @@
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -87,6 +86,7 @@ def materialize_all(project, *, log=print) -> dict:
 
 def report(project, prediction_day: str | None = None) -> str:
     """The table a person reads first: each scenario's hold-out metric next to its baselines."""
+    from assets.checks import baseline_margin
     from resources.workspace import Workspace
 
     ws = Workspace(root=project.workspace)
@@ -98,13 +98,10 @@ def report(project, prediction_day: str | None = None) -> str:
             lines.append(f"{name:<18} (not trained yet)")
             continue
         cfg = json.loads(cfg_file.read_text())
-        key, m = cfg["headline"], cfg["metrics"]
-        lower = key in ("mae", "rmse")
-        base = {b: v.get(key, math.nan) for b, v in m["baselines"].items() if not math.isnan(v.get(key, math.nan))}
-        best = (min if lower else max)(base, key=base.get) if base else "-"
-        lines.append(f"{name:<18} {cfg['task']['task']:<15} {key:<12} {m['model'].get(key, math.nan):>8.4f} "
-                     f"{base.get(best, math.nan):>14.4f}  {best:<18} {'yes' if cfg['beats_baselines'] else 'no':<6} "
-                     f"{m['entities']:>9,}")
+        margin = baseline_margin(cfg)
+        lines.append(f"{name:<18} {cfg['task']['task']:<15} {margin['metric']:<12} {margin['model']:>8.4f} "
+                     f"{margin['baseline']:>14.4f}  {margin['best_baseline'] or '-':<18} "
+                     f"{'yes' if cfg['beats_baselines'] else 'no':<6} {cfg['metrics']['entities']:>9,}")
     lines.append(f"\nhold-out: test cut-off {_first_protocol(ws, project)}; features before it, targets after it")
     for name in project.prediction_scenarios:
         folder = ws.predictions(name)

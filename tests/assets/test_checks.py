@@ -15,10 +15,12 @@ import yaml
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 import assets.scenarios
-from assets.checks import SEVERE_SHARE, build_checks, schema_problems
+from assets.checks import SEVERE_SHARE, baseline_margin, build_checks, schema_problems
 from assets.serving import passed_path, serving_checkpoint
 from pipelines.config import load_project
 from pipelines.definitions import build_assets, build_resources
+from models.targets import TargetSpec
+from models.train import TaskSpec
 from pipelines.demo_data import generate_demo_warehouse
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
@@ -293,6 +295,26 @@ def _fake_scenario(project, name, beats: bool):
         "headline": "auroc", "beats_baselines": beats, "weights_sha256": "ab" * 32,
         "metrics": {"model": {"auroc": 0.81 if beats else 0.70}, "entities": 123,
                     "baselines": {"recency": {"auroc": 0.75}, "lightgbm": {"auroc": 0.78}}}}))
+
+
+def test_baseline_margin_compares_like_for_like():
+    # LightGBM of a wide head scores its 200 most frequent labels only: the model's value on those
+    # labels ("model_macro_auroc") is the one it is compared with, and the closest baseline is shown
+    cfg = {"headline": "macro_auroc", "metrics": {
+        "model": {"macro_auroc": 0.86},
+        "baselines": {"past frequency": {"macro_auroc": 0.67}, "popularity": {"macro_auroc": 0.5},
+                      "lightgbm (top 200 labels)": {"macro_auroc": 0.90, "model_macro_auroc": 0.88}}}}
+    m = baseline_margin(cfg)
+    wide = TaskSpec("multilabel", TargetSpec("any_event", 28, "brand", tuple(range(1, 16_001))))
+    assert (m["best_baseline"], m["model"], m["baseline"]) == ("lightgbm (top 200 labels)", 0.88, 0.90)
+    assert assets.scenarios.beats_baselines(wide, cfg["metrics"]) is False
+    cfg["metrics"]["baselines"]["lightgbm (top 200 labels)"]["model_macro_auroc"] = 0.91
+    assert baseline_margin(cfg)["model"] == 0.91 and assets.scenarios.beats_baselines(wide, cfg["metrics"]) is True
+    # lower is better: the closest baseline is the one with the smallest error
+    mae = {"headline": "mae", "metrics": {"model": {"mae": 20.0}, "baselines": {
+        "training mean": {"mae": 44.0}, "lightgbm": {"mae": 22.0}, "broken": {"mae": float("nan")}}}}
+    assert baseline_margin(mae) == {"metric": "mae", "model": 20.0, "best_baseline": "lightgbm", "baseline": 22.0,
+                                    "lower_is_better": True}
 
 
 def test_beats_baselines_check(tmp_path, demo):
