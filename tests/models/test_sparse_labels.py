@@ -381,3 +381,36 @@ def test_a_wide_head_trains_on_sampled_labels_without_rows_x_labels_logits():
     assert after < 0.93 * before
     assert auc > max(0.8, auc_before + 0.05) and lift > 5
     assert 0.5 * rate < mean_p < 2.5 * rate  # the inverse-probability weights keep the base rate
+
+
+
+def test_sampled_heads_train_in_bf16_where_the_hardware_has_it_and_land_where_fp32_does(world, monkeypatch):
+    """This world's 12 products as a sampled head (above 6 labels): with bf16 matrix products (forced
+    on, whatever this CPU has) fine-tuning reaches the validation losses of float32 closely, and the
+    weights stay float32."""
+    cache, test_cutoff, foundation, task = world
+    plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
+    state = foundation.model.state_dict()
+    monkeypatch.setattr(train, "fast_bf16", lambda dev: True)
+    runs = {}
+    for bf16 in (True, False):
+        cfg = FinetuneConfig(**{**train.asdict(FINETUNE), "sampled_above_labels": 6, "sampled_negatives": 3,
+                                "val_sampled_negatives": 6, "sampled_bf16": bf16})
+        runs[bf16] = finetune(cache, state, foundation.info, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
+                              device="cpu", log=lambda _: None)
+        assert runs[bf16].info["sampled_negatives"] == 3
+    assert runs[True].curves != runs[False].curves  # bf16 did run
+    np.testing.assert_allclose(runs[True].curves["val_loss"], runs[False].curves["val_loss"], rtol=0.02)
+    assert all(v.dtype == torch.float32 for v in runs[True].model.state_dict().values() if v.is_floating_point())
+
+
+def test_spilled_features_read_back_equal(tmp_path):
+    """train._Kept's files (no pickle): arrays, sparse rows and Nones come back as they were."""
+    x, h, y = _wide_problem(30, 50)
+    path = str(tmp_path / "a.npz")
+    train._save_arrays(path, (x, h, y, None))
+    x2, h2, y2, none = train._load_arrays(path)
+    assert none is None and np.array_equal(x2, x) and x2.dtype == x.dtype
+    for a, b in ((h, h2), (y, y2)):
+        assert isinstance(b, SparseRows) and b.n_cols == a.n_cols
+        assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("indptr", "cols", "values"))

@@ -254,3 +254,60 @@ def test_per_label_history_weights_learn_what_one_shared_weight_cannot():
             w = (head.skip.weight[0] + head.label_skip)[:, 1]
             assert w[0] > 1.0 and w[1] < -1.0
     assert losses[True] < 0.1 < 0.5 < losses[False]
+
+
+def test_feature_budgets_move_features_between_memory_files_and_recomputing_not_the_result(world, foundation,
+                                                                                           scenario, tmp_path):
+    """Fine-tuning with no memory budget (every chunk's features in files under spill_dir, read back
+    at each epoch), or with neither budget (computed again at each use), trains the same weights as
+    with everything in memory; the files are gone afterwards."""
+    from dataclasses import replace
+
+    cache, _, _ = world
+    plan, kept = scenario
+    state = foundation.model.state_dict()
+    for memory, disk in ((0, 1 << 30), (0, 0)):
+        cfg = replace(FINETUNE, memory_budget_bytes=memory, spill_budget_bytes=disk, spill_dir=str(tmp_path))
+        again = finetune(cache, state, foundation.info, CHURN, list(plan.train_cutoffs), plan.val_cutoff, cfg,
+                         device="cpu", log=lambda _: None)
+        assert again.curves == kept.curves
+        for k, v in kept.model.state_dict().items():
+            assert torch.equal(again.model.state_dict()[k], v), k
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_kept_arrays_fill_memory_then_files_then_recompute(tmp_path):
+    import models.train as train
+
+    made = []
+
+    def make(i):
+        made.append(i)
+        return np.full(250, i, np.float32), None  # 1,000 bytes
+
+    kept = train._Kept(make, memory_bytes=2000, disk_bytes=1000, folder=str(tmp_path))
+    for _ in range(2):
+        for i in range(4):
+            x, h = kept.get((i,))
+            assert h is None and (x == i).all()
+    assert made == [0, 1, 2, 3, 3]  # two in memory, one in a file, the fourth computed at each use
+    assert len(kept.memory) == 2 and len(kept.files) == 1 and len(list(tmp_path.iterdir())) == 1
+    kept.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_by_shard_groups_the_shuffled_work_and_leaves_one_shard_as_shuffled():
+    from models.train import by_shard
+
+    work = [(s, c) for s in range(3) for c in range(5)]
+    got = by_shard(list(work), np.random.default_rng(0))
+    shuffled = list(work)
+    np.random.default_rng(0).shuffle(shuffled)
+    assert sorted(got) == sorted(work)
+    assert [s for s, _ in got] == sorted([s for s, _ in got], key=[s for s, _ in shuffled].index)  # grouped
+    for s in range(3):  # each shard's items in their shuffled order
+        assert [w for w in got if w[0] == s] == [w for w in shuffled if w[0] == s]
+    one = [(0, c) for c in range(9)]
+    alone = list(one)
+    np.random.default_rng(1).shuffle(alone)
+    assert by_shard(list(one), np.random.default_rng(1)) == alone
