@@ -103,7 +103,10 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
         cutoff = test_cutoff(project, cache)
         task = task_spec(name, scenario, cache, cutoff)
         plan = protocol(cutoff, task.target.window_days, scenario.train_cutoffs, cache.time_range[0])
-        cfg = FinetuneConfig(epochs=scenario.epochs, learning_rate=scenario.learning_rate)
+        # features beyond the memory budget spill into the workspace (a real filesystem with its space checked)
+        spill = workspace.resume("scenarios", name)
+        spill.mkdir(parents=True, exist_ok=True)
+        cfg = FinetuneConfig(epochs=scenario.epochs, learning_rate=scenario.learning_rate, spill_dir=str(spill))
         # a killed run continues from its last saved state (same foundation, task, config and cut-offs only)
         resume = Resumer(workspace.resume("scenarios", name),
                          combine(foundation["weights_sha256"], task.to_dict(), config_dict(cfg), list(plan.train_cutoffs),

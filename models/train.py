@@ -683,7 +683,10 @@ class _Kept:
             self.in_memory += size
         elif self.on_disk + size <= self.disk_bytes:
             if self._dir is None:
-                self._dir = tempfile.mkdtemp(prefix="habitus-features-", dir=self.folder)
+                # in a given folder, named as models.storage names a writer's temporary copy: the next
+                # run of the stage removes what a killed one left (storage.recover_tree)
+                self._dir = (tempfile.mkdtemp(prefix="habitus-features-") if self.folder is None else
+                             tempfile.mkdtemp(prefix=".features-", suffix=f".tmp-{os.getpid()}", dir=self.folder))
                 weakref.finalize(self, shutil.rmtree, self._dir, True)
             path = os.path.join(self._dir, f"{len(self.files)}.npz")
             _save_arrays(path, arrays)

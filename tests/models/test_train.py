@@ -296,6 +296,23 @@ def test_kept_arrays_fill_memory_then_files_then_recompute(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_spilled_features_of_a_killed_run_are_removed_by_the_next_run(tmp_path):
+    import os
+
+    from models import train
+    from models.storage import recover_tree
+
+    kept = train._Kept(lambda i: (np.zeros(250, np.float32), None), memory_bytes=0, disk_bytes=10_000,
+                       folder=str(tmp_path))
+    kept.get((0,))
+    (mine,) = tmp_path.iterdir()
+    assert mine.name.endswith(f".tmp-{os.getpid()}")
+    assert recover_tree(tmp_path) == [] and mine.exists()  # a live writer's files stay
+    dead = tmp_path / mine.name.replace(f".tmp-{os.getpid()}", ".tmp-999999999")  # as a killed run leaves them
+    mine.rename(dead)
+    assert recover_tree(tmp_path) == [f"removed {dead}"] and list(tmp_path.iterdir()) == []
+
+
 def test_by_shard_groups_the_shuffled_work_and_leaves_one_shard_as_shuffled():
     from models.train import by_shard
 
