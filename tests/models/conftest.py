@@ -67,6 +67,20 @@ class Sources:
         spec = self.spec(events, entity_attributes, attributes, shard_events)
         return Cache(build_cache(spec, self.root / root, log=lambda _: None))
 
+    def segment_purchases(self, customers: int, span_days: int, seed: int, shard_events: int = 3000) -> Cache:
+        """Customers of three segments, each buying mostly (80%) its own 4 of 12 products, about 0.4
+        purchases a day over `span_days`: a multilabel world whose labels a model can learn."""
+        rng = np.random.default_rng(seed)
+        customer, ts, product = [], [], []
+        for i in range(customers):
+            k = rng.poisson(0.4 * span_days)
+            customer += [f"c{i:04d}"] * k
+            ts += [self.at(d) for d in np.sort(rng.uniform(0, span_days, k))]
+            own = rng.random(k) < 0.8
+            product += [f"p{(i % 3) * 4 + j}" if o else f"p{j}" for j, o in zip(rng.integers(0, 4, k), own)]
+        return self.build(self.events(self.write_events("purchases", customer, ts, product, [1.0] * len(ts))),
+                          shard_events=shard_events)
+
 
 def shard_frame(cache: Cache) -> dict[str, np.ndarray]:
     """All events of a cache, shards concatenated, plus the shard index of every row."""

@@ -36,16 +36,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def world(module_sources):
     """Customers of three segments, each buying mostly its own products of 12."""
-    rng = np.random.default_rng(0)
-    customer, ts, product = [], [], []
-    for i in range(N_CUSTOMERS):
-        k = rng.poisson(0.4 * SPAN_DAYS)
-        customer += [f"c{i:04d}"] * k
-        ts += [module_sources.at(d) for d in np.sort(rng.uniform(0, SPAN_DAYS, k))]
-        own = rng.random(k) < 0.8
-        product += [f"p{(i % 3) * 4 + j}" if o else f"p{j}" for j, o in zip(rng.integers(0, 4, k), own)]
-    cache = module_sources.build(module_sources.events(module_sources.write_events(
-        "purchases", customer, ts, product, [1.0] * len(ts))), shard_events=3000)
+    cache = module_sources.segment_purchases(N_CUSTOMERS, SPAN_DAYS, seed=0)
     test_cutoff = module_sources.at(SPAN_DAYS - HORIZON)
     foundation = train_foundation(cache, FOUNDATION, test_cutoff - HORIZON * DAY, device="cpu", log=lambda _: None)
     vocab = cache.columns["product_id"]["vocab_size"]
