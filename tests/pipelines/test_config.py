@@ -2,7 +2,6 @@
 
 import copy
 import json
-import os
 import traceback
 from pathlib import Path
 

@@ -4,7 +4,7 @@ The signal tests compare the generated purchases with the same rows after shuffl
 (or timestamps) across customers: structure the models are meant to learn must beat that baseline.
 """
 
-from datetime import date, datetime, timedelta
+from datetime import date
 
 import duckdb
 import numpy as np
