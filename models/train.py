@@ -689,7 +689,13 @@ class _Kept:
                              tempfile.mkdtemp(prefix=".features-", suffix=f".tmp-{os.getpid()}", dir=self.folder))
                 weakref.finalize(self, shutil.rmtree, self._dir, True)
             path = os.path.join(self._dir, f"{len(self.files)}.npz")
-            _save_arrays(path, arrays)
+            try:
+                _save_arrays(path, arrays)
+            except OSError:  # a full disk: the features are computed again at each use, training goes on
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+                self.disk_bytes = self.on_disk
+                return arrays
             self.files[key] = path
             self.on_disk += size
         return arrays

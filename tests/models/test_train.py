@@ -313,6 +313,37 @@ def test_spilled_features_of_a_killed_run_are_removed_by_the_next_run(tmp_path):
     assert recover_tree(tmp_path) == [f"removed {dead}"] and list(tmp_path.iterdir()) == []
 
 
+def test_a_full_disk_stops_the_spilling_not_the_training(tmp_path, monkeypatch):
+    import errno
+
+    from models import train
+
+    real, made = train._save_arrays, []
+
+    def save(path, arrays):
+        if len(made) > 3:  # the disk fills up while chunk 3 is written
+            open(path, "wb").write(b"half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, arrays)
+
+    monkeypatch.setattr(train, "_save_arrays", save)
+
+    def make(i):
+        made.append(i)
+        return np.full(250, i, np.float32), None
+
+    kept = train._Kept(make, memory_bytes=1000, disk_bytes=10_000, folder=str(tmp_path))
+    for _ in range(2):
+        for i in range(5):
+            assert (kept.get((i,))[0] == i).all()
+    # chunk 0 in memory, 1 and 2 in files; 3 failed to write (its half file removed), so 3 and 4 are
+    # computed again at each use and never written
+    assert made == [0, 1, 2, 3, 4, 3, 4] and len(kept.files) == 2
+    (folder,) = tmp_path.iterdir()
+    assert sorted(f.name for f in folder.iterdir()) == ["0.npz", "1.npz"]
+    kept.close()
+
+
 def test_by_shard_groups_the_shuffled_work_and_leaves_one_shard_as_shuffled():
     from models.train import by_shard
 
