@@ -35,16 +35,6 @@ class LabelScores:
     scores: np.ndarray
 
 
-def dense_columns(rows: SparseRows, cols: np.ndarray, channel: int = 0) -> np.ndarray:
-    """One channel of sparse rows as dense [rows, len(cols)], for the sorted label positions `cols` only."""
-    out = np.zeros((len(rows), len(cols)), np.float32)
-    if len(cols):
-        at = np.searchsorted(cols, rows.cols).clip(max=len(cols) - 1)
-        inside = cols[at] == rows.cols
-        out[rows.rows[inside], at[inside]] = rows.values[inside, channel]
-    return out
-
-
 def hand_features(chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_sizes: dict[str, int],
                   labels: np.ndarray | None = None) -> np.ndarray:
     """`labels`: the label positions whose own counts are features (default all)."""
@@ -61,7 +51,7 @@ def hand_features(chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_
         parts.append(np.log1p(value_history(chunk, np.where(keep, ids - 1, 0), top, spec.half_lives[-1:], keep)[:, :, 0]))
     if task.uses_label_history:
         hist = label_history(chunk, task.target, vocab_sizes[task.target.column], spec.half_lives)
-        parts.append(hist.dense(1) if labels is None else dense_columns(hist, labels, 1))
+        parts.append(hist.dense(1, labels))
     return np.concatenate(parts, axis=1)
 
 
@@ -80,7 +70,7 @@ def _dataset(cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoffs, chunk_ent
             xs.append(hand_features(chunk, spec, task, entity_table, vocab_sizes, labels)[keep])
             y = compute_target(chunk, task.target, vocab_sizes.get(task.target.column), cache)[keep]
             if isinstance(y, SparseRows):  # multilabel: the 0/1 matrix
-                y = y.dense() if labels is None else dense_columns(y, labels)
+                y = y.dense(0, labels)
             ys.append(y)
     return np.concatenate(xs), np.concatenate(ys)
 

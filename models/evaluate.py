@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.baselines import LabelScores, dense_columns
+from models.baselines import LabelScores
 from models.cache import Cache
 from models.features import DAY, FeatureSpec, chunk_at
 from models.items import SparseRows, top_k_items
@@ -129,7 +129,8 @@ def _multilabel_report(model: Model, ys: list[SparseRows], trunks: list[torch.Te
                        popularity: np.ndarray, extra: dict, channel: int, dev) -> dict:
     """macro AUROC of the model and the baselines, a block of labels at a time: what exists at once is
     the trunk's output [entities, hidden], the sparse targets and histories, and [entities, block] scores."""
-    y, hist = _stack(ys), _stack(hists)
+    labels = ys[0].n_cols if ys else 0
+    y, hist = SparseRows.stack(ys, labels), SparseRows.stack(hists, labels)
     h = torch.cat(trunks) if trunks else torch.zeros((0, model.trunk.cfg.hidden), device=dev)
     history = tuple(torch.from_numpy(a).to(dev) for a in (hist.rows, hist.cols, hist.values))
     empty = torch.zeros(0, dtype=torch.int64, device=dev)
@@ -140,7 +141,7 @@ def _multilabel_report(model: Model, ys: list[SparseRows], trunks: list[torch.Te
         logits = model.head.sampled(h, history, torch.from_numpy(cols).to(dev), empty, empty)[0]
         return torch.sigmoid(logits).float().cpu().numpy()
 
-    scorers = {"model": model_scores, "past frequency": lambda cols: dense_columns(hist, cols, channel),
+    scorers = {"model": model_scores, "past frequency": lambda cols: hist.dense(channel, cols),
                "popularity": lambda cols: np.broadcast_to(popularity[cols], (n, len(cols)))}
     subsets = {}
     for name, values in extra.items():
@@ -177,15 +178,6 @@ def _sparse(a: SparseRows | np.ndarray) -> SparseRows:
     a = a if a.ndim == 3 else a[:, :, None]
     rows, cols = np.nonzero((a != 0).any(-1))
     return SparseRows.from_pairs(rows, cols, a[rows, cols], len(a), a.shape[1])
-
-
-def _stack(parts: list[SparseRows]) -> SparseRows:
-    """Sparse rows one under another."""
-    if not parts:
-        return SparseRows(np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros((0, 1), np.float32), 0)
-    indptr = np.r_[0, np.cumsum(np.concatenate([np.diff(p.indptr) for p in parts]))].astype(np.int64)
-    return SparseRows(indptr, np.concatenate([p.cols for p in parts]),
-                      np.concatenate([p.values for p in parts]), parts[0].n_cols)
 
 
 def item_rankings(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.ndarray, item_pop: np.ndarray,

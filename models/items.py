@@ -64,9 +64,25 @@ class SparseRows:
         take = np.repeat(starts - indptr[:-1], lengths) + np.arange(indptr[-1])
         return SparseRows(indptr, self.cols[take], self.values[take], self.n_cols)
 
-    def dense(self, channel: int = 0) -> np.ndarray:
-        out = np.zeros((len(self), self.n_cols), np.float32)
-        out[self.rows, self.cols] = self.values[:, channel]
+    @classmethod
+    def stack(cls, parts: list["SparseRows"], n_cols: int, channels: int = 1) -> "SparseRows":
+        """The rows of `parts`, one part under another."""
+        if not parts:
+            return cls(np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros((0, channels), np.float32), n_cols)
+        indptr = np.r_[0, np.cumsum(np.concatenate([np.diff(p.indptr) for p in parts]))].astype(np.int64)
+        return cls(indptr, np.concatenate([p.cols for p in parts]), np.concatenate([p.values for p in parts]), n_cols)
+
+    def dense(self, channel: int = 0, cols: np.ndarray | None = None) -> np.ndarray:
+        """One channel as [rows, n_cols], or as [rows, len(cols)] for the sorted positions `cols` only."""
+        if cols is None:
+            out = np.zeros((len(self), self.n_cols), np.float32)
+            out[self.rows, self.cols] = self.values[:, channel]
+            return out
+        out = np.zeros((len(self), len(cols)), np.float32)
+        if len(cols):
+            at = np.searchsorted(cols, self.cols).clip(max=len(cols) - 1)
+            inside = cols[at] == self.cols
+            out[self.rows[inside], at[inside]] = self.values[inside, channel]
         return out
 
     def col_counts(self) -> np.ndarray:

@@ -298,10 +298,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
             for b in _batches(len(train), cfg.batch_size, rng):
                 lock.real()
                 loss = foundation_loss(net(xt[b]), yt[b], n_cols)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
+                _step(model, opt, loss)
                 if steps < steps_total:
                     sched.step()
                 steps += 1
@@ -312,10 +309,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
                     "counters": [events_seen, entities_seen, steps]})
         for _ in lock.padding():  # several processes: this rank's share is spent, the others' is not
             loss = foundation_loss(net(pad[0]), pad[1], n_cols) * 0.0
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            _step(model, opt, loss)
             if steps < steps_total:
                 sched.step()
             steps += 1
@@ -332,6 +326,14 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
             "steps": steps, "feature_spec": spec.to_dict(), "net": model.trunk.cfg.to_dict(),
             "targets_width": targets_width, "device": str(dev), **_processes_info(dist)}
     return TrainResult(model, curves, info)
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """One optimizer step on `loss`, gradients clipped to norm 1."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
 
 
 def _processes(dist: Dist | None, device: str, log: Log, resume) -> tuple[Dist, torch.device, Log]:
@@ -518,10 +520,7 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
                 with mixed():
                     loss = batch_loss(net, task, arrays, b, dev, rng, negatives)
                 last = (arrays, b) if dist.enabled else last
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
+                _step(model, opt, loss)
                 losses.append(loss.item())
             if resume is not None:  # resume hook: save between chunks every N steps
                 resume.after_chunk(math.ceil(len(arrays[0]) / cfg.batch_size), modules, rng, lambda: {
@@ -529,10 +528,7 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
                     "rows": rows, "best": list(best), "snapshots": [list(snap) for snap in snapshots]})
         for _ in lock.padding():  # several processes: this rank's share is spent, the others' is not
             loss = batch_loss(net, task, last[0], last[1], dev, rng, negatives) * 0.0
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            _step(model, opt, loss)
         curves["train_loss"].append(_epoch_loss(losses, dist))
         with mixed():
             curves["val_loss"].append(_val_loss(model, task, val, dev, negatives=val_negatives))
