@@ -207,7 +207,11 @@ def autocast(precision: str, device: str):
 
 
 def close(dist: Dist) -> None:
+    """Leave the process group together: a rank that tears gloo down while another still writes
+    (rank 0 its checkpoint) can abort that one ("terminate called without an active exception",
+    seen once in CI); the barrier lets every rank arrive first."""
     if dist.enabled and torch.distributed.is_initialized():
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
