@@ -904,6 +904,7 @@ class Cache:
         by chunk (an appended shard is merged and sorted once, not once per chunk)."""
         if self._last is not None and self._last[0] == i:
             return self._last[1]
+        self._last = None  # (let the previous shard go before the next is read: one in memory at a time)
         shard = self._read_shard(i)
         self._last = (i, shard)
         return shard
