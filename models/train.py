@@ -657,6 +657,12 @@ def history_rows(h: np.ndarray | SparseRows | None, b: np.ndarray, dev):
     return torch.from_numpy(h[b]).to(dev)
 
 
+# what feature files leave free of the spill folder's disk: the larger of the two (the checkpoint
+# written after training, and whatever else shares the volume, need it more than the spill does)
+SPILL_RESERVE_BYTES = 1 << 30
+SPILL_RESERVE_SHARE = 0.05
+
+
 class _Kept:
     """Arrays computed once by `make(*key)` and read many times (fine-tuning's features at every
     epoch): the first `memory_bytes` of them stay in memory; the next `disk_bytes` are written to
@@ -680,7 +686,7 @@ class _Kept:
         if self.in_memory + size <= self.memory_bytes:
             self.memory[key] = arrays
             self.in_memory += size
-        elif self.on_disk + size <= self.disk_bytes:
+        elif self.on_disk + size <= self.disk_bytes and self._room_for(size):
             if self._dir is None:
                 # in a given folder, named as models.storage names a writer's temporary copy: the next
                 # run of the stage removes what a killed one left (storage.recover_tree)
@@ -698,6 +704,14 @@ class _Kept:
             self.files[key] = path
             self.on_disk += size
         return arrays
+
+    def _room_for(self, size: int) -> bool:
+        """Whether writing `size` more bytes leaves the reserve free; once not, spilling stops for good."""
+        usage = shutil.disk_usage(self._dir or self.folder or tempfile.gettempdir())
+        if usage.free - size >= max(SPILL_RESERVE_BYTES, SPILL_RESERVE_SHARE * usage.total):
+            return True
+        self.disk_bytes = self.on_disk
+        return False
 
     def close(self) -> None:
         """Forget the arrays and remove the files."""

@@ -276,6 +276,7 @@ def test_feature_budgets_move_features_between_memory_files_and_recomputing_not_
         assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.usefixtures("no_spill_reserve")
 def test_kept_arrays_fill_memory_then_files_then_recompute(tmp_path):
     import models.train as train
 
@@ -296,6 +297,16 @@ def test_kept_arrays_fill_memory_then_files_then_recompute(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.fixture
+def no_spill_reserve(monkeypatch):
+    """Spill tests that write real files: whatever the machine's disk holds, the reserve lets them."""
+    from models import train
+
+    monkeypatch.setattr(train, "SPILL_RESERVE_BYTES", 0)
+    monkeypatch.setattr(train, "SPILL_RESERVE_SHARE", 0.0)
+
+
+@pytest.mark.usefixtures("no_spill_reserve")
 def test_spilled_features_of_a_killed_run_are_removed_by_the_next_run(tmp_path):
     import os
 
@@ -313,6 +324,7 @@ def test_spilled_features_of_a_killed_run_are_removed_by_the_next_run(tmp_path):
     assert recover_tree(tmp_path) == [f"removed {dead}"] and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.usefixtures("no_spill_reserve")
 def test_a_full_disk_stops_the_spilling_not_the_training(tmp_path, monkeypatch):
     import errno
 
@@ -359,3 +371,34 @@ def test_by_shard_groups_the_shuffled_work_and_leaves_one_shard_as_shuffled():
     alone = list(one)
     np.random.default_rng(1).shuffle(alone)
     assert by_shard(list(one), np.random.default_rng(1)) == alone
+
+
+def test_spilling_leaves_the_reserve_of_the_disk_free(tmp_path, monkeypatch):
+    """Feature files stop where the disk would drop under the reserve: the checkpoint written after
+    training (and anything else on the volume) needs the space more."""
+    import shutil
+    from collections import namedtuple
+
+    from models import train
+
+    monkeypatch.setattr(train, "SPILL_RESERVE_BYTES", 0)
+    monkeypatch.setattr(train, "SPILL_RESERVE_SHARE", 0.2)
+
+    usage = namedtuple("usage", "total used free")
+    written = []
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10_000, 0, 10_000 - 1000 * len(written) - 7_000))
+    real = train._save_arrays
+    monkeypatch.setattr(train, "_save_arrays", lambda path, arrays: (written.append(path), real(path, arrays)))
+    made = []
+
+    def make(i):
+        made.append(i)
+        return np.full(250, i, np.float32), None  # 1,000 bytes
+
+    kept = train._Kept(make, memory_bytes=0, disk_bytes=10_000, folder=str(tmp_path))
+    for _ in range(2):
+        for i in range(3):
+            assert (kept.get((i,))[0] == i).all()
+    # 3,000 free of 10,000 and a 2,000 reserve: one file fits (leaving 2,000), the second would not
+    assert len(written) == 1 and made == [0, 1, 2, 1, 2] and kept.disk_bytes == 1000
+    kept.close()
