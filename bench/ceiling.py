@@ -76,7 +76,8 @@ def more_features(chunk, ev: dict, columns: list[str], window: int) -> np.ndarra
     longest, shortest, last = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     np.fmax.at(longest, gap_e, gap)
     np.fmin.at(shortest, gap_e, gap)
-    last[gap_e] = gap  # (the latest gap of each entity is written last)
+    ends = np.r_[np.flatnonzero(np.diff(gap_e)), len(gap_e) - 1] if len(gap_e) else np.zeros(0, np.int64)
+    last[gap_e[ends]] = gap[ends]  # each entity's latest gap
     none = count == 0
     blocks = [np.stack([np.where(none, np.nan, std), longest, shortest, last], 1)]
     dow = np.zeros((n, 7))
