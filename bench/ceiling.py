@@ -5,9 +5,10 @@ ceiling, on the same entities as bench/quality.py.
 
 Rows (test AUROC at the test cut-off, churn as bench/quality.py defines it):
 - lightgbm: the baseline's hand features, trained on the protocol's cut-offs (bench/quality.py's row);
-- + more features: plus generic features neither model had: the spread, longest and shortest of the gaps between visits,
-  the last gap, visits by day of week and by fortnight, how many distinct values of each column, and
-  how often the other buyers of the entity's values came back (collaborative, from the past only);
+- + more features: plus generic features neither model had: the spread, longest, shortest and last
+  of the gaps between visits, visits by day of week and by fortnight, how many distinct values of
+  each column, and how often the other buyers of the entity's values came back (collaborative, from
+  the past only);
 - ceiling: LightGBM fitted on the test cut-off's own labels (5-fold cross-fitting over its entities)
   plus every earlier cut-off. Not a model anyone can deploy (it reads labels from the test window):
   an upper bound on what these features can rank, free of the shift between cut-offs.

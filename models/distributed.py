@@ -209,7 +209,8 @@ def autocast(precision: str, device: str):
 def close(dist: Dist) -> None:
     """Leave the process group together: a rank that tears gloo down while another still writes
     (rank 0 its checkpoint) can abort that one ("terminate called without an active exception",
-    seen once in CI); the barrier lets every rank arrive first."""
+    seen in CI); the barrier lets every rank arrive first. (models.launch then also skips the
+    interpreter's teardown, where the same abort came back once.)"""
     if dist.enabled and torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()

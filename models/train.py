@@ -686,32 +686,35 @@ class _Kept:
         if self.in_memory + size <= self.memory_bytes:
             self.memory[key] = arrays
             self.in_memory += size
-        elif self.on_disk + size <= self.disk_bytes and self._room_for(size):
-            if self._dir is None:
-                # in a given folder, named as models.storage names a writer's temporary copy: the next
-                # run of the stage removes what a killed one left (storage.recover_tree)
-                self._dir = (tempfile.mkdtemp(prefix="habitus-features-") if self.folder is None else
-                             tempfile.mkdtemp(prefix=".features-", suffix=f".tmp-{os.getpid()}", dir=self.folder))
-                weakref.finalize(self, shutil.rmtree, self._dir, True)
-            path = os.path.join(self._dir, f"{len(self.files)}.npz")
-            try:
-                _save_arrays(path, arrays)
-            except OSError:  # a full disk: the features are computed again at each use, training goes on
-                with contextlib.suppress(OSError):
-                    os.remove(path)
+        elif self.on_disk + size <= self.disk_bytes:
+            if self._room_for(size) and self._spill(key, arrays):
+                self.on_disk += size
+            else:  # a disk near its reserve, or full: spilling stops, the rest is computed again at each use
                 self.disk_bytes = self.on_disk
-                return arrays
-            self.files[key] = path
-            self.on_disk += size
         return arrays
 
     def _room_for(self, size: int) -> bool:
-        """Whether writing `size` more bytes leaves the reserve free; once not, spilling stops for good."""
+        """Whether writing `size` more bytes leaves the reserve free."""
         usage = shutil.disk_usage(self._dir or self.folder or tempfile.gettempdir())
-        if usage.free - size >= max(SPILL_RESERVE_BYTES, SPILL_RESERVE_SHARE * usage.total):
-            return True
-        self.disk_bytes = self.on_disk
-        return False
+        return usage.free - size >= max(SPILL_RESERVE_BYTES, SPILL_RESERVE_SHARE * usage.total)
+
+    def _spill(self, key: tuple, arrays: tuple) -> bool:
+        """Write `arrays` to a file of their own; False (the half-written file removed) on a full disk."""
+        if self._dir is None:
+            # in a given folder, named as models.storage names a writer's temporary copy: the next
+            # run of the stage removes what a killed one left (storage.recover_tree)
+            self._dir = (tempfile.mkdtemp(prefix="habitus-features-") if self.folder is None else
+                         tempfile.mkdtemp(prefix=".features-", suffix=f".tmp-{os.getpid()}", dir=self.folder))
+            weakref.finalize(self, shutil.rmtree, self._dir, True)
+        path = os.path.join(self._dir, f"{len(self.files)}.npz")
+        try:
+            _save_arrays(path, arrays)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            return False
+        self.files[key] = path
+        return True
 
     def close(self) -> None:
         """Forget the arrays and remove the files."""

@@ -280,12 +280,7 @@ def test_feature_budgets_move_features_between_memory_files_and_recomputing_not_
 def test_kept_arrays_fill_memory_then_files_then_recompute(tmp_path):
     import models.train as train
 
-    made = []
-
-    def make(i):
-        made.append(i)
-        return np.full(250, i, np.float32), None  # 1,000 bytes
-
+    made, make = _counted_arrays()
     kept = train._Kept(make, memory_bytes=2000, disk_bytes=1000, folder=str(tmp_path))
     for _ in range(2):
         for i in range(4):
@@ -295,6 +290,17 @@ def test_kept_arrays_fill_memory_then_files_then_recompute(tmp_path):
     assert len(kept.memory) == 2 and len(kept.files) == 1 and len(list(tmp_path.iterdir())) == 1
     kept.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def _counted_arrays():
+    """A producer for train._Kept of 1,000-byte arrays (all equal to their key), and the keys it made, in order."""
+    made = []
+
+    def make(i):
+        made.append(i)
+        return np.full(250, i, np.float32), None
+
+    return made, make
 
 
 @pytest.fixture
@@ -330,7 +336,7 @@ def test_a_full_disk_stops_the_spilling_not_the_training(tmp_path, monkeypatch):
 
     from models import train
 
-    real, made = train._save_arrays, []
+    real = train._save_arrays
 
     def save(path, arrays):
         if len(made) > 3:  # the disk fills up while chunk 3 is written
@@ -339,11 +345,7 @@ def test_a_full_disk_stops_the_spilling_not_the_training(tmp_path, monkeypatch):
         real(path, arrays)
 
     monkeypatch.setattr(train, "_save_arrays", save)
-
-    def make(i):
-        made.append(i)
-        return np.full(250, i, np.float32), None
-
+    made, make = _counted_arrays()
     kept = train._Kept(make, memory_bytes=1000, disk_bytes=10_000, folder=str(tmp_path))
     for _ in range(2):
         for i in range(5):
@@ -389,12 +391,7 @@ def test_spilling_leaves_the_reserve_of_the_disk_free(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10_000, 0, 10_000 - 1000 * len(written) - 7_000))
     real = train._save_arrays
     monkeypatch.setattr(train, "_save_arrays", lambda path, arrays: (written.append(path), real(path, arrays)))
-    made = []
-
-    def make(i):
-        made.append(i)
-        return np.full(250, i, np.float32), None  # 1,000 bytes
-
+    made, make = _counted_arrays()
     kept = train._Kept(make, memory_bytes=0, disk_bytes=10_000, folder=str(tmp_path))
     for _ in range(2):
         for i in range(3):
