@@ -1,6 +1,9 @@
 """The Dagster code location: every asset, resource and job of the project config.
 
-The config is chosen by $HABITUS_CONFIG (default examples/demo.yaml).
+The config is chosen by $HABITUS_CONFIG (default examples/demo.yaml). Importing this module builds
+nothing: Dagster's workspace (workspace.yaml, `dagster dev -m pipelines.definitions`) calls `defs()`
+when it loads the code location, so `habitus init` and the other commands import the builders here
+from any folder, with or without a project config.
 """
 
 import os
@@ -123,4 +126,7 @@ def build_definitions(project: Project) -> dg.Definitions:
                           executor=executor)
 
 
-defs = build_definitions(load_project())
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The code location of the project named by $HABITUS_CONFIG (default examples/demo.yaml)."""
+    return build_definitions(load_project())
