@@ -8,6 +8,9 @@
     <root>/embeddings/<day>.parquet            the foundation model's entity representations
     <root>/resume/<stage>/latest/              resumable training state (models.resume)
     <root>/locks/<stage>.lock                  one lock per artifact/stage (models.locks)
+
+With `output` set (the project's `output:`), each stage uploads what it wrote once its body has
+returned (resources/output.py): after training, never during it.
 """
 
 import functools
@@ -41,13 +44,22 @@ def locked(name: str):
                 # what a killed run of this stage left behind goes before anything new is written
                 for note in workspace.recover_stage(name):
                     context.log.info(f"cleaned up after a killed run: {note}")
-                return fn(context, *args, **kwargs)
+                result = fn(context, *args, **kwargs)
+                if workspace.output:  # what the stage finished goes to `output:` (resources/output.py)
+                    try:
+                        workspace.upload_stage(name, log=context.log.info)
+                    except Exception as e:  # noqa: BLE001 (the store's errors come in many types)
+                        raise dg.Failure(f"{name}: uploading to {workspace.output} failed: {e}. What the stage "
+                                         f"wrote is in the workspace {workspace.root}: `habitus upload` sends it "
+                                         f"without running the stage again") from e
+                return result
         return body
     return wrap
 
 
 class Workspace(dg.ConfigurableResource):
     root: str
+    output: str | None = None  # the project's `output:`: artifacts are uploaded there after each stage
     lock_timeout_s: float = 6 * 3600.0  # how long a run waits for another run holding the same stage
 
     @property
@@ -125,6 +137,64 @@ class Workspace(dg.ConfigurableResource):
             notes += recover(path) + recover_tree(path)
         return notes
 
+    def upload_files(self, name: str) -> tuple[list[Path], bool, dict]:
+        """(files, replace, extra) the stage locked as `name` uploads to `output` once finished: the
+        foundation checkpoint with the cache version it was trained on (a fresh machine scores with its
+        ids), a scenario's checkpoint, its passed copy, its plots (its metrics are in config.json),
+        predictions and embeddings (daily files: earlier days stay in the manifest, `replace` False)."""
+        from models.storage import read_json
+
+        kind, _, item = name.partition("/")
+        checkpoints = self._child("checkpoints")
+        if kind == "foundation":
+            paths, extra = [self.foundation, checkpoints / "foundation_loss.png"], {}
+            if (self.foundation / "config.json").exists():
+                folder = read_json(self.foundation / "config.json")["cache_fingerprint"][:16]
+                paths.append(self.cache_root / folder)
+                extra = {"cache_folder": folder}
+            return _files(paths), True, extra
+        if kind == "scenario" and item:
+            folder = self.scenario(item)
+            paths = [folder, folder.parent / f"{item}_loss.png", folder.parent / f"{item}_lift.png",
+                     checkpoints / "passed" / item]
+            return _files(paths), True, {}
+        if kind == "predictions" and item:
+            return _files([self.predictions(item)]), False, {}
+        if kind == "embeddings":
+            return _files([self.embeddings]), False, {}
+        return [], True, {}
+
+    def upload_stage(self, name: str, log=print) -> dict | None:
+        """Upload what the stage `name` finished to `output` (resources/output.py); None for a stage that
+        uploads nothing (sources, the cache on its own). Call it holding the stage's lock."""
+        from resources.output import Output
+
+        files, replace, extra = self.upload_files(name)
+        if not self.output or not files:
+            return None
+        return Output(self.output, log=log).upload(name, self.path, files, replace=replace, extra=extra)
+
+    def restore(self, stages: list[str] | None = None, log=print) -> dict:
+        """Bring the stages uploaded to `output` (default: the foundation and every scenario, the
+        checkpoints a scoring job starts from) back into this workspace. The cache version uploaded with
+        the foundation becomes the cache in use when this workspace has none."""
+        from models.storage import write_json
+        from resources.output import Output, OutputError
+
+        if not self.output:
+            raise WorkspaceError("restore needs `output:` in the project config: the place artifacts were uploaded to")
+        out = Output(self.output, log=log)
+        if stages is None:
+            stages = [s for s in out.stages() if s == "foundation" or s.startswith("scenario/")]
+            if "foundation" not in stages:
+                raise OutputError(f"output {self.output}: no foundation checkpoint was uploaded there "
+                                  f"(uploaded stages: {out.stages() or 'none'})")
+        done = out.restore(self.path, stages)
+        folder = done.get("foundation", {}).get("cache_folder")
+        if folder and not (self.cache_root / "current.json").exists():
+            write_json(self.cache_root / "current.json", {"folder": folder, "restored_from": self.output})
+        return done
+
     def _child(self, *parts: str) -> Path:
         for p in parts:  # names come from the config: keep them inside the workspace
             if p in ("", ".", "..") or "/" in p or "\\" in p:
@@ -141,3 +211,18 @@ class Workspace(dg.ConfigurableResource):
                                  f"{free / 1e9:.2f} GB free, {need / 1e9:.2f} GB needed "
                                  f"({needed_bytes / 1e9:.2f} GB + 20% headroom); free space or move the workspace")
         return {"free_gb": round(free / 1e9, 3), "needed_gb": round(need / 1e9, 3)}
+
+
+def _files(paths: list[Path]) -> list[Path]:
+    """The files at or under `paths`, without dot-names (a writer's temporary copy, a hash sidecar)."""
+    import os
+
+    found = []
+    for p in paths:
+        if p.is_file() and not p.name.startswith("."):
+            found.append(p)
+        elif p.is_dir():
+            for folder, dirs, names in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                found += [Path(folder) / n for n in sorted(names) if not n.startswith(".")]
+    return found

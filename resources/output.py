@@ -1,0 +1,287 @@
+"""Artifacts uploaded after training: `output:` in the project config, an object store or a folder.
+
+    output: s3://bucket/habitus/        (also gs://..., abfs://..., or a mounted folder /mnt/models/habitus)
+
+Each stage uploads what it finished once it has finished (never while it trains), with the
+workspace's own layout under the prefix, and a manifest per stage written last:
+
+    <prefix>/checkpoints/foundation/model.safetensors ...   the workspace's paths, as in resources/workspace.py
+    <prefix>/cache/<fingerprint16>/...                      the cache version the foundation was trained on
+    <prefix>/manifests/<stage>.json                         {"files": {path: {size, sha256, ...}}, ...}
+    <prefix>/.uploads/<stage>/<token>/<path>                a file being uploaded (temporary)
+
+A file goes to a temporary key first and is moved to its real key once all of it arrived (its size
+checked); the stage's manifest is then rewritten to name it. A file counts as uploaded only when the
+manifest names it with its size and SHA-256, so what a killed upload left (a temporary key, or a real
+key the manifest does not vouch for yet) is never taken for a finished upload; the next upload of the
+stage removes the temporary keys and sends again what the manifest does not name as it is locally. A
+file the manifest names with the same size and SHA-256 is never sent twice. `restore` reads the
+manifests and brings every file back onto a local workspace, checking each one's size and SHA-256.
+
+Every remote operation is retried (exponential backoff) before the upload fails. Credentials come from
+the store's usual variables (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*); an S3-compatible
+endpoint from AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, or `?endpoint_override=host:port&scheme=http`.
+"""
+
+import hashlib
+import json
+import os
+import re
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable
+from urllib.parse import parse_qs, urlsplit
+
+MANIFESTS, UPLOADS = "manifests", ".uploads"
+FORMAT = 1
+CHUNK = 1 << 20  # bytes per write to the store
+
+
+class OutputError(RuntimeError):
+    """An upload or restore that failed; the message names the output, the key and what to do."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def stage_file(stage: str) -> str:
+    """The manifest key of a stage, relative to the prefix: 'scenario/churn' -> manifests/scenario/churn.json."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_.-]+)?", stage):
+        raise OutputError(f"stage name {stage!r} cannot name a manifest")
+    return f"{MANIFESTS}/{stage}.json"
+
+
+class Output:
+    """The `output:` location. `url`: s3://, gs://, abfs://, file:// or a local (mounted) folder."""
+
+    def __init__(self, url: str, *, retries: int = 5, backoff_s: float = 0.5, log: Callable[[str], None] = print):
+        self.url, self.retries, self.backoff_s, self.log = url, retries, backoff_s, log
+        self.fs, self.base = _filesystem(url)
+        self._local = type(self.fs).__name__ == "LocalFileSystem"
+
+    # ------------------------------------------------------------------ remote primitives, retried
+
+    def _key(self, rel: str) -> str:
+        return f"{self.base}/{rel}" if self.base else rel
+
+    def _retry(self, what: str, fn):
+        delay = self.backoff_s
+        for attempt in range(1, self.retries + 1):
+            try:
+                return fn()
+            except (OSError, RuntimeError) as e:  # pyarrow raises OSError for network/store errors
+                if attempt == self.retries:
+                    raise OutputError(f"output {self.url}: {what} failed after {attempt} attempts: {e}") from e
+                self.log(f"output {self.url}: {what} failed ({type(e).__name__}: {str(e)[:200]}); retrying in "
+                         f"{delay:.1f}s (attempt {attempt + 1} of {self.retries})")
+                time.sleep(delay)
+                delay *= 2
+
+    def _mkdir(self, key: str) -> None:
+        if self._local:
+            self.fs.create_dir(key.rpartition("/")[0], recursive=True)
+
+    def _write_file(self, src: Path, key: str) -> None:
+        self._mkdir(key)
+        with open(src, "rb") as f, self.fs.open_output_stream(key) as out:
+            while block := f.read(CHUNK):
+                out.write(block)
+
+    def _write_bytes(self, data: bytes, key: str) -> None:
+        self._mkdir(key)
+        with self.fs.open_output_stream(key) as out:
+            out.write(data)
+
+    def _size(self, key: str) -> int | None:
+        from pyarrow.fs import FileType
+
+        info = self.fs.get_file_info(key)
+        return info.size if info.type == FileType.File else None
+
+    def _read_json(self, rel: str) -> dict | None:
+        key = self._key(rel)
+
+        def read():
+            if self._size(key) is None:
+                return None
+            with self.fs.open_input_stream(key) as f:
+                return f.read()
+
+        data = self._retry(f"reading {key}", read)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            raise OutputError(f"output {self.url}: {key} is not valid JSON ({e}); delete it and upload again") from None
+
+    def _put_atomic(self, write, rel: str, token: str, stage: str) -> None:
+        """`write(key)` to a temporary key, then move it to `rel` (a rename on a folder, a copy on a store)."""
+        tmp, final = self._key(f"{UPLOADS}/{stage}/{token}/{rel}"), self._key(rel)
+        self._retry(f"uploading {final}", lambda: write(tmp))
+        self._mkdir(final)
+        self._retry(f"moving {tmp} to {final}", lambda: self.fs.move(tmp, final))
+
+    def _clear_uploads(self, stage: str) -> int:
+        """Remove the temporary keys a killed upload of `stage` left; returns how many there were."""
+        from pyarrow.fs import FileSelector, FileType
+
+        folder = self._key(f"{UPLOADS}/{stage}")
+        infos = self._retry(f"listing {folder}", lambda: self.fs.get_file_info(
+            FileSelector(folder, recursive=True, allow_not_found=True)))
+        files = [i.path for i in infos if i.type == FileType.File]
+        for path in files:
+            self._retry(f"deleting {path}", lambda p=path: self.fs.delete_file(p))
+        if self._local and self.fs.get_file_info(folder).type == FileType.Directory:
+            self._retry(f"deleting {folder}", lambda: self.fs.delete_dir(folder))  # the empty folders left
+        return len(files)
+
+    # ------------------------------------------------------------------ upload and restore
+
+    def manifest(self, stage: str) -> dict | None:
+        """The committed manifest of `stage`, or None when it was never uploaded."""
+        return self._read_json(stage_file(stage))
+
+    def stages(self) -> list[str]:
+        from pyarrow.fs import FileSelector, FileType
+
+        folder = self._key(MANIFESTS)
+        infos = self._retry(f"listing {folder}", lambda: self.fs.get_file_info(
+            FileSelector(folder, recursive=True, allow_not_found=True)))
+        names = [i.path[len(folder) + 1:] for i in infos if i.type == FileType.File and i.path.endswith(".json")]
+        return sorted(n.removesuffix(".json") for n in names)
+
+    def upload(self, stage: str, root: Path, files: Iterable[Path], *, replace: bool = True,
+               extra: dict | None = None) -> dict:
+        """Upload `files` (under the workspace `root`) as `stage`, then commit its manifest.
+
+        `replace`: the files are the whole stage (a checkpoint): entries of files no longer among them
+        leave the manifest and their keys are deleted after the commit. Otherwise (daily predictions)
+        earlier entries stay. Returns {uploaded, skipped, bytes, removed, cleaned}."""
+        root = Path(root)
+        rels = sorted({Path(f).resolve().relative_to(root.resolve()).as_posix() for f in files})
+        old = self.manifest(stage) or {}
+        had = old.get("files", {})
+        cleaned = self._clear_uploads(stage)
+        if cleaned:
+            self.log(f"output {self.url}: removed {cleaned} temporary key(s) of an upload of {stage} that did not finish")
+        token = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+        entries, uploaded, skipped, sent = ({} if replace else dict(had)), 0, 0, 0
+        for rel in rels:
+            path = root / rel
+            st = path.stat()
+            prev = had.get(rel)
+            # the file as it was when the manifest was committed (size and mtime): no need to hash it again
+            if prev and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns:
+                sha = prev["sha256"]
+            else:
+                sha = _sha256(path)
+            entry = {"size": st.st_size, "sha256": sha, "mtime_ns": st.st_mtime_ns}
+            if prev and prev.get("size") == st.st_size and prev.get("sha256") == sha \
+                    and self._retry(f"checking {self._key(rel)}", lambda: self._size(self._key(rel))) == st.st_size:
+                entries[rel] = {**prev, **entry}
+                skipped += 1
+                continue
+            self._put_atomic(lambda key, p=path: self._write_file(p, key), rel, token, stage)
+            got = self._retry(f"checking {self._key(rel)}", lambda: self._size(self._key(rel)))
+            if got != st.st_size:
+                raise OutputError(f"output {self.url}: {self._key(rel)} holds {got} bytes after its upload, the "
+                                  f"local file {path} {st.st_size}; upload again")
+            entries[rel] = {**entry, "uploaded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            uploaded += 1
+            sent += st.st_size
+        manifest = {"format": FORMAT, "stage": stage, "committed_at": datetime.now(timezone.utc).isoformat(),
+                    **(extra or {}), "files": entries}
+        body = json.dumps(manifest, indent=2, sort_keys=True).encode()
+        self._put_atomic(lambda key: self._write_bytes(body, key), stage_file(stage), token, stage)
+        removed = [rel for rel in had if rel not in entries]
+        for rel in removed:  # after the commit: the manifest no longer names them
+            key = self._key(rel)
+            self._retry(f"deleting {key}", lambda k=key: self.fs.delete_file(k) if self._size(k) is not None else None)
+        self._clear_uploads(stage)
+        self.log(f"output {self.url}: {stage}: {uploaded} file(s) uploaded ({sent / 1e6:.1f} MB), {skipped} already "
+                 f"there" + (f", {len(removed)} removed" if removed else ""))
+        return {"uploaded": uploaded, "skipped": skipped, "bytes": sent, "removed": len(removed), "cleaned": cleaned}
+
+    def restore(self, root: Path, stages: Iterable[str] | None = None) -> dict:
+        """Download every file the manifests of `stages` (default: all) name into the workspace `root`,
+        each written under a temporary name, its size and SHA-256 checked, then renamed into place. A file
+        already there with the same size and SHA-256 is kept. Returns {stage: manifest}."""
+        root = Path(root)
+        chosen = list(stages) if stages is not None else self.stages()
+        if not chosen:
+            raise OutputError(f"output {self.url}: no manifests under {self._key(MANIFESTS)}; nothing was uploaded "
+                              f"there yet (train with this `output:` first)")
+        done = {}
+        for stage in chosen:
+            manifest = self.manifest(stage)
+            if manifest is None:
+                raise OutputError(f"output {self.url}: stage {stage!r} has no manifest ({self._key(stage_file(stage))}); "
+                                  f"uploaded stages: {self.stages()}")
+            fetched = 0
+            for rel, entry in sorted(manifest["files"].items()):
+                dest = root / rel
+                if dest.is_file() and dest.stat().st_size == entry["size"] and _sha256(dest) == entry["sha256"]:
+                    continue
+                self._retry(f"downloading {self._key(rel)}", lambda r=rel, d=dest, e=entry: self._fetch(r, d, e))
+                fetched += 1
+            self.log(f"output {self.url}: {stage}: {fetched} file(s) restored, "
+                     f"{len(manifest['files']) - fetched} already in {root}")
+            done[stage] = manifest
+        return done
+
+    def _fetch(self, rel: str, dest: Path, entry: dict) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+        h = hashlib.sha256()
+        try:
+            with self.fs.open_input_stream(self._key(rel)) as src, open(tmp, "wb") as out:
+                while block := src.read(CHUNK):
+                    h.update(block)
+                    out.write(block)
+            size = tmp.stat().st_size
+            if size != entry["size"] or h.hexdigest() != entry["sha256"]:
+                raise OutputError(f"output {self.url}: {self._key(rel)} is {size} bytes with SHA-256 "
+                                  f"{h.hexdigest()[:16]}…, its manifest says {entry['size']} bytes, "
+                                  f"{entry['sha256'][:16]}…: an upload of it did not finish; upload that stage again")
+            os.replace(tmp, dest)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+
+
+def _filesystem(url: str):
+    """(pyarrow FileSystem, base path without a trailing '/') for an output URL or folder."""
+    from pyarrow import fs as pafs
+
+    if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url):
+        if not os.path.isabs(url):
+            raise OutputError(f"output {url!r}: a folder must be an absolute path (the project loader resolves "
+                              f"relative ones against the config file)")
+        return pafs.LocalFileSystem(), url.rstrip("/") or "/"
+    parts = urlsplit(url)
+    if parts.scheme in ("s3", "s3a"):
+        if not parts.netloc:
+            raise OutputError(f"output {url!r}: name a bucket, s3://bucket/prefix/")
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        kw = {"region": query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+              or "us-east-1", "connect_timeout": 10, "request_timeout": 60,
+              "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3)}
+        endpoint = query.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL_S3") or \
+            os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            scheme, _, host = endpoint.rpartition("://")
+            kw.update(endpoint_override=host.rstrip("/"), scheme=query.get("scheme") or scheme or "https")
+        return pafs.S3FileSystem(**kw), f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
+    try:
+        filesystem, path = pafs.FileSystem.from_uri(url)
+    except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise OutputError(f"output {url!r}: pyarrow cannot open it ({e}); use s3://, gs://, abfs:// or a folder") from None
+    return filesystem, path.rstrip("/")
