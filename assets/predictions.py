@@ -80,7 +80,11 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
             raise dg.Failure(f"the cache was rebuilt with other settings since scenario {name!r} was trained (its ids "
                              f"differ); materialize foundation_model and scenario/{name} again before predicting")
         model, spec, task = load_model(state, config)
-        model = for_inference(model, executor.inference_precision)  # fp32, int8 (CPU) or bf16
+        precision = project.scenarios[name].inference_precision or executor.inference_precision
+        if precision == "int8" and not device.startswith("cpu"):
+            raise dg.Failure(f"scenarios.{name}.inference_precision int8 runs on the CPU only (device {device}); "
+                             f"use bf16 on GPUs")
+        model = for_inference(model, precision)  # fp32, int8 (CPU) or bf16: the scenario's, else the executor's
         fingerprint = config["weights_sha256"][:16]
         warehouse = getattr(context.resources, connection_key(sink.connection)) if sink is not None else None
         rows, written_back, files = 0, 0, []

@@ -108,10 +108,23 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
         spill.mkdir(parents=True, exist_ok=True)
         cfg = FinetuneConfig(epochs=scenario.epochs, learning_rate=scenario.learning_rate, spill_dir=str(spill))
         # a killed run continues from its last saved state (same foundation, task, config and cut-offs only)
+        lora = scenario.lora.model_dump() if scenario.lora else None
         resume = Resumer(workspace.resume("scenarios", name),
                          combine(foundation["weights_sha256"], task.to_dict(), config_dict(cfg), list(plan.train_cutoffs),
-                                 plan.val_cutoff), every_steps=scenario.save_every_steps, log=context.log.info)
-        if executor.distributed:  # N processes under torchrun; rank 0's result comes back here
+                                 plan.val_cutoff, *([lora] if lora else [])),
+                         every_steps=scenario.save_every_steps, log=context.log.info)
+        if lora:  # adapters on the frozen trunk (models/lora.py), merged into plain weights for scoring
+            from models.lora import finetune_lora, merge_lora
+
+            if executor.distributed:
+                context.log.warning(f"{name}: LoRA fine-tuning runs in this one process (processes > 1 is for full "
+                                    f"fine-tuning)")
+            context.log.info(f"{name}: LoRA rank {lora['rank']}, alpha {lora['alpha']}")
+            result = finetune_lora(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
+                                   rank=lora["rank"], alpha=lora["alpha"], device=device, log=context.log.info,
+                                   resume=resume)
+            result.model = merge_lora(result.model)
+        elif executor.distributed:  # N processes under torchrun; rank 0's result comes back here
             context.log.info(f"fine-tuning in {executor.process_count} processes under torchrun (DDP, entity chunks "
                              f"sharded by rank); a killed run starts afresh (resumable saves need processes: 1)")
             result = executor.train(scenario_job(cache, workspace.foundation, foundation["weights_sha256"], task,
@@ -142,7 +155,7 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
             "cache_lineage": cache.lineage,
             "protocol": {"test_cutoff": _iso(plan.test_cutoff), "val_cutoff": result.info["val_cutoff"],
                          "train_cutoffs": result.info["train_cutoffs"]},
-            "metrics": report, "headline": key, "beats_baselines": better, "finetune": config_dict(cfg),
+            "metrics": report, "headline": key, "beats_baselines": better, "finetune": config_dict(cfg), "lora": lora,
             "curves": result.curves, "training": result.info,
         })
         resume.clear()

@@ -5,6 +5,8 @@
     habitus report        print each scenario's hold-out metrics next to its baselines
     habitus demo-data     write the generated retail warehouse into a DuckDB file
     habitus init          look at a connection's tables and print a suggested project config
+    habitus train | score --date D | embed --date D | upload | restore
+                          managed-job entry points, no Dagster instance needed (pipelines/managed.py)
 """
 
 import argparse
@@ -133,12 +135,24 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("demo", "materialize", "report"):
         p = sub.add_parser(name)
         p.add_argument("--config", help="project YAML (default: $HABITUS_CONFIG or examples/demo.yaml)")
+        if name != "report":  # --device, --processes, ... over the project's `executor:`
+            from pipelines.managed import add_executor_arguments
+
+            add_executor_arguments(p)
         if name == "demo":
             p.add_argument("--customers", type=int, default=20_000)
             p.add_argument("--regenerate", action="store_true", help="write the demo warehouse again")
     sub.add_parser("demo-data", add_help=False)
     sub.add_parser("init", add_help=False, help="suggest a project config from a connection's tables")
+    from pipelines.managed import COMMANDS as MANAGED
+
+    for name in MANAGED:
+        sub.add_parser(name, add_help=False, help="managed-job entry point (habitus NAME --help)")
     args, rest = parser.parse_known_args(argv)
+    if args.command in MANAGED:
+        from pipelines.managed import main as managed
+
+        return managed(args.command, rest)
     if args.command == "demo-data":
         from pipelines.demo_data import main as demo_data
 
@@ -152,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.config:  # the code location (pipelines.definitions) reads the same file
         os.environ["HABITUS_CONFIG"] = str(Path(args.config).resolve())
     try:
-        project = load_project(args.config)
+        from pipelines.managed import with_executor
+
+        project = with_executor(load_project(args.config), args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

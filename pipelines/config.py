@@ -170,8 +170,29 @@ Target = Annotated[
 ]
 
 
+class LoraSettings(_Strict):
+    rank: int = Field(8, ge=1, description="rank of the adapters on the frozen trunk (models/lora.py)")
+    alpha: float = Field(16.0, gt=0)
+
+
+Precision = Literal["fp32", "int8", "bf16"]
+
+
+class ExecutorSettings(_Strict):
+    """Where training and scoring run (resources/executor.py); the CLI's --device, --processes,
+    --precision and --inference-precision override these."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$", description="auto, cpu, cuda or cuda:N")
+    processes: int = Field(1, ge=0, description="training processes (torchrun when > 1); 0: one per visible GPU")
+    threads: int | None = Field(None, ge=1, description="CPU threads of each process")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="training precision (bf16: autocast on GPUs)")
+    inference_precision: Precision = Field("fp32", description="predictions and embeddings (int8: CPU only)")
+
+
 class Scenario(_Strict):
     task: Literal["binary", "multilabel", "regression", "recommendation"]
+    lora: LoraSettings | None = Field(None, description="fine-tune LoRA adapters on the frozen trunk, not all weights")
+    inference_precision: Precision | None = Field(None, description="this scenario's predictions; default: the "
+                                                                    "executor's")
     target: Target
     epochs: int = Field(6, ge=1)
     learning_rate: float = Field(1e-3, gt=0)
@@ -286,6 +307,8 @@ class Project(_Strict):
     quality: QualitySettings = QualitySettings()
     test_cutoff: date | None = Field(None, description="hold-out cut-off; default: data end minus the longest window")
     kubernetes: KubernetesSettings | None = Field(None, description="run on a Kubernetes cluster (docs/clusters.md)")
+    executor: ExecutorSettings | None = Field(None, description="device, processes and precisions; default: auto, "
+                                                                "1 process (0 on Kubernetes), fp32")
 
     @field_validator("workspace")
     @classmethod
@@ -296,6 +319,14 @@ class Project(_Strict):
                 f"and renamed into place), got {v!r}; mount object storage or use `output: {v}` to upload artifacts "
                 f"after training"
             )
+        return v
+
+    @field_validator("output")
+    @classmethod
+    def _output_url(cls, v: str | None) -> str | None:
+        m = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://", v or "")
+        if m and m.group(1) not in ("s3", "s3a", "gs", "gcs", "abfs", "abfss", "file"):
+            raise ValueError(f"output {v!r}: use s3://, gs://, abfs:// (pyarrow.fs) or a folder (resources/output.py)")
         return v
 
     @model_validator(mode="after")

@@ -102,8 +102,9 @@ def build_assets(project: Project) -> list[dg.AssetsDefinition]:
 
 def build_resources(project: Project) -> dict:
     # on Kubernetes each training pod trains with one process per GPU it got (pipelines/kubernetes.py)
-    executor = TrainingExecutor(processes=0) if project.kubernetes else TrainingExecutor()
-    resources = {"workspace": Workspace(root=project.workspace), "executor": executor}
+    settings = project.executor.model_dump() if project.executor else {"processes": 0 if project.kubernetes else 1}
+    executor = TrainingExecutor(**settings)  # `executor:` in the project config (the CLI may override it)
+    resources = {"workspace": Workspace(root=project.workspace, output=project.output), "executor": executor}
     resources.update({connection_key(n): connection_resource(n, c) for n, c in project.connections.items()})
     return resources
 

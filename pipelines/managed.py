@@ -1,0 +1,269 @@
+"""Entry points for managed training jobs (SageMaker and similar), no Dagster instance needed.
+
+    habitus train [--stage foundation|scenarios|all]   sources, cache, then the training assets
+    habitus score --date D                              the day's predictions (sources and cache first)
+    habitus embed --date D                              the day's embeddings (sources and cache first)
+    habitus upload                                      every finished stage to `output:` (nothing twice)
+    habitus restore [--all]                             checkpoints (and their cache) back from `output:`
+
+Each runs the same assets, with their asset checks, as the Dagster graph (dg.materialize in this
+process, an ephemeral instance unless $DAGSTER_HOME is set) and prints the report `habitus demo` prints.
+Executor settings come from the project's `executor:` and may be overridden here (--device,
+--processes, --threads, --precision, --inference-precision). A job that fails writes its reason to
+the failure file of the managed-job layout ($HABITUS_FAILURE_FILE, else $SM_OUTPUT_DIR/failure, else
+/opt/ml/output/failure when /opt/ml/output exists) and exits 1. docs/managed-jobs.md shows the layout.
+"""
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from datetime import date
+from pathlib import Path
+
+COMMANDS = ("train", "score", "embed", "upload", "restore")
+
+
+def add_executor_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("executor (overrides the project's `executor:`)")
+    g.add_argument("--device", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--processes", type=int, help="training processes (torchrun when > 1; 0: one per GPU)")
+    g.add_argument("--threads", type=int, help="CPU threads per process")
+    g.add_argument("--precision", choices=("fp32", "bf16"), help="training precision")
+    g.add_argument("--inference-precision", choices=("fp32", "int8", "bf16"), help="predictions and embeddings")
+
+
+def with_executor(project, args):
+    """The project with the executor settings given on the command line put over its `executor:`."""
+    from pydantic import ValidationError
+
+    from pipelines.config import ConfigError, ExecutorSettings
+
+    given = {k: getattr(args, k, None) for k in ("device", "processes", "threads", "precision", "inference_precision")}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return project
+    base = project.executor.model_dump() if project.executor else {"processes": 0 if project.kubernetes else 1}
+    try:
+        settings = ExecutorSettings(**{**base, **given})
+    except ValidationError as e:
+        bad = "; ".join(f"--{str(x['loc'][0]).replace('_', '-')}: {x['msg']}" for x in e.errors())
+        raise ConfigError(f"executor settings on the command line: {bad}") from None
+    return project.model_copy(update={"executor": settings})
+
+
+def failure_file() -> Path | None:
+    """Where a managed job writes why it failed (SageMaker reads /opt/ml/output/failure)."""
+    if os.environ.get("HABITUS_FAILURE_FILE"):
+        return Path(os.environ["HABITUS_FAILURE_FILE"])
+    if os.environ.get("SM_OUTPUT_DIR"):
+        return Path(os.environ["SM_OUTPUT_DIR"]) / "failure"
+    return Path("/opt/ml/output/failure") if Path("/opt/ml/output").is_dir() else None
+
+
+class _Runner:
+    """dg.materialize of a selection with its own asset checks, as `habitus materialize` runs them."""
+
+    def __init__(self, project, log=print):
+        from pipelines.cli import _instance
+        from pipelines.definitions import build_assets, build_resources
+
+        from assets.checks import build_checks
+
+        self.project, self.log = project, log
+        self.assets, self.resources = build_assets(project), build_resources(project)
+        self.checks, self.instance = build_checks(project), _instance()
+        self.passed, self.failed, self.timings = 0, [], {}
+
+    def run(self, keys, what: str, **kw) -> None:
+        import dagster as dg
+
+        started, keys = time.time(), list(keys)
+        self.log(f"materializing {what} ...")
+        own = [c for c in self.checks if any(k.asset_key in set(keys) for k in c.check_keys)]
+        result = dg.materialize([*self.assets, *own], selection=keys, resources=self.resources,
+                                instance=self.instance, raise_on_error=False, **kw)
+        for e in result.get_asset_check_evaluations():
+            if e.passed:
+                self.passed += 1
+            else:
+                self.failed.append(f"{e.asset_key.to_user_string()} {e.check_name} ({e.severity.value.lower()}): "
+                                   f"{e.description or ''}".strip())
+                self.log(f"  check failed: {self.failed[-1]}")
+        missing = set(keys) - {e.asset_key for e in result.get_asset_materialization_events()}
+        if missing:
+            errors = [str(e.event_specific_data.error.message).strip() for e in result.get_step_failure_events()
+                      if e.event_specific_data and getattr(e.event_specific_data, "error", None)]
+            raise RuntimeError(f"materializing {', '.join(sorted(k.to_user_string() for k in missing))} failed"
+                               + (f": {errors[0]}" if errors else "; see the log above"))
+        self.timings[what] = round(time.time() - started, 1)
+        self.log(f"  done in {self.timings[what]}s")
+
+    def partitions(self, source):
+        from assets.sources import source_key
+
+        return next(a for a in self.assets if a.key == source_key(source.name)).partitions_def
+
+    def extract(self, upto: str | None = None) -> None:
+        """Every events partition missing from the workspace (all on a fresh disk) up to the one holding
+        `upto` (default: the last), that one extracted again (its day may have grown), and the attribute
+        tables, which are small and extracted whole."""
+        from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+        from assets.sources import source_key
+
+        ws = self.resources["workspace"]
+        for s in self.project.events_sources:
+            pdef = self.partitions(s)
+            keys = pdef.get_partition_keys()
+            if upto is not None:
+                keys = [k for k in keys if pdef.time_window_for_partition_key(k).start.date().isoformat() <= upto]
+            if not keys:
+                raise RuntimeError(f"source/{s.name}: no partition starts on or before {upto} (its first is "
+                                   f"{pdef.get_first_partition_key()})")
+            missing = [k for k in keys if not (ws.sources(s.name) / f"{k}.parquet").exists()]
+            first = missing[0] if missing else keys[-1]
+            span = keys[keys.index(first):]
+            self.run([source_key(s.name)], f"source/{s.name} ({len(span)} partitions, {span[0]} .. {span[-1]})",
+                     tags={ASSET_PARTITION_RANGE_START_TAG: span[0], ASSET_PARTITION_RANGE_END_TAG: span[-1]})
+        others = [source_key(s.name) for s in self.project.sources if s.role != "events"]
+        if others:
+            self.run(others, "the attribute tables")
+
+
+def _restore_if_missing(project, log) -> None:
+    """A fresh disk of a job that starts from trained checkpoints: bring them back from `output:`."""
+    from resources.workspace import Workspace
+
+    ws = Workspace(root=project.workspace, output=project.output)
+    if (ws.foundation / "config.json").exists():
+        return
+    if not project.output:
+        raise RuntimeError(f"no foundation checkpoint in the workspace {project.workspace} and no `output:` to "
+                           f"restore one from; run `habitus train` first")
+    log(f"no checkpoints in {project.workspace}: restoring them from {project.output}")
+    ws.restore(log=log)
+
+
+def train(project, stage: str = "all", log=print) -> dict:
+    import dagster as dg
+
+    from assets.scenarios import scenario_key
+
+    r = _Runner(project, log)
+    if stage == "scenarios":
+        _restore_if_missing(project, log)
+    r.extract()
+    keys = [dg.AssetKey("cache")] + ([dg.AssetKey("foundation_model")] if stage in ("foundation", "all") else [])
+    keys += [scenario_key(n) for n in project.scenarios] if stage in ("scenarios", "all") else []
+    r.run(keys, {"foundation": "cache and foundation model", "scenarios": "cache and scenarios",
+                 "all": "cache, foundation model and scenarios"}[stage])
+    return {"timings": r.timings, "checks_passed": r.passed, "checks_failed": r.failed, "prediction_day": None}
+
+
+def score(project, day: str, *, embeddings: bool = False, predictions: bool = True, log=print) -> dict:
+    import dagster as dg
+
+    from assets.predictions import predictions_key
+    from pipelines.partitions import predictions_partitions
+
+    pdef = predictions_partitions(project)
+    if not pdef.has_partition_key(day):
+        first = pdef.get_first_partition_key()
+        raise RuntimeError(f"--date {day}: not a day of the predictions' partitions (from {first}, "
+                           f"`predictions.start`, to the data's end or today)")
+    _restore_if_missing(project, log)
+    r = _Runner(project, log)
+    r.extract(upto=day)
+    r.run([dg.AssetKey("cache")], "cache")
+    keys = [predictions_key(n) for n in project.prediction_scenarios] if predictions else []
+    keys += [dg.AssetKey("embeddings")] if embeddings else []
+    r.run(keys, f"{'predictions' if predictions else 'embeddings'} for {day}", partition_key=day)
+    return {"timings": r.timings, "checks_passed": r.passed, "checks_failed": r.failed, "prediction_day": day}
+
+
+def upload(project, log=print) -> dict:
+    """Every stage the workspace holds, to `output:` (what the manifests already name is skipped)."""
+    from resources.workspace import Workspace
+
+    if not project.output:
+        raise RuntimeError("habitus upload needs `output:` in the project config")
+    ws = Workspace(root=project.workspace, output=project.output)
+    stages = ["foundation"] + [f"scenario/{n}" for n in project.scenarios]
+    stages += [f"predictions/{n}" for n in project.prediction_scenarios] + ["embeddings"]
+    done = {}
+    for stage in stages:
+        with ws.lock(stage, log=log, what="habitus upload"):
+            result = ws.upload_stage(stage, log=log)
+        if result is not None:
+            done[stage] = result
+    return done
+
+
+def _day(text: str) -> str:
+    try:
+        return date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a day as YYYY-MM-DD, got {text!r}") from None
+
+
+def main(command: str, argv: list[str]) -> int:
+    from pipelines.cli import report
+    from pipelines.config import ConfigError, load_project
+
+    p = argparse.ArgumentParser(prog=f"habitus {command}", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="project YAML (default: $HABITUS_CONFIG or examples/demo.yaml)")
+    if command == "train":
+        p.add_argument("--stage", choices=("foundation", "scenarios", "all"), default="all")
+    if command in ("score", "embed"):
+        p.add_argument("--date", type=_day, required=True, help="the day to score, YYYY-MM-DD (as of its end)")
+    if command == "restore":
+        p.add_argument("--all", action="store_true", help="predictions and embeddings too, not only checkpoints")
+    if command in ("train", "score", "embed"):
+        add_executor_arguments(p)
+    args = p.parse_args(argv)
+    if args.config:  # the code location (pipelines.definitions) reads the same file
+        os.environ["HABITUS_CONFIG"] = str(Path(args.config).resolve())
+    try:
+        project = with_executor(load_project(args.config), args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    started = time.time()
+    try:
+        if command == "train":
+            result = train(project, args.stage)
+        elif command in ("score", "embed"):
+            result = score(project, args.date, embeddings=command == "embed", predictions=command == "score")
+        elif command == "upload":
+            done = upload(project)
+            print(f"uploaded to {project.output}: " + ", ".join(
+                f"{s} {r['uploaded']} sent / {r['skipped']} already there" for s, r in done.items()))
+            return 0
+        else:
+            from resources.workspace import Workspace
+
+            ws = Workspace(root=project.workspace, output=project.output)
+            stages = None
+            if args.all:
+                from resources.output import Output
+
+                stages = Output(project.output).stages() if project.output else None
+            done = ws.restore(stages)
+            print(f"restored {', '.join(done)} from {project.output} into {project.workspace}")
+            return 0
+    except Exception as e:  # noqa: BLE001 (a managed job reports any failure through its failure file)
+        reason = f"habitus {command} failed: {type(e).__name__}: {e}"
+        print(f"error: {reason}", file=sys.stderr)
+        where = failure_file()
+        if where is not None:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            where.write_text(reason[:1000] + "\n\n" + traceback.format_exc()[-2000:])
+            print(f"(written to the failure file {where})", file=sys.stderr)
+        return 1
+    print(f"\nhabitus {command} finished in {time.time() - started:.0f}s; asset checks: {result['checks_passed']} "
+          f"passed, {len(result['checks_failed'])} failed\n")
+    print(report(project, result["prediction_day"]))
+    return 0
