@@ -15,10 +15,11 @@ would silently find nothing). Nothing is written unless --out is given.
 """
 
 import argparse
+import math
 import re
 import sys
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -83,6 +84,19 @@ class TableProfile:
 
 # --------------------------------------------------------------------------- profiling
 
+# the columns of habitus's own outputs (predictions written back to the warehouse, embeddings)
+OUTPUT_COLUMNS = {"model_fingerprint", "as_of"}
+
+
+def _scalar(t: pa.DataType) -> bool:
+    return not (pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+                or pa.types.is_fixed_size_binary(t) or pa.types.is_null(t))
+
+
+def habitus_output(warehouse, table: str) -> bool:
+    """A table habitus wrote itself (predictions.sink): its scores are outputs, never inputs."""
+    return OUTPUT_COLUMNS <= set(warehouse.schema(table).names)
+
 
 def _sample(warehouse, table: str, limit: int) -> tuple[pa.Table, bool]:
     batches, n = [], 0
@@ -106,8 +120,11 @@ def profile_table(warehouse, table: str, sample_rows: int = 100_000) -> TablePro
         col = data.column(name)
         if pa.types.is_dictionary(col.type):
             col = col.cast(col.type.value_type)
-        distinct = pc.count_distinct(col, mode="only_valid").as_py() if len(col) else 0
-        examples = pc.unique(col.drop_null().slice(0, 1000)).to_pylist()[:3] if len(col) else []
+        if _scalar(col.type):
+            distinct = pc.count_distinct(col, mode="only_valid").as_py() if len(col) else 0
+            examples = pc.unique(col.drop_null().slice(0, 1000)).to_pylist()[:3] if len(col) else []
+        else:  # lists, structs, maps: no distinct count (Arrow has no kernel); the model does not use them
+            distinct, examples = -1, col.drop_null().slice(0, 3).to_pylist()
         cols[name] = ColumnProfile(name, data.schema.field(name).type, len(col), col.null_count, distinct, examples)
     prof = TableProfile(table, data.num_rows, capped, cols)
     for c in prof.times():
@@ -205,9 +222,82 @@ def _classify(c: ColumnProfile, rows_capped: bool) -> tuple[str | None, str]:
     return None, f"type {c.type} is not used by the model"
 
 
-def suggest(profiles: list[TableProfile], connection_name: str, connection: dict,
-            entity: str | None = None) -> Suggestion:
-    notes, warnings = [], []
+@dataclass
+class EventsVolume:
+    """The events table's size and rhythm: counts pushed down to the warehouse (rows per month, time
+    range) and, from the entity and time columns of up to `scan` rows, the entities and their gaps."""
+    rows: int
+    first: datetime | None
+    last: datetime | None
+    per_month: dict  # first day of each month -> rows
+    entities: int
+    scanned: int
+    capped: bool  # the entity scan stopped at its limit: `entities` is a lower bound
+    entity_ids: set = field(default_factory=set, repr=False)
+    typical_gap_days: float | None = None  # median over repeat entities of their mean gap between active days
+    repeat_entities: int = 0  # entities active on two days or more
+
+    @property
+    def days(self) -> float:
+        if self.first is None or self.last is None:
+            return 0.0
+        return (self.last - self.first).total_seconds() / 86_400
+
+    @property
+    def per_month_mean(self) -> float:
+        return self.rows / max(self.days / 30.44, 1e-9) if self.days else float(self.rows)
+
+
+def scan_events(warehouse, table: str, entity: str, ts: str, scan_rows: int = 5_000_000) -> EventsVolume:
+    """Counts per month and the time range from the warehouse; entities and their typical gap from a
+    stream of the two columns (at most `scan_rows` rows: memory stays bounded)."""
+    import numpy as np
+
+    from resources.duckdb import utc_naive
+
+    counts = warehouse.partition_counts(table, ts, "month")
+    per_month = {utc_naive(m).date() if isinstance(m, datetime) else m: n for m, (n, _) in sorted(counts.items())}
+    first, last = (utc_naive(t) if isinstance(t, datetime) else
+                   datetime(t.year, t.month, t.day) if isinstance(t, date) else t
+                   for t in warehouse.time_range(table, ts))
+    ents, times, n, capped = [], [], 0, False
+    reader = warehouse.read(table, [entity, ts], batch_rows=65_536)
+    try:
+        for b in reader:
+            b = b.slice(0, scan_rows - n)
+            ents.append(pc.cast(b.column(0), pa.string()))
+            t = b.column(1)
+            unit = pa.timestamp("s", tz=getattr(t.type, "tz", None))  # a zone-aware time keeps its UTC instant
+            times.append(pc.cast(pc.cast(t, unit, safe=False), pa.int64()))
+            n += len(b)
+            if n >= scan_rows:
+                capped = True
+                break
+    finally:
+        if hasattr(reader, "close"):
+            reader.close()
+    if not n:
+        return EventsVolume(sum(per_month.values()), first, last, per_month, 0, 0, False)
+    t = pa.table({"e": pa.chunked_array(ents), "t": pa.chunked_array(times)}).drop_null()
+    ent = t.column("e").combine_chunks().dictionary_encode()
+    codes = ent.indices.to_numpy().astype(np.int64)
+    day = t.column("t").to_numpy() // 86_400
+    day = day - day.min() if len(day) else day
+    k = len(ent.dictionary)
+    pairs = np.unique(codes * (1 << 24) + day)  # (entity, active day)
+    pc_code, pc_day = pairs >> 24, pairs & ((1 << 24) - 1)
+    active = np.bincount(pc_code, minlength=k)
+    lo = np.full(k, np.iinfo(np.int64).max)
+    hi = np.full(k, np.iinfo(np.int64).min)
+    np.minimum.at(lo, pc_code, pc_day)
+    np.maximum.at(hi, pc_code, pc_day)
+    repeat = active >= 2
+    gap = float(np.median((hi[repeat] - lo[repeat]) / (active[repeat] - 1))) if repeat.any() else None
+    ids = set(ent.dictionary.to_pylist()) if k <= 5_000_000 else set()
+    return EventsVolume(sum(per_month.values()), first, last, per_month, k, n, capped, ids, gap, int(repeat.sum()))
+
+
+def _events_and_entity(profiles: list[TableProfile], entity: str | None, notes: list[str]):
     timed = [p for p in profiles if _time_column(p) is not None]
     if not timed:
         raise ValueError("no table has a timestamp or date column: an events table needs one (name it with --tables)")
@@ -224,12 +314,107 @@ def suggest(profiles: list[TableProfile], connection_name: str, connection: dict
                          f"choose with --entity)")
     elif entity not in events.columns:
         raise ValueError(f"--entity {entity}: {events.table} has no such column; it has {list(events.columns)}")
-    ts = _time_column(events)
-    lo = events.time_range.get(ts.name, (None, None))[0]
-    start = (lo.date() if isinstance(lo, datetime) else lo) if lo else date.today()
-    start = start.replace(day=1)
+    return events, others, entity, _time_column(events)
 
-    def columns_of(p: TableProfile, skip: set[str]) -> tuple[list[str], dict]:
+
+def pick_events(profiles: list[TableProfile], entity: str | None = None) -> tuple[str, str, str]:
+    """(events table, entity column, time column) as suggest() will choose them."""
+    events, _, entity, ts = _events_and_entity(profiles, entity, [])
+    return events.table, entity, ts.name
+
+
+# the guidelines of the data (assets.cache.guideline_warnings checks the same on the extracted events)
+MIN_ENTITIES, MIN_EVENTS_PER_MONTH, MIN_HISTORY_DAYS, MIN_HISTORY_DAYS_INFREQUENT = 10_000, 100_000, 90, 365
+INFREQUENT_GAP_DAYS = 14  # a typical gap between two active days longer than two weeks: an infrequent domain
+DAILY_ABOVE_PER_MONTH = 3_000_000  # events a month above which partitions are days, not months
+STOPPED_AFTER_DAYS = 7  # the newest event older than this (as of `now`): the data has stopped, propose `end:`
+MIN_COVERAGE = 0.9  # share of event entities with an entity attributes row (the cache's join_coverage check)
+THIN_COLUMN = 0.5  # attribute columns null in more than this share of their rows
+
+
+def _weeks(days: float) -> int:
+    return 7 * math.ceil(days / 7)
+
+
+def _churn_target(volume: EventsVolume | None, events_name: str, notes: list, warnings: list) -> dict:
+    """No event within a window of about three typical gaps (at least 28 days, whole weeks), so that a
+    customer who keeps their rhythm is rarely counted as churned."""
+    target = {"no_event": events_name, "within": "28d"}
+    gap = volume.typical_gap_days if volume else None
+    if gap is None:
+        return target
+    within = max(28, _weeks(3 * gap))
+    target["within"] = f"{within}d"
+    if within > 45:  # eligible: active within two windows (the default 90 days would miss regular customers)
+        target["active_within"] = f"{max(90, 2 * within)}d"
+    infrequent = gap > INFREQUENT_GAP_DAYS
+    notes.append(f"churn within {within}d: about three typical gaps ({gap:.1f} days between an entity's active days, "
+                 f"median over {volume.repeat_entities:,} entities with two or more)"
+                 + ("" if within > 28 else "; at least 28d"))
+    if infrequent:
+        warnings.append(f"infrequent domain: the typical gap between an entity's active days is {gap:.0f} days "
+                        f"(over {INFREQUENT_GAP_DAYS}); churn is suggested within {within}d, not 28d"
+                        + (f", and {volume.days:.0f} days of history is under the guideline of a year for "
+                           f"infrequent domains" if volume.days < MIN_HISTORY_DAYS_INFREQUENT else ""))
+    if volume.days and volume.days < 3 * within:
+        warnings.append(f"{volume.days:.0f} days of history for a {within}-day churn window: the hold-out and the "
+                        f"training cut-offs need about three windows ({3 * within} days)")
+    return target
+
+
+def volume_warnings(v: EventsVolume, table: str) -> list[str]:
+    """The data guidelines, with the numbers (10,000 entities, 100,000 events a month, 3 months)."""
+    out = []
+    ents = f"{'at least ' if v.capped else ''}{v.entities:,}"
+    if v.entities < MIN_ENTITIES:
+        out.append(f"volume: {ents} entities in {table} (guideline: at least {MIN_ENTITIES:,}; below it the "
+                   f"models are unreliable)")
+    if v.per_month_mean < MIN_EVENTS_PER_MONTH:
+        out.append(f"volume: {v.per_month_mean:,.0f} events a month in {table} on average ({v.rows:,} over "
+                   f"{v.days:.0f} days; guideline: at least {MIN_EVENTS_PER_MONTH:,})")
+    if v.days < MIN_HISTORY_DAYS:
+        out.append(f"volume: {v.days:.0f} days of history in {table} (guideline: at least 3 months; 1 year for "
+                   f"infrequent domains)")
+    return out
+
+
+def suggest(profiles: list[TableProfile], connection_name: str, connection: dict,
+            entity: str | None = None, volume: EventsVolume | None = None,
+            now: datetime | None = None) -> Suggestion:
+    """The suggested config. `volume` (scan_events) adds `end:`, the partition grain, the churn window
+    and the volume warnings; `now` (default: the clock) decides whether the data has stopped."""
+    notes, warnings = [], []
+    events, others, entity, ts = _events_and_entity(profiles, entity, notes)
+    lo, hi = (volume.first, volume.last) if volume else events.time_range.get(ts.name, (None, None))
+    lo = lo.date() if isinstance(lo, datetime) else lo
+    hi = hi.date() if isinstance(hi, datetime) else hi
+    if lo is None:
+        start = date.today().replace(day=1)
+        warnings.append(f"{events.table}.{ts.name} holds no time yet: `start` is this month; set it to the "
+                        f"first month of the data")
+    else:
+        start = lo.replace(day=1)
+    per_month = volume.per_month_mean if volume else 0.0
+    partition = "daily" if per_month > DAILY_ABOVE_PER_MONTH else "monthly"
+    if volume:
+        notes.append(f"{events.table}: {volume.rows:,} events, {'at least ' if volume.capped else ''}"
+                     f"{volume.entities:,} entities, {lo} .. {hi} ({volume.days:.0f} days, {per_month:,.0f} a month): "
+                     f"{partition} partitions" + (f" (over {DAILY_ABOVE_PER_MONTH:,} events a month)"
+                                                   if partition == "daily" else ""))
+    end = None
+    if hi is not None:
+        clock = now or datetime.now()
+        if (clock.date() - hi).days > STOPPED_AFTER_DAYS:
+            end = (hi + timedelta(days=1) if partition == "daily" else
+                   date(hi.year + hi.month // 12, hi.month % 12 + 1, 1))
+            notes.append(f"end {end}: the newest event is from {hi}, {(clock.date() - hi).days} days ago (the data has "
+                         f"stopped; remove `end` if new data still arrives)")
+
+    taken_events = {entity, ts.name}  # names in the events' namespace: events columns and attributes columns
+    taken_entity = {entity}  # names of entity attributes
+
+    def columns_of(p: TableProfile, skip: set[str], taken: set[str] | None = None,
+                   owner: str = "") -> tuple[list[str], dict]:
         keep, types, kept = [], {}, set()
         pair_of = {}
         for a, b in p.one_to_one:
@@ -242,11 +427,16 @@ def suggest(profiles: list[TableProfile], connection_name: str, connection: dict
             twin = next((t for t in pair_of.get(c.name, []) if t in kept or t in skip), None)
             if kind is not None and twin is not None:
                 kind, why = None, f"one-to-one with {twin}: carries nothing more"
+            if kind is not None and taken is not None and c.name in taken:
+                kind, why = None, (f"a column named {c.name!r} is already taken by {owner}; each name is used once "
+                                   f"(rename it in a view to keep both)")
             if kind is None:
                 notes.append(f"{p.table}.{c.name}: left out ({why})")
                 continue
             keep.append(c.name)
             kept.add(c.name)
+            if taken is not None:
+                taken.add(c.name)
             notes.append(f"{p.table}.{c.name}: {why}")
             inferred = ("timestamp" if c.kind == "time" else "numeric" if c.kind == "float"
                         else "categorical" if c.kind in ("string", "bool") or c.id_like else "numeric")
@@ -259,29 +449,37 @@ def suggest(profiles: list[TableProfile], connection_name: str, connection: dict
         d.update(extra)
         return d
 
+    ev_cols, ev_types = columns_of(events, {entity, ts.name}, taken_events, f"the events ({events.table})")
+    ev = source(events.table, "events", events, timestamp=ts.name, columns=ev_cols,
+                **({"types": ev_types} if ev_types else {}), partition=partition, start=start,
+                **({"end": end} if end else {}))
     # attribute tables: keyed by the entity, or by another event column
-    attr_sources, join_keys = [], []
+    attr_sources = []
     for p in others:
         if entity in p.columns and p.columns[entity].unique:
-            cols, types = columns_of(p, {entity})
+            cols, types = columns_of(p, {entity}, taken_entity, "another entity attributes table")
             attr_sources.append(source(p.table, "entity_attributes", p, columns=cols, **({"types": types} if types else {})))
-            join_keys.append((entity, p, entity))
             continue
-        keys = [c.name for c in p.columns.values() if c.unique and c.name in events.columns and c.name != ts.name]
+        keys = [c.name for c in p.columns.values() if c.unique and c.name in ev_cols]
         if not keys:
             # same key under another name or type? the caller sees the table left out with why
-            notes.append(f"{p.table}: not used (no column of it is unique and also in {events.table})")
+            notes.append(f"{p.table}: not used (no column of it is unique and also a kept column of {events.table})")
             continue
         key = sorted(keys, key=lambda k: (not p.columns[k].id_like, k))[0]
-        cols, types = columns_of(p, {key})
+        cols, types = columns_of(p, {key}, taken_events, "the events or an earlier attributes table")
         attr_sources.append(source(p.table, "attributes", p, key=key, columns=cols, **({"types": types} if types else {})))
-        join_keys.append((key, p, key))
-    ev_cols, ev_types = columns_of(events, {entity, ts.name})
-    ev = source(events.table, "events", events, timestamp=ts.name, columns=ev_cols,
-                **({"types": ev_types} if ev_types else {}), partition="monthly", start=start)
+    names = [ev["name"]]
+    for d in attr_sources:  # source names are unique (two tables may share a name across schemas)
+        base, i = d["name"], 2
+        while d["name"] in names:
+            d["name"], i = f"{base}_{i}", i + 1
+        names.append(d["name"])
+    if volume:
+        warnings += volume_warnings(volume, events.table)
+    churn = _churn_target(volume, ev["name"], notes, warnings)
     config = {"workspace": ".habitus/project", "connections": {connection_name: connection}, "entity": entity,
               "sources": [ev] + attr_sources,
-              "scenarios": {"churn": {"task": "binary", "target": {"no_event": ev["name"], "within": "28d"}}}}
+              "scenarios": {"churn": {"task": "binary", "target": churn}}}
     return Suggestion(config, notes, warnings)
 
 
@@ -290,8 +488,10 @@ def _source_name(table: str) -> str:
     return name if re.match(r"^[A-Za-z_]", name) else f"t_{name}"
 
 
-def check_joins(warehouse, suggestion: Suggestion, profiles: dict[str, TableProfile], sample_rows: int) -> None:
-    """Warn where event keys do not find their attribute rows (type or format mismatch)."""
+def check_joins(warehouse, suggestion: Suggestion, profiles: dict[str, TableProfile], sample_rows: int,
+                volume: EventsVolume | None = None) -> None:
+    """Warn where event keys do not find their attribute rows (type or format mismatch), where entity
+    attributes cover few of the events' entities, and where a kept attribute column is mostly null."""
     cfg = suggestion.config
     ev = cfg["sources"][0]
     events = profiles[ev["table"]]
@@ -304,7 +504,21 @@ def check_joins(warehouse, suggestion: Suggestion, profiles: dict[str, TableProf
             keys.update(str(v) for v in b.column(0).to_pylist() if v is not None)
             if len(keys) > 5_000_000:
                 break
-        suggestion.warnings += join_warnings(events, key, attrs, key, ev_data.column(key).to_pylist(), keys)
+        found = join_warnings(events, key, attrs, key, ev_data.column(key).to_pylist(), keys)
+        suggestion.warnings += found
+        if s["role"] == "entity_attributes" and volume and volume.entity_ids and not found:
+            hit = len(volume.entity_ids & keys)
+            share = hit / len(volume.entity_ids)
+            if share < MIN_COVERAGE:
+                suggestion.warnings.append(
+                    f"coverage: {s['table']} has a row for {share:.0%} of the entities of {ev['table']} ({hit:,} of "
+                    f"{len(volume.entity_ids):,}{' scanned' if volume.capped else ''}); the others get no attributes "
+                    f"(the cache's join_coverage check warns below {MIN_COVERAGE:.0%})")
+        for c in s.get("columns", []):
+            col = attrs.columns[c]
+            if col.rows and col.nulls / col.rows > THIN_COLUMN:
+                suggestion.warnings.append(f"coverage: {s['table']}.{c} is null in {col.nulls / col.rows:.0%} of "
+                                           f"{'sampled ' if attrs.capped else ''}rows ({col.nulls:,} of {col.rows:,})")
 
 
 def render(s: Suggestion) -> str:
@@ -330,10 +544,19 @@ def _hide_secrets(name: str, conn: dict) -> dict:
 
 
 def _list_tables(kind: str, conn: dict) -> list[str]:
+    from pipelines.config import ConfigError
+
     if kind == "duckdb":
         import duckdb
 
-        con = duckdb.connect(conn["path"], read_only=True)
+        from pathlib import Path
+
+        if not Path(conn["path"]).exists():
+            raise ConfigError(f"--duckdb {conn['path']}: no such file")
+        try:
+            con = duckdb.connect(conn["path"], read_only=True)
+        except duckdb.Error as e:
+            raise ConfigError(f"--duckdb {conn['path']}: {str(e).splitlines()[0]}") from None
         try:
             rows = con.execute("SELECT table_schema, table_name FROM information_schema.tables "
                                "WHERE table_catalog = current_database() ORDER BY 1, 2").fetchall()
@@ -344,6 +567,8 @@ def _list_tables(kind: str, conn: dict) -> list[str]:
         from pathlib import Path
 
         base = Path(conn["path"])
+        if not base.is_dir():
+            raise ConfigError(f"--parquet {base}: no such folder")
         return sorted(p.stem if p.suffix == ".parquet" else p.name for p in base.iterdir()
                       if p.suffix == ".parquet" or p.is_dir())
     raise ValueError(f"a {kind} connection: name the tables with --tables")
@@ -363,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables", nargs="+", help="tables to look at (default: all, for DuckDB and Parquet)")
     ap.add_argument("--entity", help="the entity column, when the guess is wrong")
     ap.add_argument("--sample", type=int, default=100_000, help="rows read per table (default 100,000)")
+    ap.add_argument("--scan", type=int, default=5_000_000, help="rows of the events' entity and time columns read "
+                    "to count entities and their gaps (default 5,000,000)")
     ap.add_argument("--out", help="write the suggestion to this file too")
     args = ap.parse_args(argv)
 
@@ -393,12 +620,25 @@ def main(argv: list[str] | None = None) -> int:
         tables = args.tables or _list_tables(conn.type, conn.model_dump())
         if not tables:
             raise ConfigError("no tables found; name them with --tables")
-        profiles = {}
+        profiles, skipped = {}, []
         for t in tables:
+            if habitus_output(warehouse, t):
+                if args.tables:
+                    raise ConfigError(f"--tables {t}: a table habitus wrote (its columns {sorted(OUTPUT_COLUMNS)} are "
+                                      f"predictions.sink's), not an input")
+                print(f"skipping {t}: written by habitus (predictions)", file=sys.stderr)
+                skipped.append(t)
+                continue
             print(f"profiling {t} ...", file=sys.stderr)
             profiles[t] = profile_table(warehouse, t, args.sample)
-        suggestion = suggest(list(profiles.values()), args.name, shown, args.entity)
-        check_joins(warehouse, suggestion, profiles, args.sample)
+        if not profiles:
+            raise ConfigError(f"every table is one habitus wrote ({', '.join(skipped)}); name the inputs with --tables")
+        table, entity, ts = pick_events(list(profiles.values()), args.entity)
+        print(f"counting {table} by month and scanning {entity}, {ts} ...", file=sys.stderr)
+        volume = scan_events(warehouse, table, entity, ts, args.scan)
+        suggestion = suggest(list(profiles.values()), args.name, shown, args.entity, volume)
+        suggestion.notes += [f"{t}: not used (written by habitus: predictions, not an input)" for t in skipped]
+        check_joins(warehouse, suggestion, profiles, args.sample, volume)
     except (ConfigError, WarehouseError, ValueError, ValidationError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
