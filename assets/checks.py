@@ -139,6 +139,22 @@ def key_counts(project, source, files: list[str]) -> dict[str, int]:
     return {"rows": rows, "null_keys": nulls, "duplicates": rows - nulls - distinct}
 
 
+def keys_message(n: dict, key_name: str, role: str, scope: str) -> str:
+    """keys_present's description: the cause first (null keys, repeated rows or keys), then the rest."""
+    rows = f"{n['rows']:,} rows"
+    causes = []
+    if n["null_keys"]:
+        causes.append(f"{n['null_keys']:,} of {rows} without {key_name!r} (dropped)")
+    if n["duplicates"]:
+        causes.append(f"{n['duplicates']:,} duplicate rows (whole rows repeated; kept, as two identical items in one "
+                      f"basket can be real)" if role == "events" else
+                      f"{n['duplicates']:,} repeated {key_name!r} values (one row per key is used)")
+    if not causes:
+        return f"{scope}: every one of {rows} has {key_name!r}; no " \
+               f"{'duplicate rows' if role == 'events' else f'repeated {key_name!r} values'}"
+    return f"{scope}: " + "; ".join(causes) + ("" if n["null_keys"] else f"; no row without {key_name!r}")
+
+
 def volume(project, source, files: list[str]) -> dict:
     """The numbers the data guidelines are about, from the extracted events."""
     ts = _q(source.timestamp)
@@ -263,12 +279,10 @@ def source_checks(project, source) -> list[dg.AssetChecksDefinition]:
         # repeated events can be real (two identical items in one basket): they only warn
         bad = n["null_keys"] + (0 if source.role == "events" else n["duplicates"])
         share = bad / n["rows"] if n["rows"] else 0.0
-        what = "identical rows" if source.role == "events" else f"repeated {key_name!r} values (one is used)"
         return dg.AssetCheckResult(
             passed=n["null_keys"] == 0 and n["duplicates"] == 0,
             severity=dg.AssetCheckSeverity.ERROR if share > SEVERE_SHARE else dg.AssetCheckSeverity.WARN,
-            description=f"{scope}: {n['null_keys']:,} of {n['rows']:,} rows without {key_name!r} (dropped); "
-                        f"{n['duplicates']:,} {what}",
+            description=keys_message(n, key_name, source.role, scope),
             metadata={**{k: dg.MetadataValue.int(v) for k, v in n.items()},
                       "bad_share": dg.MetadataValue.float(round(share, 6)), "scope": scope})
 
