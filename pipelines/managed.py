@@ -11,7 +11,8 @@ process, an ephemeral instance unless $DAGSTER_HOME is set) and prints the repor
 Executor settings come from the project's `executor:` and may be overridden here (--device,
 --processes, --threads, --precision, --inference-precision). A job that fails writes its reason to
 the failure file of the managed-job layout ($HABITUS_FAILURE_FILE, else $SM_OUTPUT_DIR/failure, else
-/opt/ml/output/failure when /opt/ml/output exists) and exits 1. docs/managed-jobs.md shows the layout.
+/opt/ml/output/failure when /opt/ml/output exists). Exit codes as `habitus materialize`: 0 done, 1 a
+blocking check failed, 2 bad usage or config, 3 a stage failed. docs/managed-jobs.md shows the layout.
 """
 
 import argparse
@@ -255,15 +256,22 @@ def main(command: str, argv: list[str]) -> int:
             print(f"restored {', '.join(done)} from {project.output} into {project.workspace}")
             return 0
     except Exception as e:  # noqa: BLE001 (a managed job reports any failure through its failure file)
-        reason = f"habitus {command} failed: {type(e).__name__}: {e}"
-        print(f"error: {reason}", file=sys.stderr)
-        where = failure_file()
-        if where is not None:
-            where.parent.mkdir(parents=True, exist_ok=True)
-            where.write_text(reason[:1000] + "\n\n" + traceback.format_exc()[-2000:])
-            print(f"(written to the failure file {where})", file=sys.stderr)
-        return 1
+        _fail(f"habitus {command} failed: {type(e).__name__}: {e}", traceback.format_exc())
+        return 3
     print(f"\nhabitus {command} finished in {time.time() - started:.0f}s; asset checks: {result['checks_passed']} "
           f"passed, {len(result['checks_failed'])} failed\n")
     print(report(project, result["prediction_day"]))
+    blocking = [f for f in result["checks_failed"] if "(error)" in f]
+    if blocking:
+        _fail(f"habitus {command}: {len(blocking)} blocking check(s) failed: " + "; ".join(blocking), "")
+        return 1
     return 0
+
+
+def _fail(reason: str, trace: str) -> None:
+    print(f"error: {reason}", file=sys.stderr)
+    where = failure_file()
+    if where is not None:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text(reason[:1000] + ("\n\n" + trace[-2000:] if trace else "") + "\n")
+        print(f"(written to the failure file {where})", file=sys.stderr)

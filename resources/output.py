@@ -8,7 +8,7 @@ workspace's own layout under the prefix, and a manifest per stage written last:
     <prefix>/checkpoints/foundation/model.safetensors ...   the workspace's paths, as in resources/workspace.py
     <prefix>/cache/<fingerprint16>/...                      the cache version the foundation was trained on
     <prefix>/manifests/<stage>.json                         {"files": {path: {size, sha256, ...}}, ...}
-    <prefix>/.uploads/<stage>/<token>/<path>                a file being uploaded (temporary)
+    <prefix>/.upload.<stage>.<token>.<n>                    a file being uploaded (temporary)
 
 A file goes to a temporary key first and is moved to its real key once all of it arrived (its size
 checked); the stage's manifest is then rewritten to name it. A file counts as uploaded only when the
@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import parse_qs, urlsplit
 
-MANIFESTS, UPLOADS = "manifests", ".uploads"
+MANIFESTS, UPLOADS = "manifests", ".upload."  # temporary keys sit flat under the prefix: moving or deleting
+# them never leaves an emptied "folder", for which pyarrow's S3 client would write a marker object
 FORMAT = 1
 CHUNK = 1 << 20  # bytes per write to the store
 
@@ -122,9 +123,13 @@ class Output:
         except ValueError as e:
             raise OutputError(f"output {self.url}: {key} is not valid JSON ({e}); delete it and upload again") from None
 
+    def _tmp_prefix(self, stage: str) -> str:
+        return f"{UPLOADS}{stage.replace('/', '+')}."
+
     def _put_atomic(self, write, rel: str, token: str, stage: str) -> None:
         """`write(key)` to a temporary key, then move it to `rel` (a rename on a folder, a copy on a store)."""
-        tmp, final = self._key(f"{UPLOADS}/{stage}/{token}/{rel}"), self._key(rel)
+        self._n = getattr(self, "_n", 0) + 1
+        tmp, final = self._key(f"{self._tmp_prefix(stage)}{token}.{self._n}"), self._key(rel)
         self._retry(f"uploading {final}", lambda: write(tmp))
         self._mkdir(final)
         self._retry(f"moving {tmp} to {final}", lambda: self.fs.move(tmp, final))
@@ -133,14 +138,12 @@ class Output:
         """Remove the temporary keys a killed upload of `stage` left; returns how many there were."""
         from pyarrow.fs import FileSelector, FileType
 
-        folder = self._key(f"{UPLOADS}/{stage}")
-        infos = self._retry(f"listing {folder}", lambda: self.fs.get_file_info(
-            FileSelector(folder, recursive=True, allow_not_found=True)))
-        files = [i.path for i in infos if i.type == FileType.File]
+        infos = self._retry(f"listing {self.url}", lambda: self.fs.get_file_info(
+            FileSelector(self.base, recursive=False, allow_not_found=True)))
+        mine = self._key(self._tmp_prefix(stage))
+        files = [i.path for i in infos if i.type == FileType.File and i.path.startswith(mine)]
         for path in files:
             self._retry(f"deleting {path}", lambda p=path: self.fs.delete_file(p))
-        if self._local and self.fs.get_file_info(folder).type == FileType.Directory:
-            self._retry(f"deleting {folder}", lambda: self.fs.delete_dir(folder))  # the empty folders left
         return len(files)
 
     # ------------------------------------------------------------------ upload and restore
