@@ -71,3 +71,12 @@ ui: $(VENV)/.installed
 
 clean:
 	rm -rf .habitus
+
+# The unit suite again under a shifted wall clock (Debian's libfaketime; the clock runs on from CLOCK):
+# a test or a default that reads today's date fails here before it fails for a user.
+CLOCK ?= 2027-06-15 12:00:00
+.PHONY: test-clock
+test-clock: $(VENV)/.installed-dev
+	@command -v faketime >/dev/null || { echo "test-clock needs Debian's faketime (apt-get install faketime)" >&2; exit 1; }
+	faketime '$(CLOCK)' $(PY) -c 'import datetime; print("shifted clock: now", datetime.datetime.now().isoformat(timespec="seconds"))'
+	faketime '$(CLOCK)' $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)

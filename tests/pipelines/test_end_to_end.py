@@ -25,7 +25,7 @@ connections:
 entity: customer_id
 sources:
   - {name: purchases, role: events, connection: warehouse, table: purchases, timestamp: ts,
-     columns: [product_id, store_id, quantity, price], start: 2026-03-01}
+     columns: [product_id, store_id, quantity, price], start: 2026-03-01, end: 2026-11-01}
   - {name: customers, role: entity_attributes, connection: warehouse, table: customers,
      columns: [age, region, segment, signup_date]}
   - {name: products, role: attributes, connection: warehouse, table: products, key: product_id,
