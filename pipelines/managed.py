@@ -222,6 +222,8 @@ def main(command: str, argv: list[str]) -> int:
         p.add_argument("--date", type=_day, required=True, help="the day to score, YYYY-MM-DD (as of its end)")
     if command == "restore":
         p.add_argument("--all", action="store_true", help="predictions and embeddings too, not only checkpoints")
+        p.add_argument("--from", dest="source", help="where to restore from (default: `output:`), e.g. the model "
+                                                     "channel of a scoring job: $SM_CHANNEL_MODEL")
     if command in ("train", "score", "embed"):
         add_executor_arguments(p)
     args = p.parse_args(argv)
@@ -230,7 +232,7 @@ def main(command: str, argv: list[str]) -> int:
     try:
         project = with_executor(load_project(args.config), args)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _fail(str(e), "")
         return 2
     started = time.time()
     try:
@@ -244,16 +246,13 @@ def main(command: str, argv: list[str]) -> int:
                 f"{s} {r['uploaded']} sent / {r['skipped']} already there" for s, r in done.items()))
             return 0
         else:
+            from resources.output import Output
             from resources.workspace import Workspace
 
-            ws = Workspace(root=project.workspace, output=project.output)
-            stages = None
-            if args.all:
-                from resources.output import Output
-
-                stages = Output(project.output).stages() if project.output else None
-            done = ws.restore(stages)
-            print(f"restored {', '.join(done)} from {project.output} into {project.workspace}")
+            source = str(Path(args.source).resolve()) if args.source and "://" not in args.source else args.source
+            ws = Workspace(root=project.workspace, output=source or project.output)
+            done = ws.restore(Output(ws.output).stages() if args.all and ws.output else None)
+            print(f"restored {', '.join(done)} from {ws.output} into {project.workspace}")
             return 0
     except Exception as e:  # noqa: BLE001 (a managed job reports any failure through its failure file)
         _fail(f"habitus {command} failed: {type(e).__name__}: {e}", traceback.format_exc())

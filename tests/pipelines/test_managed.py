@@ -1,0 +1,170 @@
+"""Managed-job entry points (pipelines/managed.py) in a simulated SageMaker layout: the warehouse as a
+mounted input channel (Parquet), the project YAML in another channel, the local disk as the workspace,
+the model folder as `output:`, the failure file; then a scoring job on another "machine" that starts
+from that model folder. And the executor settings: the project's `executor:` and the CLI over it."""
+
+import json
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipelines.cli import main
+from pipelines.config import ConfigError, load_project
+from pipelines.definitions import build_resources
+from pipelines.demo_data import generate_demo_warehouse
+from pipelines.managed import with_executor
+
+PROJECT = {
+    "workspace": "${HABITUS_WORKSPACE}", "output": "${SM_MODEL_DIR}", "entity": "customer_id",
+    "connections": {"warehouse": {"type": "parquet", "path": "${SM_CHANNEL_WAREHOUSE}"}},
+    "sources": [
+        {"name": "purchases", "role": "events", "connection": "warehouse", "table": "purchases", "timestamp": "ts",
+         "columns": ["product_id", "store_id", "price"], "start": "2026-07-01", "end": "2026-11-01"},
+        {"name": "customers", "role": "entity_attributes", "connection": "warehouse", "table": "customers",
+         "columns": ["age", "segment"]},
+        {"name": "products", "role": "attributes", "connection": "warehouse", "table": "products", "key": "product_id",
+         "columns": ["brand"]}],
+    "foundation": {"horizon": "14d", "cutoff_every": "14d", "hidden": 16, "layers": 1, "epochs": 1},
+    "scenarios": {"churn": {"task": "binary", "target": {"no_event": "purchases", "within": "14d"}, "epochs": 1}},
+    "predictions": {"start": "2026-10-01"},
+    "executor": {"device": "cpu", "threads": 1, "processes": 1},
+}
+
+
+def _finished(rc: int, failure: Path) -> None:
+    """Exit 0 with no failure file, or 1 with the failure file naming only a model below its baseline
+    (a tiny warehouse): in both cases every stage ran."""
+    if rc == 0:
+        assert not failure.exists()
+    else:
+        assert rc == 1 and "blocking check(s) failed" in failure.read_text()
+        assert "beats_baselines" in failure.read_text()
+        failure.unlink()
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory):
+    """/opt/ml of a training job, in a temporary folder: input channels, model folder, output folder."""
+    root = tmp_path_factory.mktemp("sagemaker")
+    db = root / "warehouse.duckdb"
+    generate_demo_warehouse(db, customers=400, products=60, stores=4, start="2026-07-01", end="2026-10-31", seed=3)
+    channel = root / "opt/ml/input/data/warehouse"  # what SageMaker mounts from s3://.../warehouse/
+    channel.mkdir(parents=True)
+    con = duckdb.connect(str(db), read_only=True)
+    for table in ("purchases", "customers", "products"):
+        con.sql(f"COPY {table} TO '{channel / table}.parquet' (FORMAT parquet)")
+    con.close()
+    config = root / "opt/ml/input/data/config"
+    config.mkdir(parents=True)
+    (config / "project.yaml").write_text(yaml.safe_dump(PROJECT))
+    return root
+
+
+def _env(monkeypatch, root: Path, disk: str, model: Path) -> Path:
+    monkeypatch.setenv("SM_CHANNEL_WAREHOUSE", str(root / "opt/ml/input/data/warehouse"))
+    monkeypatch.setenv("SM_CHANNEL_CONFIG", str(root / "opt/ml/input/data/config"))
+    monkeypatch.setenv("SM_MODEL_DIR", str(model))
+    monkeypatch.setenv("SM_OUTPUT_DIR", str(root / "opt/ml/output"))
+    monkeypatch.setenv("HABITUS_WORKSPACE", str(root / disk))  # the instance's local disk
+    monkeypatch.delenv("HABITUS_FAILURE_FILE", raising=False)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    return root / "opt/ml/output/failure"
+
+
+@pytest.mark.slow
+def test_a_training_job_then_a_scoring_job_elsewhere(layout, monkeypatch, capsys):
+    model = layout / "opt/ml/model"
+    failure = _env(monkeypatch, layout, "local-disk/train", model)
+    config = str(layout / "opt/ml/input/data/config/project.yaml")
+
+    _finished(main(["train", "--config", config, "--stage", "foundation"]), failure)
+    assert json.loads((model / "manifests" / "foundation.json").read_text())["files"]
+    assert not (model / "manifests" / "scenario").exists()  # that stage did not run
+    _finished(main(["train", "--config", config, "--stage", "scenarios"]), failure)
+    out = capsys.readouterr().out
+    assert "churn" in out and "binary" in out and "auroc" in out  # the report `habitus demo` prints
+    ws = layout / "local-disk/train"
+    trained = json.loads((ws / "checkpoints/scenarios/churn/config.json").read_text())
+    assert trained["training"]["device"] == "cpu"  # the project's executor
+    for rel in ("checkpoints/foundation/model.safetensors", "checkpoints/scenarios/churn/model.safetensors"):
+        assert (model / rel).read_bytes() == (ws / rel).read_bytes()
+
+    # a scoring job on another machine: the first job's model folder mounted as its `model` channel,
+    # its own output folder, an empty local disk
+    monkeypatch.setenv("SM_CHANNEL_MODEL", str(model))
+    scored_out = layout / "opt/ml/processing/output"
+    failure = _env(monkeypatch, layout, "local-disk/score", scored_out)
+    assert main(["restore", "--config", config, "--from", str(model)]) == 0
+    _finished(main(["score", "--config", config, "--date", "2026-10-30"]), failure)
+    _finished(main(["embed", "--config", config, "--date", "2026-10-30"]), failure)
+    other = layout / "local-disk/score"
+    table = pq.read_table(other / "predictions/churn/2026-10-30.parquet")
+    assert table.num_rows > 300
+    assert set(table.column("model_fingerprint").to_pylist()) == {trained["weights_sha256"][:16]}
+    assert pq.read_metadata(other / "embeddings/2026-10-30.parquet").num_rows > 300
+    uploaded = json.loads((scored_out / "manifests/predictions/churn.json").read_text())["files"]
+    assert list(uploaded) == ["predictions/churn/2026-10-30.parquet"]
+    assert (scored_out / "embeddings/2026-10-30.parquet").exists()
+    assert not (other / "sources/purchases/2026-11.parquet").exists()  # extracted up to the scored day only
+
+
+def test_a_failed_job_writes_the_failure_file(layout, monkeypatch, tmp_path):
+    failure = _env(monkeypatch, layout, "local-disk/empty", tmp_path / "nothing-uploaded")
+    config = str(layout / "opt/ml/input/data/config/project.yaml")
+    assert main(["score", "--config", config, "--date", "2026-10-30"]) == 3
+    text = failure.read_text()
+    assert "habitus score failed" in text and "no foundation checkpoint was uploaded there" in text
+    failure.unlink()
+    assert main(["score", "--config", config, "--date", "2027-01-05"]) == 3
+    assert "--date 2027-01-05: not a day of the predictions' partitions" in failure.read_text()
+    failure.unlink()
+    monkeypatch.delenv("SM_MODEL_DIR")
+    assert main(["train", "--config", config]) == 2  # ${SM_MODEL_DIR} is not set: a config error
+    assert "environment variable SM_MODEL_DIR is not set" in failure.read_text()
+
+
+def _project(tmp_path, **extra) -> Path:
+    cfg = {k: v for k, v in PROJECT.items() if k not in ("output", "executor")}
+    cfg.update(workspace="ws", connections={"warehouse": {"type": "parquet", "path": "data"}}, **extra)
+    (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg))
+    return tmp_path / "project.yaml"
+
+
+def test_executor_settings_come_from_the_yaml_and_the_command_line(tmp_path):
+    import argparse
+
+    path = _project(tmp_path, executor={"device": "cpu", "processes": 2, "precision": "fp32",
+                                        "inference_precision": "int8", "threads": 3})
+    project = load_project(path)
+    executor = build_resources(project)["executor"]
+    assert (executor.device, executor.processes, executor.threads, executor.inference_precision) == ("cpu", 2, 3, "int8")
+    args = argparse.Namespace(device="cuda", processes=None, threads=None, precision="bf16", inference_precision=None)
+    over = build_resources(with_executor(project, args))["executor"]
+    assert (over.device, over.processes, over.threads, over.precision, over.inference_precision) == \
+        ("cuda", 2, 3, "bf16", "int8")
+    assert build_resources(load_project(_project(tmp_path)))["executor"].processes == 1  # no `executor:`
+    with pytest.raises(ConfigError, match=r"--processes: Input should be greater than or equal to 0"):
+        with_executor(project, argparse.Namespace(processes=-1))
+
+
+def test_bad_executor_and_scenario_settings_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"executor.device: String should match pattern"):
+        load_project(_project(tmp_path, executor={"device": "tpu"}))
+    with pytest.raises(ConfigError, match=r"executor.precision: Input should be 'fp32' or 'bf16'"):
+        load_project(_project(tmp_path, executor={"precision": "fp16"}))
+    scenarios = {"churn": {**PROJECT["scenarios"]["churn"], "lora": {"rank": 0}}}
+    with pytest.raises(ConfigError, match=r"scenarios.churn.lora.rank: Input should be greater than or equal to 1"):
+        load_project(_project(tmp_path, scenarios=scenarios))
+    scenarios = {"churn": {**PROJECT["scenarios"]["churn"], "inference_precision": "int4"}}
+    with pytest.raises(ConfigError, match=r"scenarios.churn.inference_precision: Input should be"):
+        load_project(_project(tmp_path, scenarios=scenarios))
+    with pytest.raises(ConfigError, match=r"output 'ftp://host/x': use s3://, gs://, abfs://"):
+        load_project(_project(tmp_path, output="ftp://host/x"))
+    ok = load_project(_project(tmp_path, output="models/out",
+                               scenarios={"churn": {**PROJECT["scenarios"]["churn"], "lora": {"rank": 4},
+                                                    "inference_precision": "int8"}}))
+    assert ok.output == str((tmp_path / "models/out").resolve())  # a folder resolves against the file
+    assert ok.scenarios["churn"].lora.rank == 4 and ok.scenarios["churn"].inference_precision == "int8"
