@@ -28,7 +28,9 @@ PROJECT = {
         {"name": "products", "role": "attributes", "connection": "warehouse", "table": "products", "key": "product_id",
          "columns": ["brand"]}],
     "foundation": {"horizon": "14d", "cutoff_every": "14d", "hidden": 16, "layers": 1, "epochs": 1},
-    "scenarios": {"churn": {"task": "binary", "target": {"no_event": "purchases", "within": "14d"}, "epochs": 1}},
+    "scenarios": {"churn": {"task": "binary", "target": {"no_event": "purchases", "within": "14d"}, "epochs": 1},
+                  "spend": {"task": "regression", "target": {"sum": "purchases.price", "within": "14d"}, "epochs": 1,
+                            "lora": {"rank": 4}, "inference_precision": "int8"}},
     "predictions": {"start": "2026-10-01"},
     "executor": {"device": "cpu", "threads": 1, "processes": 1},
 }
@@ -109,6 +111,44 @@ def test_a_training_job_then_a_scoring_job_elsewhere(layout, monkeypatch, capsys
     assert list(uploaded) == ["predictions/churn/2026-10-30.parquet"]
     assert (scored_out / "embeddings/2026-10-30.parquet").exists()
     assert not (other / "sources/purchases/2026-11.parquet").exists()  # extracted up to the scored day only
+
+    # spend: LoRA adapters of rank 4 trained (and merged), scored in int8 (its own setting), churn in fp32
+    spend = json.loads((ws / "checkpoints/scenarios/spend/config.json").read_text())
+    assert spend["lora"] == {"rank": 4, "alpha": 16.0} and spend["training"]["lora_rank"] == 4
+    from models.checkpoint import load_checkpoint
+
+    weights = sum(t.numel() for t in load_checkpoint(ws / "checkpoints/scenarios/spend")[0].values())
+    assert 0 < spend["training"]["trainable_parameters"] < weights / 2  # the adapters and the head only
+    assert _scores(other, "spend", int8=False) != pytest.approx(_scores(other, "spend", int8=True), abs=0)
+    assert _scores(other, "spend", int8=True) == pytest.approx(_written(other, "spend"), abs=1e-6)
+    assert _scores(other, "churn", int8=False) == pytest.approx(_written(other, "churn"), abs=1e-6)
+
+
+def _written(ws: Path, name: str) -> list[float]:
+    return pq.read_table(ws / f"predictions/{name}/2026-10-30.parquet").column("score").to_pylist()
+
+
+def _scores(ws: Path, name: str, *, int8: bool) -> list[float]:
+    """The scenario's scores of 2026-10-30 computed here from its checkpoint, in fp32 or int8."""
+    from datetime import datetime, timezone
+
+    import numpy as np
+
+    from assets.serving import serving_checkpoint
+    from models.cache import Cache
+    from models.checkpoint import load_checkpoint
+    from models.predict import load_model, predict
+    from models.quantize import for_inference
+    from models.storage import read_json
+    from resources.workspace import Workspace
+
+    workspace = Workspace(root=str(ws))
+    cache = Cache(workspace.cache_root / read_json(workspace.cache_root / "current.json")["folder"])
+    model, spec, task = load_model(*load_checkpoint(serving_checkpoint(workspace, name)[0]))
+    model = for_inference(model, "int8" if int8 else "fp32")
+    cutoff = int(datetime(2026, 10, 31, tzinfo=timezone.utc).timestamp())
+    return np.concatenate([b.column("score").to_numpy() for b in predict(model, cache, spec, task, cutoff,
+                                                                         device="cpu")]).tolist()
 
 
 def test_a_failed_job_writes_the_failure_file(layout, monkeypatch, tmp_path):
