@@ -1,5 +1,9 @@
 """predictions/<name>: daily scores of every eligible entity, as of the end of the partition's day,
-to `predictions/<name>/<day>.parquet` and, when a sink is configured, back to the warehouse."""
+to `predictions/<name>/<day>.parquet` and, when a sink is configured, back to the warehouse.
+
+Multilabel rows hold the top `predictions.top_k` labels, or every label with `predictions.format: all`;
+`predictions.without_history: flag` adds a row (null scores, has_history false) for each entity of the
+cache with no event before as_of. The README's "Outputs" section lists the columns."""
 
 import os
 import time
@@ -7,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import dagster as dg
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -51,6 +56,35 @@ def write_entity_file(cache, batches, path: Path, entity_column: str, fingerprin
     return rows
 
 
+def without_history(cache, cutoff: int) -> np.ndarray:
+    """Entity indices of the cache with no event at or before `cutoff` (entities known only from an
+    entity attributes table, or whose first event is later)."""
+    seen = np.zeros(cache.n_entities, bool)
+    for i in range(cache.shard_count):
+        shard = cache.shard(i)
+        if len(shard.entities):
+            seen[shard.entities[shard.ts[shard.starts[:-1]] <= cutoff]] = True  # times sorted within an entity
+    return np.flatnonzero(~seen)
+
+
+def flag_without_history(batches, cache, cutoff: int, block: int = 65_536):
+    """The scored batches with has_history = true, then one row per entity without history: null
+    scores (labels), has_history = false (predictions.without_history: flag)."""
+    schema = None
+    for b in batches:
+        schema = b.schema
+        yield b.append_column("has_history", pa.array(np.ones(len(b), bool)))
+    if schema is None:  # nothing scored: the asset fails on that, not on the flagged rows
+        return
+    missing = without_history(cache, cutoff)
+    for i in range(0, len(missing), block):
+        idx = missing[i:i + block]
+        cols = {"entity_index": pa.array(idx.astype(np.int64))}
+        cols.update({f.name: pa.nulls(len(idx), f.type) for f in schema if f.name != "entity_index"})
+        cols["has_history"] = pa.array(np.zeros(len(idx), bool))
+        yield pa.record_batch(cols)
+
+
 def predictions_key(name: str) -> dg.AssetKey:
     return dg.AssetKey(["predictions", name])
 
@@ -86,6 +120,10 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
                              f"use bf16 on GPUs")
         model = for_inference(model, precision)  # fp32, int8 (CPU) or bf16: the scenario's, else the executor's
         fingerprint = config["weights_sha256"][:16]
+        settings = project.predictions
+        k = settings.top_k
+        if settings.format == "all" and task.task == "multilabel":  # every label, best first
+            k = len(config.get("label_values") or ()) or model.head.linear.out_features
         warehouse = getattr(context.resources, connection_key(sink.connection)) if sink is not None else None
         rows, written_back, files = 0, 0, []
         for day in context.partition_keys:  # a backfill scores up to 31 days in one run
@@ -95,8 +133,10 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
                 context.log.warning(f"scoring as of {as_of.isoformat()}, after the newest event in the cache "
                                     f"({datetime.fromtimestamp(cache.time_range[1], timezone.utc).isoformat()}): "
                                     f"extract newer partitions for fresh scores")
-            batches = predict(model, cache, spec, task, cutoff, k=project.predictions.top_k,
-                              label_names=config.get("label_values") or None, device=device)
+            batches = predict(model, cache, spec, task, cutoff, k=k, label_names=config.get("label_values") or None,
+                              device=device)
+            if settings.without_history == "flag":
+                batches = flag_without_history(batches, cache, cutoff)
             path = workspace.predictions(name) / f"{day}.parquet"
             day_rows = write_entity_file(cache, batches, path, project.entity, fingerprint, as_of)
             if day_rows == 0:

@@ -222,7 +222,11 @@ class Sink(_Strict):
 
 class PredictionSettings(_Strict):
     scenarios: list[str] = Field(default_factory=list, description="empty = every scenario")
-    top_k: int = Field(20, ge=1)
+    top_k: int = Field(20, ge=1, description="labels (multilabel) and items (recommendation) kept per entity, best first")
+    format: Literal["top_k", "all"] = Field("top_k", description="multilabel: each entity's top_k labels, or all of "
+                                                                 "them (every label with its score, best first)")
+    without_history: Literal["skip", "flag"] = Field("skip", description="entities with no event before as_of: no "
+                                                     "row (skip), or a row with null scores and has_history false")
     start: date | None = Field(None, description="first daily partition; default: the first events source's start")
     sink: Sink | None = None
 
