@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from models.features import (ENTITY_BUCKETS, HALF_LIVES, WINDOWS, Chunk, FeatureSpec, bucket_count, bucketize,
-                             visit_width)
+                             chunk_at, visit_width)
 from models.items import SparseRows, batch_history
 from models.network import ItemHead, Model
 
@@ -258,8 +258,9 @@ class Explainer:
         self.model.trunk(x)
         return self._seen
 
-    def score(self, x: np.ndarray, h: SparseRows | None, rows: np.ndarray, target: np.ndarray) -> np.ndarray:
+    def score(self, x: np.ndarray, h: SparseRows | None, rows: np.ndarray, target: np.ndarray | None) -> np.ndarray:
         """The model's score of each (row, target) pair, inputs as given (no gradients)."""
+        target = np.full(len(rows), -1, np.int64) if target is None else np.asarray(target, np.int64)
         out = []
         with torch.no_grad():
             for i in range(0, len(rows), PAIR_BATCH * 4):
@@ -362,7 +363,7 @@ class Explainer:
 def column_totals(groups: Groups, ex: Explained, label_column: str | None = None) -> tuple[list, np.ndarray]:
     """Each pair's attribution summed by (source, column): (the (source, column) list, [m, columns]).
     Rare labels' own history (`extra`) counts for the label column."""
-    keys = sorted(set(groups.columns()), key=lambda k: groups.columns().index(k))
+    keys = list(dict.fromkeys(groups.columns()))
     index = {k: j for j, k in enumerate(keys)}
     of_group = np.array([index[k] for k in groups.columns()], np.int64)
     out = np.zeros((len(ex.rows), len(keys)), np.float64)
@@ -477,6 +478,121 @@ def rendered(spec: FeatureSpec, groups: Groups, ex: Explained, x: np.ndarray, ch
             "others": (total - top_sum)[pair].astype(np.float32), "gap": gap[pair].astype(np.float32)}
 
 
+@dataclass
+class Summary:
+    """What a run of `explain_cutoff` adds up: mean |attribution| by (source, column) and the
+    completeness gaps, for the materialization's table and chart."""
+
+    keys: list
+    abs_sum: np.ndarray
+    pairs: int = 0
+    entities: int = 0
+    gap_abs_sum: float = 0.0
+    gap_max: float = 0.0
+    moved_abs_sum: float = 0.0
+
+    @classmethod
+    def of(cls, groups: Groups) -> "Summary":
+        keys = list(dict.fromkeys(groups.columns()))
+        return cls(keys, np.zeros(len(keys)))
+
+    def add(self, groups: Groups, ex: Explained, label_column: str | None, entities: int) -> None:
+        keys, per = column_totals(groups, ex, label_column)
+        self.abs_sum += np.abs(per).sum(0)
+        self.pairs += len(ex.rows)
+        self.entities += entities
+        gap = np.abs(ex.gap)
+        self.gap_abs_sum += float(gap.sum())
+        self.gap_max = max(self.gap_max, float(gap.max(initial=0.0)))
+        self.moved_abs_sum += float(np.abs(ex.score - ex.baseline).sum())
+
+    def importance(self) -> list[tuple[str, str, float]]:
+        """(source, column, mean |attribution|), largest first."""
+        mean = self.abs_sum / max(self.pairs, 1)
+        return sorted(((s, c, float(v)) for (s, c), v in zip(self.keys, mean)), key=lambda t: -t[2])
+
+    @property
+    def gap_mean(self) -> float:
+        return self.gap_abs_sum / max(self.pairs, 1)
+
+    @property
+    def relative_gap(self) -> float:
+        """Mean |gap| over mean |score - baseline score|."""
+        return self.gap_abs_sum / max(self.moved_abs_sum, 1e-12)
+
+
+def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, groups: Groups, *, top: int = 5,
+                   labels: list | None = None, per_entity: int = 3, label_names: list | None = None,
+                   steps: int = DEFAULT_STEPS, device: str = "cpu", chunk_entities: int = 4096,
+                   summary: Summary | None = None):
+    """Record batches of every eligible entity's `top` reasons at `cutoff`, one row per reason:
+    entity_index, label (None for one score), score, baseline_score, rank, kind, source, column,
+    value, contribution, count, days_since_last, entity_value, reason, others, gap (the README's
+    "Explanations" section). Label heads explain the positions `labels` for every entity, else each
+    entity's `per_entity` best labels (or recommended items). `summary` gathers the global figures."""
+    import pyarrow as pa
+
+    from models.predict import top_labels
+    from models.targets import eligible
+    from models.train import chunk_plan, item_popularity, rank_items, task_inputs
+
+    entity_table = cache.entity_table()
+    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
+    vocab = vocab_reader(cache)
+    pop = item_popularity(cache, task.target, cutoff) if task.task == "recommendation" else None
+    if task.uses_label_history and label_names is None:  # items: the column's own vocabulary
+        values = vocab(task.target.column)
+        label_names = [values[i - 1] for i in task.target.labels]
+    names = np.asarray([str(v) for v in label_names], object) if label_names is not None else None
+    explainer = Explainer(model, spec, task, groups, steps=steps, device=device, item_features=pop)
+    for s, lo, hi in chunk_plan(cache, chunk_entities):
+        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
+        keep = np.flatnonzero(eligible(chunk, task.target)) if chunk.n else np.zeros(0, np.int64)
+        if not len(keep):
+            continue
+        x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
+        target = None
+        rows = keep
+        if task.uses_label_history:
+            if labels:
+                rows, target = np.repeat(keep, len(labels)), np.tile(np.asarray(labels, np.int64), len(keep))
+            else:
+                with torch.no_grad():
+                    if task.task == "recommendation":
+                        best, _ = rank_items(model, x[keep], h[keep], pop, per_entity, device=device)
+                    else:
+                        best, _ = top_labels(model, x[keep], h[keep], per_entity, device=device)
+                rows, target = np.repeat(keep, best.shape[1]), best.ravel()
+        ex = explainer.explain(x, h, rows, target)
+        if summary is not None:
+            summary.add(groups, ex, task.target.column, len(keep))
+        out = rendered(spec, groups, ex, x, chunk, entity_table, vocab, task, names, top)
+        p = out.pop("pair")
+        out.pop("row")
+        label = None if names is None else pa.array(names[ex.target[p]].astype(str))
+        yield pa.record_batch({
+            "entity_index": pa.array(chunk.entities[ex.rows[p]].astype(np.int64)),
+            "label": label if label is not None else pa.nulls(len(p), pa.string()),
+            "score": pa.array(ex.score[p]), "baseline_score": pa.array(ex.baseline[p]),
+            **{k: pa.array(v) for k, v in out.items() if k not in ("count", "days_since_last", "entity_value")},
+            "count": pa.array(out["count"], mask=out["count"] < 0),
+            "days_since_last": pa.array(out["days_since_last"], mask=np.isnan(out["days_since_last"])),
+            "entity_value": pa.array(out["entity_value"], mask=np.isnan(out["entity_value"])),
+        })
+
+
+def vocab_reader(cache):
+    """column -> its values in id order (`entity.<column>` for entity attributes), read once each."""
+    seen = {}
+
+    def vocab(column: str) -> list:
+        if column not in seen:
+            seen[column] = cache.vocab(column).column("value").to_pylist()
+        return seen[column]
+
+    return vocab
+
+
 def _raw_scalar(v: np.ndarray, names: np.ndarray) -> np.ndarray:
     """A scalar input back in its own units (features.py stores most as log1p, signed for sums)."""
     out = np.sign(v) * np.expm1(np.abs(v))
@@ -495,5 +611,5 @@ def _sentence(kind, column, value, count, last, raw, contribution) -> str:
     return f"{value}: {raw:.4g}: {sign}"
 
 
-__all__ = ["DEFAULT_STEPS", "Explained", "Explainer", "Groups", "column_sources", "column_totals", "input_groups",
-           "rendered", "scalar_names", "top_reasons", "value_stats", "HALF_LIVES"]
+__all__ = ["DEFAULT_STEPS", "Explained", "Explainer", "Groups", "Summary", "column_sources", "column_totals",
+           "explain_cutoff", "input_groups", "rendered", "scalar_names", "top_reasons", "value_stats", "HALF_LIVES"]

@@ -188,8 +188,19 @@ class ExecutorSettings(_Strict):
     inference_precision: Precision = Field("fp32", description="predictions and embeddings (int8: CPU only)")
 
 
+class ExplainSettings(_Strict):
+    """explanations/<scenario>: each entity's top reasons, daily (assets/explanations.py)."""
+    top: int = Field(5, ge=1, le=50, description="reasons kept per entity and score")
+    steps: int = Field(16, ge=2, le=256, description="integration steps (docs/explanations.md: cost and precision)")
+    labels: list[str] = Field(default_factory=list, description="multilabel: the labels explained for every entity; "
+                                                                "default: each entity's `per_entity` best")
+    per_entity: int = Field(3, ge=1, le=50, description="multilabel / recommendation: best labels or items explained")
+    write_back: bool = Field(False, description="also write to <predictions.sink.table>_<scenario>_explanations")
+
+
 class Scenario(_Strict):
     task: Literal["binary", "multilabel", "regression", "recommendation"]
+    explain: ExplainSettings | None = Field(None, description="write explanations/<scenario> daily ({top: 5})")
     lora: LoraSettings | None = Field(None, description="fine-tune LoRA adapters on the frozen trunk, not all weights")
     inference_precision: Precision | None = Field(None, description="this scenario's predictions; default: the "
                                                                     "executor's")

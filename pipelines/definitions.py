@@ -14,6 +14,7 @@ import dagster as dg
 from assets.cache import build_cache_asset
 from assets.checks import build_checks
 from assets.embeddings import build_embeddings_asset
+from assets.explanations import build_explanations_asset
 from assets.foundation import build_foundation_asset
 from assets.predictions import build_predictions_asset
 from assets.scenarios import build_scenario_asset
@@ -96,6 +97,7 @@ def build_assets(project: Project) -> list[dg.AssetsDefinition]:
     assets += [build_scenario_asset(project, name, sc) for name, sc in project.scenarios.items()]
     daily = predictions_partitions(project)
     assets += [build_predictions_asset(project, name, daily) for name in project.prediction_scenarios]
+    assets += [build_explanations_asset(project, name, sc, daily) for name, sc in project.scenarios.items() if sc.explain]
     assets.append(build_embeddings_asset(project, daily))
     return assets
 

@@ -1,0 +1,141 @@
+"""explanations/<name>: why each entity scores as it does, daily like predictions/<name>, for the
+scenarios with `explain:` in their config. Each entity's top reasons with signed contributions to
+`explanations/<name>/<day>.parquet` (schema: the README's "Explanations" section; method:
+models/explain.py, docs/explanations.md) and, with `explain: {write_back: true}` and a sink, to the
+warehouse table <sink.table>_<name>_explanations. The materialization carries the completeness gap
+and the global importance (mean |attribution| by source and column) as a table and a bar chart."""
+
+import base64
+import time
+from pathlib import Path
+
+import dagster as dg
+import pyarrow.parquet as pq
+
+from assets.cache import CACHE_KEY, current_cache
+from assets.predictions import as_of_time, write_entity_file
+from assets.scenarios import scenario_key
+from assets.serving import serving_checkpoint
+from assets.sources import connection_key
+from models.storage import atomic_path
+from resources.executor import TrainingExecutor
+from resources.workspace import Workspace, locked
+
+
+def explanations_key(name: str) -> dg.AssetKey:
+    return dg.AssetKey(["explanations", name])
+
+
+def importance_markdown(importance: list[tuple[str, str, float]], rows: int = 15) -> str:
+    lines = ["| source | column | mean abs. attribution |", "|---|---|---|"]
+    lines += [f"| {s} | {c} | {v:.4g} |" for s, c, v in importance[:rows]]
+    return "\n".join(lines)
+
+
+def importance_chart(importance: list[tuple[str, str, float]], path: Path, title: str, rows: int = 15) -> str:
+    """Horizontal bars of mean |attribution| by source.column, largest on top; markdown showing it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = importance[:rows][::-1]
+    fig, ax = plt.subplots(figsize=(6, 0.35 * len(shown) + 1.2), dpi=100)
+    ax.barh([f"{s}.{c}" for s, c, _ in shown], [v for _, _, v in shown], color="#4878a8")
+    ax.set_xlabel("mean |attribution| (score units)")
+    ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:  # a killed run never leaves half a picture
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    encoded = base64.b64encode(path.read_bytes()).decode()
+    return f"![{title}](data:image/png;base64,{encoded})\n\n`{path}`"
+
+
+def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg.AssetsDefinition:
+    settings = scenario.explain
+    sink = project.predictions.sink if settings.write_back else None
+    resource_keys = {"workspace", "executor"} | ({connection_key(sink.connection)} if sink else set())
+
+    @dg.asset(key=explanations_key(name), deps=[scenario_key(name), CACHE_KEY], partitions_def=partitions_def,
+              required_resource_keys=resource_keys, group_name="predictions", kinds={"parquet", "captum"},
+              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=31),
+              description=f"Each entity's top {settings.top} reasons for its {scenario.task} score(s) of scenario "
+                          f"{name!r} (Integrated Gradients, grouped by source, column and value)")
+    @locked(f"explanations/{name}")
+    def _explanations(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        from models.checkpoint import load_checkpoint
+        from models.explain import Summary, column_sources, explain_cutoff, input_groups, vocab_reader
+        from models.predict import load_model
+
+        started = time.time()
+        workspace: Workspace = context.resources.workspace
+        executor: TrainingExecutor = context.resources.executor
+        device = executor.setup()
+        cache = current_cache(workspace)
+        checkpoint, passed = serving_checkpoint(workspace, name)
+        state, config = load_checkpoint(checkpoint)
+        if not cache.fits(config):
+            raise dg.Failure(f"the cache was rebuilt with other settings since scenario {name!r} was trained (its ids "
+                             f"differ); materialize foundation_model and scenario/{name} again before explaining")
+        model, spec, task = load_model(state, config)  # fp32: gradients (predictions may score in int8)
+        label_names = config.get("label_values") or None
+        labels = None
+        if settings.labels:
+            if task.task != "multilabel":
+                raise dg.Failure(f"scenarios.{name}.explain.labels: only a multilabel scenario has labels to name")
+            known = [str(v) for v in label_names or []]
+            missing = [v for v in settings.labels if v not in known]
+            if missing:
+                raise dg.Failure(f"scenarios.{name}.explain.labels: {missing} are not labels of the scenario; its "
+                                 f"labels are {known[:20]}{' ...' if len(known) > 20 else ''}")
+            labels = [known.index(v) for v in settings.labels]
+        groups = input_groups(spec, vocab_reader(cache), model.trunk, column_sources(project))
+        summary = Summary.of(groups)
+        fingerprint = config["weights_sha256"][:16]
+        warehouse = getattr(context.resources, connection_key(sink.connection)) if sink is not None else None
+        folder = workspace.path / "explanations" / name
+        rows, written_back, files = 0, 0, []
+        for day in context.partition_keys:
+            as_of = as_of_time(day)
+            batches = explain_cutoff(model, cache, spec, task, int(as_of.timestamp()), groups, top=settings.top,
+                                     labels=labels, per_entity=settings.per_entity, label_names=label_names,
+                                     steps=settings.steps, device=device, summary=summary)
+            path = folder / f"{day}.parquet"
+            day_rows = write_entity_file(cache, batches, path, project.entity, fingerprint, as_of)
+            if day_rows == 0:
+                raise dg.Failure(f"no entity is eligible for scenario {name!r} as of {as_of.isoformat()}: the cache "
+                                 f"holds no history before that time")
+            if warehouse is not None:
+                table = pq.read_table(path)
+                written_back += warehouse.write(f"{sink.table}_{name}_explanations", table.to_batches(), table.schema,
+                                                replace=("as_of", as_of.replace(tzinfo=None)))
+            context.log.info(f"explanations/{name} {day}: {day_rows:,} reasons")
+            rows += day_rows
+            files.append(path)
+        seconds = time.time() - started
+        importance = summary.importance()
+        chart = importance_chart(importance, folder / "importance.png",
+                                 f"{name}: mean |attribution| by source.column")
+        return dg.MaterializeResult(metadata={
+            "global_importance": dg.MetadataValue.md(chart),
+            "importance_table": dg.MetadataValue.md(importance_markdown(importance)),
+            "rows": dg.MetadataValue.int(rows),
+            "entities": dg.MetadataValue.int(summary.entities),
+            "explained_scores": dg.MetadataValue.int(summary.pairs),
+            "days": dg.MetadataValue.int(len(files)),
+            "steps": dg.MetadataValue.int(settings.steps),
+            "completeness_gap_mean": dg.MetadataValue.float(summary.gap_mean),
+            "completeness_gap_max": dg.MetadataValue.float(summary.gap_max),
+            "completeness_gap_relative": dg.MetadataValue.float(summary.relative_gap),
+            "model_fingerprint": fingerprint,
+            "checkpoint": "passed its check (beats_baselines)" if passed else
+                          "newest: no checkpoint has beaten its baselines yet",
+            "entities_per_second": dg.MetadataValue.float(round(summary.entities / max(seconds, 1e-9), 1)),
+            "written_to_warehouse": dg.MetadataValue.int(written_back),
+            "seconds": dg.MetadataValue.float(round(seconds, 3)),
+            "path": dg.MetadataValue.path(str(files[-1])),
+        })
+
+    return _explanations

@@ -1,0 +1,106 @@
+"""explanations/<scenario> end to end on a tiny generated warehouse: the asset writes its daily
+partition, one row per reason of every entity predictions/<scenario> scored, and the reasons add up."""
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.cli import materialize_all
+from pipelines.config import load_project
+from pipelines.definitions import build_assets, build_resources
+from pipelines.demo_data import generate_demo_warehouse
+
+pytestmark = pytest.mark.slow
+
+# `end:` fixes every partition set: nothing here depends on today's date
+CONFIG = """
+workspace: ws
+connections:
+  warehouse: {type: duckdb, path: warehouse.duckdb}
+entity: customer_id
+sources:
+  - {name: purchases, role: events, connection: warehouse, table: purchases, timestamp: ts,
+     columns: [product_id, quantity, price], start: 2026-03-01, end: 2026-09-01}
+  - {name: customers, role: entity_attributes, connection: warehouse, table: customers, columns: [age, segment]}
+  - {name: products, role: attributes, connection: warehouse, table: products, key: product_id,
+     columns: [category, brand]}
+foundation: {horizon: 14d, hidden: 16, layers: 1, epochs: 1, batch_size: 256}
+scenarios:
+  churn:  {task: binary, epochs: 1, target: {no_event: purchases, within: 28d}, explain: {top: 3, steps: 32}}
+  brands: {task: multilabel, epochs: 1, target: {any_event: purchases, by: brand, within: 28d, top: 6},
+           explain: {top: 4, per_entity: 2}}
+predictions: {top_k: 3, start: 2026-08-25}
+"""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    import dagster as dg
+
+    root = tmp_path_factory.mktemp("explain")
+    generate_demo_warehouse(root / "warehouse.duckdb", customers=300, products=80, stores=4, end="2026-08-31", seed=5)
+    (root / "project.yaml").write_text(CONFIG)
+    project = load_project(root / "project.yaml")
+    result = materialize_all(project, log=lambda _: None)
+    day = result["prediction_day"]
+    keys = [dg.AssetKey(["explanations", "churn"]), dg.AssetKey(["explanations", "brands"])]
+    out = dg.materialize(build_assets(project), selection=keys, resources=build_resources(project), partition_key=day)
+    assert out.success
+    return root, day, {k.path[-1]: out.asset_materializations_for_node(f"explanations__{k.path[-1]}")[0].metadata
+                       for k in keys}
+
+
+def _columns(path) -> dict:
+    return {k: np.asarray(v, dtype=object) for k, v in pq.read_table(path).to_pydict().items()}
+
+
+def _by_entity(df: dict) -> dict:
+    out = {}
+    for i, c in enumerate(df["customer_id"]):
+        out.setdefault(c, []).append(i)
+    return {c: np.asarray(v) for c, v in out.items()}
+
+
+def test_explanations_cover_the_scored_entities_and_add_up(run):
+    root, day, meta = run
+    df = _columns(root / "ws" / "explanations" / "churn" / f"{day}.parquet")
+    assert {"customer_id", "label", "score", "baseline_score", "rank", "kind", "source", "column", "value",
+            "contribution", "count", "days_since_last", "entity_value", "reason", "others", "gap",
+            "model_fingerprint", "as_of"} <= set(df)
+    scored = _columns(root / "ws" / "predictions" / "churn" / f"{day}.parquet")
+    predicted = dict(zip(scored["customer_id"], scored["score"]))
+    groups = _by_entity(df)
+    assert set(groups) == set(predicted)  # every entity predictions scored
+    for c, i in groups.items():
+        assert list(df["rank"][i]) == list(range(1, len(i) + 1)) and len(i) <= 3
+        contribution = df["contribution"][i].astype(float)
+        assert np.all(np.diff(np.abs(contribution)) <= 1e-7)
+        first = i[0]
+        # the explanation's score is the one predictions wrote (both fp32 here)
+        assert df["score"][first] == pytest.approx(predicted[c], abs=1e-5)
+        # reasons + the rest + the integration's gap = score - baseline score
+        assert contribution.sum() + df["others"][first] + df["gap"][first] == \
+            pytest.approx(df["score"][first] - df["baseline_score"][first], abs=1e-4)
+    assert len(set(df["baseline_score"])) == 1  # one "no history" baseline for everyone
+    assert set(df["kind"]) <= {"value", "recency", "frequency", "money", "attribute"}
+    assert set(df["source"]) <= {"purchases", "customers", "products"}
+    values = df["kind"] == "value"
+    assert all(n > 0 for n in df["count"][values]) and all(d >= 0 for d in df["days_since_last"][values])
+    assert meta["churn"]["completeness_gap_relative"].value < 0.02
+    assert "data:image/png;base64," in meta["churn"]["global_importance"].value
+    table = meta["churn"]["importance_table"].value
+    assert "| purchases | recency |" in table or "| purchases | frequency |" in table
+
+
+def test_multilabel_explains_each_entitys_best_labels(run):
+    root, day, meta = run
+    df = _columns(root / "ws" / "explanations" / "brands" / f"{day}.parquet")
+    scored = _columns(root / "ws" / "predictions" / "brands" / f"{day}.parquet")
+    best = {c: set(v[:2]) for c, v in zip(scored["customer_id"], scored["labels"])}
+    assert all(v is not None for v in df["label"])
+    for c, i in _by_entity(df).items():
+        assert set(df["label"][i]) == best[c]  # each entity's two most probable brands
+    assert meta["brands"]["explained_scores"].value == 2 * meta["brands"]["entities"].value
+    # a brand's own history shows up as a reason "brand = <label>" with the entity's counts
+    own = (df["column"] == "brand") & (df["value"] == df["label"])
+    assert own.sum() > 0 and all(n > 0 for n in df["count"][own])
