@@ -187,6 +187,7 @@ def materialize_all(project, *, log=print, days: list[str] | None = None, displa
                         f"the data ({newest}); those days score as of their end with no newer events (extract newer "
                         f"partitions for fresh scores)")
     selection = [predictions_key(n) for n in project.prediction_scenarios] + [dg.AssetKey("embeddings")]
+    selection += [dg.AssetKey(["explanations", n]) for n, sc in project.scenarios.items() if sc.explain]
     for i in range(0, len(days), MAX_PARTITIONS_PER_RUN):
         chunk = days[i:i + MAX_PARTITIONS_PER_RUN]
         what = f"predictions and embeddings for {chunk[0]}" + (f" .. {chunk[-1]}" if len(chunk) > 1 else "")
