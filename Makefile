@@ -60,13 +60,18 @@ test-faults: $(VENV)/.installed-dev
 test-integration: $(VENV)/.installed-integration $(FAKESNOW_VENV)/.installed $(SPARK_VENV)/.installed $(BQ_VENV)/.installed
 	$(PY) -m pytest -m integration tests/integration $(PYTEST_ARGS)
 
-demo: $(VENV)/.installed
+# the instance settings (telemetry off, run queue): dagster.yaml, copied when missing or older
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	@mkdir -p $(DAGSTER_HOME)
+	@cp dagster.yaml $@
+
+demo: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/habitus demo
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-ui: $(VENV)/.installed
+ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 clean:

@@ -41,12 +41,20 @@ class StageFailed(RuntimeError):
     """An asset raised: the run of a stage failed (exit code 3)."""
 
 
+DAGSTER_YAML = Path(__file__).resolve().parent.parent / "dagster.yaml"  # the project's instance settings
+
+
 def _instance():
+    """$DAGSTER_HOME's instance (its runs show in the UI), given the project's dagster.yaml when it has
+    none (telemetry off, the run queue); without DAGSTER_HOME an ephemeral one."""
     import dagster as dg
 
     home = os.environ.get("DAGSTER_HOME")
     if home:
         Path(home).mkdir(parents=True, exist_ok=True)
+        target = Path(home) / "dagster.yaml"
+        if not target.exists() and DAGSTER_YAML.exists():
+            target.write_text(DAGSTER_YAML.read_text())
         return dg.DagsterInstance.get()
     return dg.DagsterInstance.ephemeral()
 

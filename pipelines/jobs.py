@@ -6,6 +6,8 @@
     score              predictions and embeddings of one day (the predictions schedule's target)
 
 Asset checks of the selected assets run with them, so a blocking check stops what follows it.
+Each job tags its runs with habitus/kind (extraction, training, scoring): dagster.yaml's run queue
+lets one training run at a time start on a machine.
 """
 
 import dagster as dg
@@ -13,6 +15,10 @@ import dagster as dg
 from assets.cache import CACHE_KEY
 from assets.scenarios import scenario_key
 from assets.sources import source_key
+
+
+KIND_TAG = "habitus/kind"
+EXTRACTION, TRAINING, SCORING = ({KIND_TAG: k} for k in ("extraction", "training", "scoring"))
 
 
 def extract_job_name(source_name: str) -> str:
@@ -24,17 +30,17 @@ def build_jobs(project) -> dict:
     for s in project.events_sources:
         name = extract_job_name(s.name)
         jobs[name] = dg.define_asset_job(
-            name, selection=dg.AssetSelection.assets(source_key(s.name)),
+            name, selection=dg.AssetSelection.assets(source_key(s.name)), tags=EXTRACTION,
             description=f"Extract partitions of source/{s.name} (launched by the sensor {s.name}_new_data)")
     jobs["train"] = dg.define_asset_job(
-        "train", selection=dg.AssetSelection.groups("training", "scenarios"),
+        "train", selection=dg.AssetSelection.groups("training", "scenarios"), tags=TRAINING,
         description="Cache, foundation model and every scenario (sources must be extracted)")
     scenarios = [scenario_key(n) for n in project.scenarios]
     if scenarios:
         jobs["train_scenarios"] = dg.define_asset_job(
-            "train_scenarios", selection=dg.AssetSelection.assets(CACHE_KEY, *scenarios),
+            "train_scenarios", selection=dg.AssetSelection.assets(CACHE_KEY, *scenarios), tags=TRAINING,
             description="Fine-tune scenarios on the current foundation model (the cache is reused when unchanged)")
     jobs["score"] = dg.define_asset_job(
-        "score", selection=dg.AssetSelection.groups("predictions"),
+        "score", selection=dg.AssetSelection.groups("predictions"), tags=SCORING,
         description="Predictions of every scenario and the entity embeddings for one day")
     return jobs
