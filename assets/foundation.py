@@ -54,7 +54,8 @@ def build_foundation_asset(project) -> dg.AssetsDefinition:
                              f"sharded by rank); a killed run starts afresh (resumable saves need processes: 1)")
             result = executor.train(foundation_job(cache, cfg, last_cutoff, device), device, log=context.log.info)
         else:
-            result = train_foundation(cache, cfg, last_cutoff, device=device, log=context.log.info, resume=resume)
+            with executor.autocast(device):  # bf16: torch.autocast around the loop, fp32 master weights
+                result = train_foundation(cache, cfg, last_cutoff, device=device, log=context.log.info, resume=resume)
         info = result.info
         digest = save_checkpoint(workspace.foundation, result.model, {
             "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,

@@ -120,9 +120,10 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
                 context.log.warning(f"{name}: LoRA fine-tuning runs in this one process (processes > 1 is for full "
                                     f"fine-tuning)")
             context.log.info(f"{name}: LoRA rank {lora['rank']}, alpha {lora['alpha']}")
-            result = finetune_lora(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
-                                   rank=lora["rank"], alpha=lora["alpha"], device=device, log=context.log.info,
-                                   resume=resume)
+            with executor.autocast(device):
+                result = finetune_lora(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
+                                       rank=lora["rank"], alpha=lora["alpha"], device=device, log=context.log.info,
+                                       resume=resume)
             result.model = merge_lora(result.model)
         elif executor.distributed:  # N processes under torchrun; rank 0's result comes back here
             context.log.info(f"fine-tuning in {executor.process_count} processes under torchrun (DDP, entity chunks "
@@ -131,8 +132,9 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
                                                  plan.train_cutoffs, plan.val_cutoff, cfg, device), device,
                                     log=context.log.info)
         else:
-            result = finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
-                              device=device, log=context.log.info, resume=resume)
+            with executor.autocast(device):  # bf16: torch.autocast around the loop, fp32 master weights
+                result = finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
+                                  device=device, log=context.log.info, resume=resume)
         spec = FeatureSpec.from_dict(foundation["feature_spec"])
         context.log.info("fitting the LightGBM baseline on hand-made features (same cut-offs)")
         lgbm = lightgbm_scores(cache, spec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff)

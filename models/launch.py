@@ -52,6 +52,7 @@ def train(job: dict, dist, log) -> tuple[TrainResult, dict]:
     result and the feature spec its model reads."""
     from models.cache import Cache
     from models.checkpoint import load_checkpoint
+    from models.distributed import autocast
     from models.train import finetune, train_foundation
 
     cache = Cache(job["cache"])
@@ -59,15 +60,17 @@ def train(job: dict, dist, log) -> tuple[TrainResult, dict]:
         raise RuntimeError(f"the cache at {job['cache']} is not the version the asset chose "
                            f"({cache.fingerprint[:16]} != {job['cache_fingerprint'][:16]})")
     if job["kind"] == "foundation":
-        result = train_foundation(cache, _foundation_config(job["config"]), job["last_cutoff"], device=dist.device,
-                                  log=log, dist=dist)
+        with autocast(job.get("precision", "fp32"), dist.device):  # bf16: mixed precision, fp32 master weights
+            result = train_foundation(cache, _foundation_config(job["config"]), job["last_cutoff"], device=dist.device,
+                                      log=log, dist=dist)
         return result, result.info["feature_spec"]
     state, foundation = load_checkpoint(job["foundation"])
     if foundation["weights_sha256"] != job["foundation_sha256"]:
         raise RuntimeError(f"the foundation checkpoint at {job['foundation']} changed after the asset read it; "
                            f"materialize the scenario again")
-    result = finetune(cache, state, foundation, TaskSpec.from_dict(job["task"]), job["train_cutoffs"],
-                      job["val_cutoff"], FinetuneConfig(**job["config"]), device=dist.device, log=log, dist=dist)
+    with autocast(job.get("precision", "fp32"), dist.device):
+        result = finetune(cache, state, foundation, TaskSpec.from_dict(job["task"]), job["train_cutoffs"],
+                          job["val_cutoff"], FinetuneConfig(**job["config"]), device=dist.device, log=log, dist=dist)
     return result, foundation["feature_spec"]
 
 

@@ -114,7 +114,7 @@ class TrainingExecutor(dg.ConfigurableResource):
                  if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))]
         env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))} if paths else {}
         with tempfile.TemporaryDirectory(prefix="habitus-torchrun-") as tmp:
-            write_job(tmp, job)
+            write_job(tmp, {**job, "precision": self.precision})  # every rank trains under the same autocast
             try:
                 self.launch(["-m", "models.launch", tmp], log=log, env=env)
             except ExecutorError as e:
