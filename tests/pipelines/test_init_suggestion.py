@@ -183,3 +183,24 @@ def test_end_and_grain_follow_the_data_not_the_clock(tmp_path):
     ev = busy.config["sources"][0]
     assert (ev["partition"], ev["end"]) == ("daily", date(2025, 12, 15))
     assert any("daily partitions (over 3,000,000 events a month)" in n for n in busy.notes)
+
+
+def test_init_runs_from_any_folder_without_a_project_config(tmp_path):
+    """Outside the repository, with no HABITUS_CONFIG: importing the code location builds nothing."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "w.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE visits AS SELECT 'U' || CAST(i % 30 AS VARCHAR) AS user_id, "
+                "TIMESTAMP '2025-05-01' + i * INTERVAL 3 HOUR AS ts, i % 4 AS channel FROM range(900) r(i)")
+    con.close()
+    env = {k: v for k, v in os.environ.items() if k != "HABITUS_CONFIG"}
+    done = subprocess.run([sys.executable, "-c", "import sys; from pipelines.cli import main; sys.exit(main())",
+                           "init", "--duckdb", "w.duckdb"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    cfg = yaml.safe_load(done.stdout)
+    assert (cfg["entity"], cfg["sources"][0]["timestamp"]) == ("user_id", "ts")
+    assert cfg["sources"][0]["end"] == date(2025, 9, 1)  # the newest visit is from 2025-08-21
