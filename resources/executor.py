@@ -5,9 +5,14 @@ per GPU (or CPU share), with DistributedDataParallel (models/distributed.py): `l
 and streams their output to the asset's log; rank 0 writes the checkpoint and the report.
 
     resources: {executor: {config: {device: cuda, precision: bf16, processes: 8}}}
+
+Several machines (`nnodes` > 1): each node runs torchrun with a c10d rendezvous at `rdzv_endpoint`
+(host:port of a c10d store, by convention node 0's), `processes` processes per node; ranks are given by
+the rendezvous. Every node's torchrun reads the same job folder (a shared filesystem: the workspace).
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +42,9 @@ class TrainingExecutor(dg.ConfigurableResource):
     precision: str = "fp32"
     inference_precision: str = "fp32"
     processes: int = Field(1, ge=0)
+    nnodes: int = Field(1, ge=1)
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = "habitus"
 
     def _check(self) -> None:
         if self.precision not in TRAIN_PRECISIONS:
@@ -46,6 +54,9 @@ class TrainingExecutor(dg.ConfigurableResource):
                                 f"{INFERENCE_PRECISIONS}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ExecutorError(f"executor device {self.device!r}: choose auto, cpu, cuda or cuda:N")
+        if self.nnodes > 1 and not (self.rdzv_endpoint and re.fullmatch(r"[\w.-]+:\d+", self.rdzv_endpoint)):
+            raise ExecutorError(f"executor nnodes {self.nnodes} needs rdzv_endpoint as host:port (node 0's address and a "
+                                f"free port, the same on every node), got {self.rdzv_endpoint!r}")
         if self.processes > 1 and self.device.startswith("cuda:"):
             raise ExecutorError(f"executor device {self.device!r} names one GPU but processes is {self.processes}: "
                                 f"use device cuda (each process takes the GPU of its local rank)")
@@ -91,14 +102,18 @@ class TrainingExecutor(dg.ConfigurableResource):
 
     @property
     def distributed(self) -> bool:
-        return self.process_count > 1
+        return self.process_count > 1 or self.nnodes > 1
 
     def torchrun_command(self, target: list[str]) -> list[str]:
         """The command that runs `target` (`-m module args...` or `script args...`) in `processes`
-        processes on this machine (torchrun --standalone picks a free rendezvous port)."""
+        processes on this machine (torchrun --standalone picks a free rendezvous port), or on each of
+        `nnodes` machines that meet at the c10d rendezvous `rdzv_endpoint`."""
         self._check()
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                str(self.process_count), *target]
+        where = ["--standalone"] if self.nnodes == 1 else [
+            "--nnodes", str(self.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint,
+            "--rdzv-id", self.rdzv_id]
+        return [sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node", str(self.process_count),
+                *target]
 
     def train(self, job: dict, device: str, log: Callable[[str], None] = print):
         """Train `job` (models.launch.foundation_job / scenario_job) in `processes` processes under
@@ -110,6 +125,10 @@ class TrainingExecutor(dg.ConfigurableResource):
         from models.launch import rank_errors, read_result, write_job
 
         # the ranks import what this process can (a scenario's target function, say)
+        if self.nnodes > 1:  # every node's torchrun must read the job: a folder they share, not this $TMPDIR
+            raise ExecutorError(f"executor nnodes {self.nnodes}: an asset launches torchrun on its own machine only; "
+                                f"start `{' '.join(self.torchrun_command(['-m', 'models.launch', 'JOB_DIR'])[1:])}` on "
+                                f"every node with JOB_DIR on a shared filesystem (docs/clusters.md)")
         paths = [os.path.abspath(p or os.getcwd()) for p in sys.path
                  if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))]
         env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))} if paths else {}
