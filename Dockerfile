@@ -1,8 +1,11 @@
 # One image for the Dagster code location and the trainer.
 #   CPU (default):  docker build -t habitus .
 #   GPU (CUDA 12):  docker build -t habitus-gpu \
-#                     --build-arg BASE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04 \
-#                     --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu124 .
+#                     --build-arg BASE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 \
+#                     --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 .
+#                   (Ubuntu 24.04 brings Python 3.12; on an ubuntu22.04 base, whose python3 is 3.10, the
+#                   build installs python3.11 from Ubuntu's universe; a base with neither fails the build
+#                   naming its Python)
 #   Kubernetes:     add --build-arg EXTRAS=k8s (dagster-k8s; docs/clusters.md); EXTRAS=k8s,snowflake, ...
 ARG BASE=python:3.11-slim
 FROM ${BASE}
@@ -13,11 +16,18 @@ ARG EXTRAS=""
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 DEBIAN_FRONTEND=noninteractive \
     HABITUS_CONFIG=/app/examples/demo.yaml DAGSTER_HOME=/home/habitus/dagster
 
-# CUDA bases come without Python: install it there (a no-op on python:3.11-slim)
-RUN if ! command -v python3 >/dev/null; then \
-      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-pip \
-      && rm -rf /var/lib/apt/lists/*; fi \
- && python3 -m venv /opt/venv
+# CUDA bases come without Python, or with one older than 3.11 (ubuntu22.04: 3.10): install one
+# there (a no-op on python:3.11-slim), then check it before anything is built on it
+RUN set -e; PY=python3; \
+    if ! command -v python3 >/dev/null || ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
+      apt-get update; \
+      if apt-cache show python3.11-venv >/dev/null 2>&1; then \
+        apt-get install -y --no-install-recommends python3.11 python3.11-venv; PY=python3.11; \
+      else \
+        apt-get install -y --no-install-recommends python3 python3-venv; fi; \
+      rm -rf /var/lib/apt/lists/*; fi; \
+    $PY -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else f"this base has Python {v.major}.{v.minor}; habitus needs 3.11+ (use a base with it, e.g. nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04)")'; \
+    $PY -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
 WORKDIR /app
