@@ -24,6 +24,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import time
 from datetime import datetime, timezone
@@ -223,7 +224,8 @@ def _error_text(ev) -> str:
     # a dagster.Failure's own description, else the innermost cause's message
     while getattr(err, "cause", None) is not None and err.cls_name in ("DagsterExecutionStepExecutionError",):
         err = err.cause
-    return f"{err.cls_name}: {err.message.strip().splitlines()[-1] if err.message.strip() else ''}"
+    text = re.sub(r"^[\w.]+(Error|Exception|Failure)\w*: ", "", err.message.strip())  # "pkg.Class: message"
+    return text if err.cls_name == "Failure" else f"{err.cls_name}: {text}"
 
 
 def _failure_line(f: dict) -> str:

@@ -8,7 +8,8 @@ from datetime import datetime
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, failed_checks_table, main, scoring_days
+from pipelines.cli import (EXIT_CHECK_FAILED, EXIT_OK, EXIT_STAGE_FAILED, EXIT_USAGE, failed_checks_table, main,
+                          scoring_days)
 from pipelines.config import ConfigError, load_project
 from pipelines.demo_data import generate_demo_warehouse
 
@@ -106,3 +107,17 @@ def test_materialize_a_date_then_a_range(folder, capsys):
         for path in (folder / "ws" / "predictions" / "brands" / f"{day}.parquet",
                      folder / "ws" / "embeddings" / f"{day}.parquet"):
             assert set(pq.read_table(path).column("as_of").to_pylist()) == {as_of}
+
+
+def test_a_stage_that_fails_is_exit_code_3_with_its_message(folder, tmp_path, capsys):
+    import shutil
+
+    shutil.copy(folder / "warehouse.duckdb", tmp_path / "warehouse.duckdb")
+    (tmp_path / "project.yaml").write_text(CONFIG.replace("columns: [product_id, quantity, price]",
+                                                          "columns: [product_id, nope]"))
+    rc = main(["materialize", "--config", str(tmp_path / "project.yaml")])
+    err = capsys.readouterr().err
+    assert rc == EXIT_STAGE_FAILED
+    assert "error: a stage failed: source/purchases: source 'purchases' (table 'purchases'): column(s) ['nope'] " \
+           "not found" in err
+    assert "Traceback" not in err
