@@ -1,5 +1,10 @@
-"""embeddings: the foundation model's representation of every entity as of the end of a day,
-written like predictions (Parquet, fixed width) so other teams can train their own models on it."""
+"""embeddings: the foundation model's profile of every entity as of the end of a day, written like
+predictions (Parquet, fixed width) so other teams can train their own models on it.
+
+Each vector is the trunk's representation (`hidden` floats) followed by the entity's recency /
+frequency / monetary / visit scalars (`FeatureSpec.scalar_width` floats, named by
+`scalar_column_names`), standardized by the foundation's own input scaling: a linear reader gets
+both the learned profile and the plain RFM figures (docs/quality.md, "Embeddings for other teams")."""
 
 import time
 
@@ -10,13 +15,37 @@ from assets.cache import CACHE_KEY, current_cache
 from assets.foundation import FOUNDATION_KEY
 from assets.predictions import as_of_time, write_entity_file
 from models.checkpoint import load_checkpoint
-from models.features import FeatureSpec
+from models.features import WINDOWS, FeatureSpec
 from models.network import NetConfig, Trunk
-from models.predict import embed
+from models.predict import embed, embedding_width
 from models.quantize import for_inference
 from resources.workspace import Workspace, locked
 
 EMBEDDINGS_KEY = dg.AssetKey("embeddings")
+
+
+def scalar_column_names(spec: FeatureSpec) -> list[str]:
+    """Names of the scalars after the trunk's columns, in the order of models.features'
+    scalar_features then visit_features (all log1p of the figure unless said; ages in days)."""
+    h = [f"{x:g}d" for x in spec.half_lives]
+    names = ["events", "days_since_last_event", "days_since_first_event"]
+    names += [f"events_{w}d" for w in WINDOWS] + [f"events_decayed_{x}" for x in h]
+    for c in spec.numeric:
+        names += [f"{c}_sum_decayed_{x}" for x in h] + [f"{c}_mean_per_event"]
+    if spec.visits:
+        names += ["visits"] + [f"visits_{w}d" for w in WINDOWS] + [f"visits_decayed_{x}" for x in h]
+        names += ["mean_days_between_visits", "days_since_last_visit_vs_mean_gap (difference of logs)",
+                  "has_two_visits (0/1)", "events_per_visit"]
+    return names
+
+
+def embedding_columns(spec: FeatureSpec, hidden: int) -> dict[str, str]:
+    """What each range of an embedding's positions holds: the asset's `columns` metadata."""
+    out = {f"0-{hidden - 1}": "the foundation trunk's representation (layer-normalized)"}
+    scaled = "standardized as the trunk reads it: (value - in_mean) / in_std, fitted on the foundation's training rows"
+    for i, name in enumerate(scalar_column_names(spec), hidden):
+        out[str(i)] = f"{name}, {scaled}"
+    return out
 
 
 def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
@@ -37,11 +66,11 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
         trunk = Trunk(NetConfig(**config["net"]))
         trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
         trunk = for_inference(trunk, context.resources.executor.inference_precision).to(device)
+        spec = FeatureSpec.from_dict(config["feature_spec"])
         rows, files = 0, []
         for day in context.partition_keys:  # a backfill embeds up to 31 days in one run
             as_of = as_of_time(day)
-            batches = embed(trunk, cache, FeatureSpec.from_dict(config["feature_spec"]), int(as_of.timestamp()),
-                            dtype=np.float16, device=device)
+            batches = embed(trunk, cache, spec, int(as_of.timestamp()), dtype=np.float16, device=device)
             path = workspace.embeddings / f"{day}.parquet"
             day_rows = write_entity_file(cache, batches, path, project.entity, config["weights_sha256"][:16], as_of)
             if day_rows == 0:
@@ -50,7 +79,9 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
             files.append(path)
         seconds = time.time() - started
         return dg.MaterializeResult(metadata={
-            "rows": dg.MetadataValue.int(rows), "width": dg.MetadataValue.int(config["net"]["hidden"]),
+            "rows": dg.MetadataValue.int(rows), "width": dg.MetadataValue.int(embedding_width(trunk, spec)),
+            "trunk_width": dg.MetadataValue.int(config["net"]["hidden"]),
+            "columns": dg.MetadataValue.json(embedding_columns(spec, config["net"]["hidden"])),
             "dtype": "float16", "as_of": as_of.isoformat(),
             "bytes": dg.MetadataValue.int(sum(f.stat().st_size for f in files)),
             "entities_per_second": dg.MetadataValue.float(round(rows / max(seconds, 1e-9), 1)),

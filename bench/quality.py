@@ -1,16 +1,22 @@
 """Model quality on a temporal hold-out: habitus next to its baselines, one table per dataset.
 
-    python bench/quality.py --dataset tafeng [--json out.json]
-    python bench/quality.py --dataset demo   [--customers 20000]
+    python bench/quality.py --dataset tafeng    [--json out.json]
+    python bench/quality.py --dataset demo      [--customers 20000]
+    python bench/quality.py --dataset movielens [--tasks churn,embedding_probe] [--label-share 0]
 
 Same protocol as the scenario assets (models.evaluate): training cut-offs every window before a
 validation cut-off, a later test cut-off; features before a cut-off, targets after it. The row
 "habitus (no pretraining)" trains the same network and head from a random trunk, to show what the
-foundation model is worth.
+foundation model is worth. Rows `churn_10pct` / `propensity_10pct` (`--label-share`, 0.1 by
+default, 0 to skip) train the scenario, the network from scratch and LightGBM on the labels of 10%
+of the entities only (bench/label_share.py); the row `embedding_probe` reads churn at the test
+cut-off with a logistic regression from what the `embeddings` asset writes and from plain RFM
+scalars (bench/probe.py). MovieLens-100k is read from the recbole wheel (bench/movielens.py).
 """
 
 import argparse
 import calendar
+import contextlib
 import datetime as dt
 import json
 import sys
@@ -21,14 +27,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from label_share import EntitySubset, labeled_entities, lightgbm_trained_on  # noqa: E402
+from movielens import movielens_spec  # noqa: E402
+from probe import embedding_probe  # noqa: E402
+
 from models.baselines import lightgbm_scores  # noqa: E402
 from models.cache import Cache, CacheSpec, TableInput, build_cache  # noqa: E402
 from models.evaluate import evaluate, headline, protocol  # noqa: E402
 from models.features import DAY, FeatureSpec  # noqa: E402
+from models.quantize import for_inference  # noqa: E402
 from models.targets import TargetSpec  # noqa: E402
 from models.train import FinetuneConfig, FoundationConfig, TaskSpec, finetune, top_values, train_foundation  # noqa: E402
 
 TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
+DATASETS = ("tafeng", "demo", "movielens")
+TASKS = ("churn", "propensity", "spend", "next_items", "embedding_probe")
+LABEL_SHARE_TASKS = ("churn", "propensity")  # the rows `<task>_<share>pct` of --label-share
 
 
 def tafeng_spec() -> tuple[CacheSpec, int, dict]:
@@ -72,24 +86,41 @@ def demo_spec(customers: int, folder: Path) -> tuple[CacheSpec, int, dict]:
     return spec, test_cutoff, {"window": window, "label_column": "brand", "items": "product_id", "spend": "price"}
 
 
+def dataset_spec(dataset: str, customers: int, folder: Path) -> tuple[CacheSpec, int, dict]:
+    """The sources, the test cut-off and the protocol's parameters of a dataset."""
+    if dataset == "tafeng":
+        return tafeng_spec()
+    if dataset == "demo":
+        return demo_spec(customers, folder)
+    if dataset == "movielens":
+        return movielens_spec(folder)
+    raise ValueError(f"unknown dataset {dataset!r}; choose one of {DATASETS}")
+
+
 def tasks(cache: Cache, test_cutoff: int, p: dict) -> dict[str, TaskSpec]:
+    """The dataset's scenarios: churn, propensity over the `labels` (50 by default) most frequent
+    values of its label column, spend (where it has money) and next items."""
     w = p["window"]
     items = tuple(range(1, cache.columns[p["items"]]["vocab_size"] + 1))
-    return {
+    out = {
         "churn": TaskSpec("binary", TargetSpec("no_event", w, active_days=90)),
         "propensity": TaskSpec("multilabel", TargetSpec("any_event", w, p["label_column"],
-                                                         top_values(cache, p["label_column"], test_cutoff, 50))),
-        "spend": TaskSpec("regression", TargetSpec("sum", w, p["spend"])),
-        "next_items": TaskSpec("recommendation", TargetSpec("items", 14, p["items"], items), k=10),
+                                                         top_values(cache, p["label_column"], test_cutoff,
+                                                                    p.get("labels", 50)))),
     }
+    if p.get("spend"):
+        out["spend"] = TaskSpec("regression", TargetSpec("sum", w, p["spend"]))
+    out["next_items"] = TaskSpec("recommendation", TargetSpec("items", 14, p["items"], items), k=10)
+    return out
 
 
-def run(dataset: str, customers: int, log=print) -> dict:
+def run(dataset: str, customers: int, log=print, only: tuple[str, ...] = TASKS, label_share: float = 0.1) -> dict:
+    """Every row of the dataset's table; `only`: the tasks to run (names of TASKS)."""
     quiet = lambda _: None  # noqa: E731
     t_run = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        spec, test_cutoff, params = tafeng_spec() if dataset == "tafeng" else demo_spec(customers, tmp)
+        spec, test_cutoff, params = dataset_spec(dataset, customers, tmp)
         cache = Cache(build_cache(spec, tmp / "cache", log=quiet))
         started = time.time()
         fcfg = FoundationConfig()
@@ -98,38 +129,77 @@ def run(dataset: str, customers: int, log=print) -> dict:
         fspec = FeatureSpec.from_dict(foundation.info["feature_spec"])
         state = foundation.model.state_dict()
         rows = []
+        subset = None
+        if label_share and any(t in only for t in LABEL_SHARE_TASKS):
+            subset = EntitySubset(cache, labeled_entities(cache, label_share))
+            log(f"label share {label_share}: {subset.n_entities} of {cache.n_entities} entities keep their labels")
         for name, task in tasks(cache, test_cutoff, params).items():
+            if name not in only:
+                continue
             plan = protocol(test_cutoff, task.target.window_days, 4, cache.time_range[0])
-            # ranking the whole catalog is the slow part: 3 epochs for recommendation, on every dataset
-            fcfg_task = FinetuneConfig(epochs=3) if task.task == "recommendation" else FinetuneConfig()
+            shares = [(name, None)]
+            if subset is not None and name in LABEL_SHARE_TASKS:
+                shares.append((f"{name}_{round(label_share * 100)}pct", subset))
+            for row_name, train_cache in shares:
+                new = score_task(cache, state, foundation.info, fspec, task, plan, row_name, train_cache)
+                rows += new
+                log(f"{row_name}: " + ", ".join(f"{r['metric']} {r['habitus']:.4f}" for r in new)
+                    + f" (fine-tune {new[0]['finetune_s']:.0f}s, from scratch {new[0]['no_pretraining_s']:.0f}s; "
+                    f"{time.time() - t_run:.0f}s so far)")
+        if "embedding_probe" in only:
+            # the trunk as the embeddings asset reads it: the foundation's trunk, copied for inference
+            trunk = for_inference(foundation.model.trunk, "fp32")
             t0 = time.time()
-            tuned = finetune(cache, state, foundation.info, task, list(plan.train_cutoffs), plan.val_cutoff,
-                             fcfg_task, log=quiet)
-            tuned_s = time.time() - t0
-            t0 = time.time()
-            scratch = finetune(cache, state, foundation.info, task, list(plan.train_cutoffs), plan.val_cutoff,
-                               fcfg_task, log=quiet, from_scratch=True)
-            scratch_s = time.time() - t0
-            lgbm = lightgbm_scores(cache, fspec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff)
-            report = evaluate(tuned.model, cache, fspec, task, plan.test_cutoff,
-                              constant=tuned.info["val_target_mean"], extra={"lightgbm": lgbm})
-            no_pretrain = evaluate(scratch.model, cache, fspec, task, plan.test_cutoff)["model"]
-            metrics = [f"hr@{task.k}", f"ndcg@{task.k}"] if task.task == "recommendation" else [headline(task)]
-            for metric in metrics:
-                baselines = {b: m[metric] for b, m in report["baselines"].items()}
-                baselines["habitus (no pretraining)"] = no_pretrain[metric]
-                rows.append({"task": name, "metric": metric, "habitus": report["model"][metric],
-                             "baselines": baselines, "entities": report["entities"],
-                             "finetune_s": round(tuned_s, 1), "no_pretraining_s": round(scratch_s, 1),
-                             "soup_epochs": tuned.info["soup_epochs"],
-                             "soup_epochs_no_pretraining": scratch.info["soup_epochs"],
-                             "val_loss": tuned.curves["val_loss"],
-                             "val_loss_no_pretraining": scratch.curves["val_loss"]})
-            log(f"{name}: " + ", ".join(f"{m} {report['model'][m]:.4f}" for m in metrics)
-                + f" (fine-tune {tuned_s:.0f}s, from scratch {scratch_s:.0f}s; {time.time() - t_run:.0f}s so far)")
+            probe = embedding_probe(trunk, cache, fspec, tasks(cache, test_cutoff, params)["churn"].target, test_cutoff)
+            rows.append({"task": "embedding_probe", "metric": "auroc", "habitus": probe["embeddings"],
+                         "baselines": {"trunk only (before)": probe["trunk only"], "rfm scalars": probe["rfm scalars"]},
+                         "entities": probe["entities"], "churn_rate": probe["churn_rate"], "width": probe["width"],
+                         "rfm_width": probe["rfm width"], "probe_s": round(time.time() - t0, 1)})
+            log(f"embedding_probe: embeddings {probe['embeddings']:.4f} (width {probe['width']}), trunk only "
+                f"{probe['trunk only']:.4f}, rfm scalars {probe['rfm scalars']:.4f} ({probe['rfm width']})")
     return {"dataset": dataset, "test_cutoff": dt.datetime.fromtimestamp(test_cutoff, dt.timezone.utc).isoformat(),
-            "foundation_s": round(foundation_s, 1), "total_s": round(time.time() - t_run, 1),
+            "label_share": label_share, "foundation_s": round(foundation_s, 1),
+            "total_s": round(time.time() - t_run, 1),
             "machine": machine(), "rows": rows}
+
+
+def score_task(cache: Cache, state: dict, foundation_info: dict, fspec: FeatureSpec, task: TaskSpec, plan,
+               name: str, train_cache: Cache | None = None) -> list[dict]:
+    """The fine-tuned scenario, the same network from scratch and LightGBM, trained on `train_cache`
+    (default: the whole cache; an EntitySubset for the few-labels rows), all scored at the test
+    cut-off on every eligible entity of `cache`."""
+    quiet = lambda _: None  # noqa: E731
+    train = cache if train_cache is None else train_cache
+    # ranking the whole catalog is the slow part: 3 epochs for recommendation, on every dataset
+    fcfg_task = FinetuneConfig(epochs=3) if task.task == "recommendation" else FinetuneConfig()
+    t0 = time.time()
+    tuned = finetune(train, state, foundation_info, task, list(plan.train_cutoffs), plan.val_cutoff, fcfg_task,
+                     log=quiet)
+    tuned_s = time.time() - t0
+    t0 = time.time()
+    scratch = finetune(train, state, foundation_info, task, list(plan.train_cutoffs), plan.val_cutoff, fcfg_task,
+                       log=quiet, from_scratch=True)
+    scratch_s = time.time() - t0
+    with lightgbm_trained_on(train, plan.test_cutoff) if train_cache is not None else contextlib.nullcontext():
+        lgbm = lightgbm_scores(cache, fspec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff)
+    report = evaluate(tuned.model, cache, fspec, task, plan.test_cutoff,
+                      constant=tuned.info["val_target_mean"], extra={"lightgbm": lgbm})
+    no_pretrain = evaluate(scratch.model, cache, fspec, task, plan.test_cutoff)["model"]
+    metrics = [f"hr@{task.k}", f"ndcg@{task.k}"] if task.task == "recommendation" else [headline(task)]
+    rows = []
+    for metric in metrics:
+        baselines = {b: m[metric] for b, m in report["baselines"].items()}
+        baselines["habitus (no pretraining)"] = no_pretrain[metric]
+        rows.append({"task": name, "metric": metric, "habitus": report["model"][metric],
+                     "baselines": baselines, "entities": report["entities"],
+                     **({} if train_cache is None else {"labeled_entities": train_cache.n_entities,
+                                                        "val_rows": tuned.info["val_rows"]}),
+                     "finetune_s": round(tuned_s, 1), "no_pretraining_s": round(scratch_s, 1),
+                     "soup_epochs": tuned.info["soup_epochs"],
+                     "soup_epochs_no_pretraining": scratch.info["soup_epochs"],
+                     "val_loss": tuned.curves["val_loss"],
+                     "val_loss_no_pretraining": scratch.curves["val_loss"]})
+    return rows
 
 
 def machine() -> str:
@@ -143,17 +213,24 @@ def machine() -> str:
 def table(result: dict) -> str:
     lines = [f"dataset {result['dataset']}  (test cut-off {result['test_cutoff']}, foundation "
              f"{result['foundation_s']}s, whole run {result['total_s']}s on {result['machine']})",
-             f"{'task':<12} {'metric':<12} {'habitus':>8}  {'baseline':<26} {'value':>8} {'habitus - baseline':>19}"]
+             f"{'task':<16} {'metric':<12} {'habitus':>8}  {'baseline':<26} {'value':>8} {'habitus - baseline':>19}"]
     for r in result["rows"]:
         lower = r["metric"] in ("mae", "rmse")
         for i, (b, v) in enumerate(r["baselines"].items()):
             diff = (v - r["habitus"]) if lower else (r["habitus"] - v)
-            head = f"{r['task']:<12} {r['metric']:<12} {r['habitus']:>8.4f}" if i == 0 else " " * 34
+            head = f"{r['task']:<16} {r['metric']:<12} {r['habitus']:>8.4f}" if i == 0 else " " * 38
             lines.append(f"{head}  {b:<26} {v:>8.4f} {diff:>+19.4f}")
-        lines.append(f"{'':<34}  fine-tune {r['finetune_s']}s (epochs averaged {r['soup_epochs']}); "
+        if r["task"] == "embedding_probe":
+            lines.append(f"{'':<38}  5-fold logistic regression, churn at the test cut-off, {r['entities']} entities; "
+                         f"embeddings {r['width']} wide, rfm scalars {r['rfm_width']}")
+            continue
+        if "labeled_entities" in r:
+            lines.append(f"{'':<38}  labels of {r['labeled_entities']} entities only "
+                         f"({r['val_rows']} validation rows); scored on all {r['entities']}")
+        lines.append(f"{'':<38}  fine-tune {r['finetune_s']}s (epochs averaged {r['soup_epochs']}); "
                      f"no pretraining {r['no_pretraining_s']}s ({r['soup_epochs_no_pretraining']})")
         if r.get("val_loss"):  # how fast each start learns: validation loss after each epoch
-            lines.append(f"{'':<34}  validation loss by epoch: fine-tuned "
+            lines.append(f"{'':<38}  validation loss by epoch: fine-tuned "
                          + " ".join(f"{v:.4f}" for v in r["val_loss"]) + "; no pretraining "
                          + " ".join(f"{v:.4f}" for v in r["val_loss_no_pretraining"]))
     lines.append("(habitus - baseline > 0 means habitus is better; for mae the sign is flipped)")
@@ -162,11 +239,22 @@ def table(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", choices=["tafeng", "demo"], default="tafeng")
+    parser.add_argument("--dataset", choices=DATASETS, default="tafeng")
     parser.add_argument("--customers", type=int, default=20_000, help="demo size")
+    parser.add_argument("--tasks", default=",".join(TASKS),
+                        help=f"comma-separated tasks to run (default all: {','.join(TASKS)})")
+    parser.add_argument("--label-share", type=float, default=0.1,
+                        help="also train churn and propensity on the labels of this share of the entities (0: skip)")
     parser.add_argument("--json", help="also write the figures as JSON to this path")
     args = parser.parse_args()
-    result = run(args.dataset, args.customers, log=lambda m: print(m, file=sys.stderr, flush=True))
+    only = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    unknown = sorted(set(only) - set(TASKS))
+    if unknown:
+        parser.error(f"unknown task(s) {', '.join(unknown)}; choose among {', '.join(TASKS)}")
+    if not 0 <= args.label_share <= 1:
+        parser.error(f"--label-share must be in [0, 1], got {args.label_share}")
+    result = run(args.dataset, args.customers, log=lambda m: print(m, file=sys.stderr, flush=True), only=only,
+                 label_share=args.label_share)
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

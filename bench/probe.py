@@ -1,0 +1,71 @@
+"""The embedding probe: how much churn a linear reader gets out of what the `embeddings` asset writes.
+
+A 5-fold cross-validated logistic regression (sklearn; standardized inputs, L2, C = 1) predicts
+churn at the test cut-off among the entities the churn scenario scores, once from the embeddings
+(models.predict.embed, the function the asset calls, in float16 as the asset writes them), once
+from the first `hidden` of their columns only (the trunk's representation: what the asset wrote
+before the scalars were appended), and once from the plain recency / frequency / monetary / visit
+scalars (models.features.scalar_features + visit_features, the leading columns of the network's
+input). Out-of-fold scores, one AUROC each: another team's first model on the profile.
+"""
+
+import numpy as np
+
+from models.cache import Cache
+from models.features import FeatureSpec, chunk_at, scalar_features, visit_features
+from models.metrics import auroc
+from models.network import Trunk
+from models.predict import embed
+from models.targets import TargetSpec, compute_target, eligible
+from models.train import chunk_plan
+
+FOLDS = 5
+
+
+def rfm_scalars(cache: Cache, spec: FeatureSpec, target: TargetSpec, cutoff: int,
+                chunk_entities: int = 8192) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(entity indices, RFM scalars [n, spec.scalar_width], churn labels) of the eligible entities."""
+    ents, xs, ys = [], [], []
+    for s, lo, hi in chunk_plan(cache, chunk_entities):
+        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
+        if chunk.n == 0:
+            continue
+        keep = eligible(chunk, target)
+        parts = [scalar_features(chunk, spec)] + ([visit_features(chunk, spec)] if spec.visits else [])
+        ents.append(chunk.entities[keep].astype(np.int64))
+        xs.append(np.concatenate(parts, axis=1)[keep])
+        ys.append(compute_target(chunk, target, None, cache)[keep])
+    return np.concatenate(ents), np.concatenate(xs), np.concatenate(ys)
+
+
+def cross_validated_auroc(x: np.ndarray, y: np.ndarray, seed: int = 0) -> float:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    out = np.zeros(len(y), np.float64)
+    for train, test in StratifiedKFold(FOLDS, shuffle=True, random_state=seed).split(x, y):
+        reader = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
+        reader.fit(x[train], y[train])
+        out[test] = reader.predict_proba(x[test])[:, 1]
+    return float(auroc(y, out))
+
+
+def embedding_probe(trunk: Trunk, cache: Cache, spec: FeatureSpec, target: TargetSpec, cutoff: int) -> dict:
+    """Churn AUROC of the probe on the embeddings, on their trunk part and on the RFM scalars."""
+    ents, rfm, y = rfm_scalars(cache, spec, target, cutoff)
+    index, vectors = [], []
+    for batch in embed(trunk, cache, spec, cutoff, dtype=np.float16):
+        index.append(batch.column("entity_index").to_numpy())
+        vectors.append(batch.column("embedding").flatten().to_numpy(zero_copy_only=False)
+                       .reshape(batch.num_rows, -1))
+    index, vectors = np.concatenate(index), np.concatenate(vectors).astype(np.float32)
+    position = np.full(max(index.max(initial=0), ents.max(initial=0)) + 1, -1, np.int64)
+    position[index] = np.arange(len(index))
+    emb = vectors[position[ents]]  # every eligible entity has history, so an embedding
+    hidden = trunk.cfg.hidden
+    y = y.astype(np.int64)
+    return {"entities": int(len(y)), "churn_rate": round(float(y.mean()), 4), "width": int(emb.shape[1]),
+            "embeddings": cross_validated_auroc(emb, y), "trunk only": cross_validated_auroc(emb[:, :hidden], y),
+            "rfm scalars": cross_validated_auroc(rfm, y), "rfm width": int(rfm.shape[1])}

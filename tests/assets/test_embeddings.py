@@ -1,0 +1,28 @@
+"""The `embeddings` asset's description of its columns matches what models.predict.embed writes."""
+
+from assets.embeddings import embedding_columns, scalar_column_names
+from models.features import FeatureSpec
+
+
+def _spec(numeric, visits=True, half_lives=(14.0, 60.0)) -> FeatureSpec:
+    return FeatureSpec({"product_id": 50}, list(numeric), {"region": 4}, {"age": (40.0, 12.0)}, ["signup"],
+                       half_lives=half_lives, visits=visits)
+
+
+def test_every_scalar_column_is_named_once():
+    for spec in (_spec(["price", "quantity"]), _spec([]), _spec(["price"], visits=False),
+                 _spec(["price"], half_lives=(3.0, 14.0, 60.0, 180.0))):
+        names = scalar_column_names(spec)
+        assert len(names) == spec.scalar_width and len(set(names)) == len(names)
+    names = scalar_column_names(_spec(["price"]))
+    assert names[:3] == ["events", "days_since_last_event", "days_since_first_event"]
+    assert names[8:11] == ["price_sum_decayed_14d", "price_sum_decayed_60d", "price_mean_per_event"]
+    assert names[11] == "visits" and names[-1] == "events_per_visit"
+
+
+def test_columns_metadata_covers_the_whole_width():
+    spec = _spec(["price"])
+    columns = embedding_columns(spec, 256)
+    assert list(columns)[0] == "0-255" and "trunk" in columns["0-255"]
+    assert list(columns)[1:] == [str(i) for i in range(256, 256 + spec.scalar_width)]
+    assert columns["256"].startswith("events, standardized")

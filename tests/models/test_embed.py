@@ -1,0 +1,54 @@
+"""models.predict.embed: what the `embeddings` asset writes for every entity, the trunk's
+representation followed by the entity's recency / frequency / monetary / visit scalars."""
+
+import numpy as np
+import torch
+
+from models.features import FeatureSpec, chunk_at, featurize, scalar_features, visit_features
+from models.network import NetConfig, Trunk
+from models.predict import embed, embedding_width
+from models.train import chunk_plan
+
+
+def _rows(batches) -> tuple[np.ndarray, np.ndarray]:
+    batches = list(batches)
+    ids = np.concatenate([b.column("entity_index").to_numpy() for b in batches])
+    vectors = np.concatenate([b.column("embedding").flatten().to_numpy(zero_copy_only=False)
+                              .reshape(b.num_rows, -1) for b in batches]).astype(np.float64)
+    return ids, vectors
+
+
+def test_embeddings_end_with_the_standardized_rfm_scalars(sources):
+    rng = np.random.default_rng(0)
+    n = 3000
+    customer = [f"c{i:03d}" for i in rng.integers(0, 150, n)]
+    ts = [sources.at(float(d)) for d in rng.uniform(0, 90, n)]
+    cache = sources.build(sources.events(sources.write_events(
+        "purchases", customer, ts, [f"p{j}" for j in rng.integers(0, 20, n)], rng.gamma(2.0, 5.0, n).round(2))))
+    spec = FeatureSpec.from_cache(cache, buckets=16)
+    torch.manual_seed(0)
+    trunk = Trunk(NetConfig(spec.width, 32, 1, 0.0)).eval()
+    cutoff = sources.at(60)
+    chunk = chunk_at(cache.shard(0), *chunk_plan(cache, 10_000)[0][1:], cutoff)
+    x = featurize(chunk, spec, cache.entity_table())
+    trunk.fit_input_scale(torch.from_numpy(x), 1.0)
+
+    ids, vectors = _rows(embed(trunk, cache, spec, cutoff, dtype=np.float32))
+    assert np.array_equal(ids, chunk.entities)
+    assert vectors.shape == (chunk.n, embedding_width(trunk, spec)) == (chunk.n, 32 + spec.scalar_width)
+    with torch.no_grad():
+        np.testing.assert_allclose(vectors[:, :32], trunk(torch.from_numpy(x)).numpy(), atol=1e-5)
+    # the trailing columns are the network's leading inputs, standardized as the trunk reads them
+    rfm = np.concatenate([scalar_features(chunk, spec), visit_features(chunk, spec)], axis=1)
+    mean, std = trunk.in_mean[:spec.scalar_width].numpy(), trunk.in_std[:spec.scalar_width].numpy()
+    np.testing.assert_allclose(vectors[:, 32:] * std + mean, rfm, atol=1e-4)
+    # the first of them: log(1 + events at or before the cut-off), against the raw events
+    names = cache.entity_ids(ids).to_pylist()
+    counts = {c: sum(1 for cc, t in zip(customer, ts) if cc == c and t <= cutoff) for c in set(names)}
+    np.testing.assert_allclose(vectors[:, 32] * std[0] + mean[0], np.log1p([counts[c] for c in names]), atol=1e-4)
+    assert np.abs(vectors[:, 32:].mean(0)).max() < 1e-3  # centred on the rows the scaling was fitted on
+
+    # without the scalars: the trunk's representation alone, as before (float16 by default)
+    ids16, plain = _rows(embed(trunk, cache, spec, cutoff, scalars=False))
+    assert np.array_equal(ids16, ids) and plain.shape == (chunk.n, 32) == (chunk.n, embedding_width(trunk, spec, False))
+    np.testing.assert_allclose(plain, vectors[:, :32], atol=5e-3)
