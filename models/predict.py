@@ -88,18 +88,31 @@ def top_labels(model: Model, x: np.ndarray, h, k: int, *, device: str = "cpu",
 
 @torch.no_grad()
 def embed(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, *, dtype=np.float16, chunk_entities: int = 8192,
-          device: str = "cpu") -> Iterator[pa.RecordBatch]:
-    """The foundation model's representation of every entity with history at `cutoff`:
-    record batches of (entity index, fixed-size list of `hidden` floats)."""
+          device: str = "cpu", scalars: bool = True) -> Iterator[pa.RecordBatch]:
+    """The foundation model's profile of every entity with history at `cutoff`: record batches of
+    (entity index, fixed-size list of `embedding_width(trunk, spec)` floats). The first `hidden` are
+    the trunk's representation; with `scalars`, then the entity's `spec.scalar_width` recency /
+    frequency / monetary / visit scalars (the network's leading inputs, models.features) standardized
+    by the foundation's own input scaling, so a linear reader gets them without the trunk's
+    nonlinearity in between (a logistic regression read less churn from the trunk part alone than
+    from 15 RFM scalars: issue 15; docs/quality.md, "Embeddings for other teams")."""
     entity_table = cache.entity_table()
     dev = torch.device(device)
     arrow_type = pa.float16() if dtype == np.float16 else pa.float32()
+    w = spec.scalar_width if scalars else 0
+    mean, std = trunk.in_mean[:w].float().cpu().numpy(), trunk.in_std[:w].float().cpu().numpy()
     for s, lo, hi in chunk_plan(cache, chunk_entities):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
         if chunk.n == 0:
             continue
-        x = torch.from_numpy(featurize(chunk, spec, entity_table)).to(dev)
-        h = trunk(x).float().cpu().numpy().astype(dtype)
+        x = featurize(chunk, spec, entity_table)
+        h = trunk(torch.from_numpy(x).to(dev)).float().cpu().numpy()
+        h = np.concatenate([h, (x[:, :w] - mean) / std], axis=1).astype(dtype)
         values = pa.array(h.ravel(), arrow_type)
         yield pa.record_batch({"entity_index": pa.array(chunk.entities.astype(np.int64)),
                                "embedding": pa.FixedSizeListArray.from_arrays(values, h.shape[1])})
+
+
+def embedding_width(trunk, spec: FeatureSpec, scalars: bool = True) -> int:
+    """How many floats `embed` writes per entity: the trunk's `hidden`, plus the scalars."""
+    return trunk.cfg.hidden + (spec.scalar_width if scalars else 0)
