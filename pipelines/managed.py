@@ -66,7 +66,7 @@ def failure_file() -> Path | None:
 class _Runner:
     """dg.materialize of a selection with its own asset checks, as `habitus materialize` runs them."""
 
-    def __init__(self, project, log=print):
+    def __init__(self, project, log=print, verbose: bool = False):
         from pipelines.cli import _instance
         from pipelines.definitions import build_assets, build_resources
 
@@ -76,6 +76,9 @@ class _Runner:
         self.assets, self.resources = build_assets(project), build_resources(project)
         self.checks, self.instance = build_checks(project), _instance()
         self.passed, self.failed, self.timings = 0, [], {}
+        # a job's log (CloudWatch and the like): the assets' own lines (epochs, uploads, warnings), not
+        # Dagster's DEBUG events, unless -v
+        self.run_config = {} if verbose else {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
     def run(self, keys, what: str, **kw) -> None:
         import dagster as dg
@@ -84,7 +87,7 @@ class _Runner:
         self.log(f"materializing {what} ...")
         own = [c for c in self.checks if any(k.asset_key in set(keys) for k in c.check_keys)]
         result = dg.materialize([*self.assets, *own], selection=keys, resources=self.resources,
-                                instance=self.instance, raise_on_error=False, **kw)
+                                instance=self.instance, raise_on_error=False, run_config=self.run_config, **kw)
         for e in result.get_asset_check_evaluations():
             if e.passed:
                 self.passed += 1
@@ -147,12 +150,12 @@ def _restore_if_missing(project, log) -> None:
     ws.restore(log=log)
 
 
-def train(project, stage: str = "all", log=print) -> dict:
+def train(project, stage: str = "all", log=print, verbose: bool = False) -> dict:
     import dagster as dg
 
     from assets.scenarios import scenario_key
 
-    r = _Runner(project, log)
+    r = _Runner(project, log, verbose)
     if stage == "scenarios":
         _restore_if_missing(project, log)
     r.extract()
@@ -163,7 +166,8 @@ def train(project, stage: str = "all", log=print) -> dict:
     return {"timings": r.timings, "checks_passed": r.passed, "checks_failed": r.failed, "prediction_day": None}
 
 
-def score(project, day: str, *, embeddings: bool = False, predictions: bool = True, log=print) -> dict:
+def score(project, day: str, *, embeddings: bool = False, predictions: bool = True, log=print,
+          verbose: bool = False) -> dict:
     import dagster as dg
 
     from assets.predictions import predictions_key
@@ -175,7 +179,7 @@ def score(project, day: str, *, embeddings: bool = False, predictions: bool = Tr
         raise RuntimeError(f"--date {day}: not a day of the predictions' partitions (from {first}, "
                            f"`predictions.start`, to the data's end or today)")
     _restore_if_missing(project, log)
-    r = _Runner(project, log)
+    r = _Runner(project, log, verbose)
     r.extract(upto=day)
     r.run([dg.AssetKey("cache")], "cache")
     keys = [predictions_key(n) for n in project.prediction_scenarios] if predictions else []
@@ -225,6 +229,7 @@ def main(command: str, argv: list[str]) -> int:
         p.add_argument("--from", dest="source", help="where to restore from (default: `output:`), e.g. the model "
                                                      "channel of a scoring job: $SM_CHANNEL_MODEL")
     if command in ("train", "score", "embed"):
+        p.add_argument("-v", "--verbose", action="store_true", help="Dagster's DEBUG log as well")
         add_executor_arguments(p)
     args = p.parse_args(argv)
     if args.config:  # the code location (pipelines.definitions) reads the same file
@@ -237,9 +242,10 @@ def main(command: str, argv: list[str]) -> int:
     started = time.time()
     try:
         if command == "train":
-            result = train(project, args.stage)
+            result = train(project, args.stage, verbose=args.verbose)
         elif command in ("score", "embed"):
-            result = score(project, args.date, embeddings=command == "embed", predictions=command == "score")
+            result = score(project, args.date, embeddings=command == "embed", predictions=command == "score",
+                           verbose=args.verbose)
         elif command == "upload":
             done = upload(project)
             print(f"uploaded to {project.output}: " + ", ".join(
