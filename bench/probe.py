@@ -1,12 +1,15 @@
 """The embedding probe: how much churn a linear reader gets out of what the `embeddings` asset writes.
 
-A 5-fold cross-validated logistic regression (sklearn; standardized inputs, L2, C = 1) predicts
-churn at the test cut-off among the entities the churn scenario scores, once from the embeddings
+A 5-fold cross-validated logistic regression (sklearn, standardized inputs, L2) predicts churn at
+the test cut-off among the entities the churn scenario scores, once from the embeddings
 (models.predict.embed, the function the asset calls, in float16 as the asset writes them), once
-from the first `hidden` of their columns only (the trunk's representation: what the asset wrote
-before the scalars were appended), and once from the plain recency / frequency / monetary / visit
-scalars (models.features.scalar_features + visit_features, the leading columns of the network's
-input). Out-of-fold scores, one AUROC each: another team's first model on the profile.
+from their first `hidden` columns only (the trunk's representation: what the asset wrote before
+the scalars were appended), and once from the plain recency / frequency / monetary / visit scalars
+(models.features.scalar_features + visit_features, the leading columns of the network's input).
+Out-of-fold scores, one AUROC each. Two readers: the headline one chooses its L2 strength C
+within each training fold (LogisticRegressionCV, C in 0.001-1, inner 3-fold AUROC), as a
+practitioner would; the other keeps sklearn's default C = 1, which a wide input on few entities
+(MovieLens: 277 columns, 377 training rows per fold) overfits.
 """
 
 import numpy as np
@@ -38,15 +41,20 @@ def rfm_scalars(cache: Cache, spec: FeatureSpec, target: TargetSpec, cutoff: int
     return np.concatenate(ents), np.concatenate(xs), np.concatenate(ys)
 
 
-def cross_validated_auroc(x: np.ndarray, y: np.ndarray, seed: int = 0) -> float:
-    from sklearn.linear_model import LogisticRegression
+CS = (1e-3, 1e-2, 1e-1, 1.0)
+
+
+def cross_validated_auroc(x: np.ndarray, y: np.ndarray, tuned: bool = True, seed: int = 0) -> float:
+    from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
     from sklearn.model_selection import StratifiedKFold
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     out = np.zeros(len(y), np.float64)
     for train, test in StratifiedKFold(FOLDS, shuffle=True, random_state=seed).split(x, y):
-        reader = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
+        linear = (LogisticRegressionCV(Cs=list(CS), cv=3, scoring="roc_auc", max_iter=2000) if tuned
+                  else LogisticRegression(C=1.0, max_iter=2000))
+        reader = make_pipeline(StandardScaler(), linear)
         reader.fit(x[train], y[train])
         out[test] = reader.predict_proba(x[test])[:, 1]
     return float(auroc(y, out))
@@ -64,8 +72,10 @@ def embedding_probe(trunk: Trunk, cache: Cache, spec: FeatureSpec, target: Targe
     position = np.full(max(index.max(initial=0), ents.max(initial=0)) + 1, -1, np.int64)
     position[index] = np.arange(len(index))
     emb = vectors[position[ents]]  # every eligible entity has history, so an embedding
-    hidden = trunk.cfg.hidden
     y = y.astype(np.int64)
-    return {"entities": int(len(y)), "churn_rate": round(float(y.mean()), 4), "width": int(emb.shape[1]),
-            "embeddings": cross_validated_auroc(emb, y), "trunk only": cross_validated_auroc(emb[:, :hidden], y),
-            "rfm scalars": cross_validated_auroc(rfm, y), "rfm width": int(rfm.shape[1])}
+    sets = {"embeddings": emb, "trunk only": emb[:, :trunk.cfg.hidden], "rfm scalars": rfm}
+    out = {"entities": int(len(y)), "churn_rate": round(float(y.mean()), 4), "width": int(emb.shape[1]),
+           "rfm width": int(rfm.shape[1])}
+    out.update({name: cross_validated_auroc(x, y) for name, x in sets.items()})
+    out["c=1"] = {name: cross_validated_auroc(x, y, tuned=False) for name, x in sets.items()}
+    return out

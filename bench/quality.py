@@ -154,7 +154,7 @@ def run(dataset: str, customers: int, log=print, only: tuple[str, ...] = TASKS, 
             rows.append({"task": "embedding_probe", "metric": "auroc", "habitus": probe["embeddings"],
                          "baselines": {"trunk only (before)": probe["trunk only"], "rfm scalars": probe["rfm scalars"]},
                          "entities": probe["entities"], "churn_rate": probe["churn_rate"], "width": probe["width"],
-                         "rfm_width": probe["rfm width"], "probe_s": round(time.time() - t0, 1)})
+                         "rfm_width": probe["rfm width"], "c=1": probe["c=1"], "probe_s": round(time.time() - t0, 1)})
             log(f"embedding_probe: embeddings {probe['embeddings']:.4f} (width {probe['width']}), trunk only "
                 f"{probe['trunk only']:.4f}, rfm scalars {probe['rfm scalars']:.4f} ({probe['rfm width']})")
     return {"dataset": dataset, "test_cutoff": dt.datetime.fromtimestamp(test_cutoff, dt.timezone.utc).isoformat(),
@@ -221,8 +221,9 @@ def table(result: dict) -> str:
             head = f"{r['task']:<16} {r['metric']:<12} {r['habitus']:>8.4f}" if i == 0 else " " * 38
             lines.append(f"{head}  {b:<26} {v:>8.4f} {diff:>+19.4f}")
         if r["task"] == "embedding_probe":
-            lines.append(f"{'':<38}  5-fold logistic regression, churn at the test cut-off, {r['entities']} entities; "
-                         f"embeddings {r['width']} wide, rfm scalars {r['rfm_width']}")
+            lines.append(f"{'':<38}  5-fold logistic regression (C chosen per fold), churn at the test cut-off, "
+                         f"{r['entities']} entities; embeddings {r['width']} wide, rfm scalars {r['rfm_width']}")
+            lines.append(f"{'':<38}  with C = 1: " + ", ".join(f"{k} {v:.4f}" for k, v in r["c=1"].items()))
             continue
         if "labeled_entities" in r:
             lines.append(f"{'':<38}  labels of {r['labeled_entities']} entities only "
