@@ -87,6 +87,20 @@ def beats_baselines(task: TaskSpec, report: dict) -> bool:
     return all(mine < other if key in LOWER_IS_BETTER else mine > other for mine, other in pairs)
 
 
+def metric_metadata(key: str, report: dict) -> dict:
+    """Every hold-out metric of the model, and each baseline's headline metric, as float metadata
+    ("model <metric>", "<baseline> <metric>"): Dagster plots them across materializations."""
+    out = {}
+    for metric, value in report["model"].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[f"model {metric}"] = dg.MetadataValue.float(float(value))
+    for name, metrics in report["baselines"].items():
+        value = metrics.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out[f"{name} {key}"] = dg.MetadataValue.float(float(value))
+    return out
+
+
 def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
     @dg.asset(key=scenario_key(name), deps=[FOUNDATION_KEY], group_name="scenarios", kinds={"pytorch", "safetensors"},
               op_tags=pod_tags(project, "scenarios"),  # Kubernetes: the GPU pod (pipelines/kubernetes.py)
@@ -177,6 +191,7 @@ def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
                 context.log.warning(f"{name}: no calibration/lift chart ({type(e).__name__}: {e})")
         return dg.MaterializeResult(metadata={
             **charts,
+            **metric_metadata(key, report),
             "fingerprint": digest[:16],
             "foundation_fingerprint": foundation["weights_sha256"][:16],
             key: dg.MetadataValue.float(report["model"].get(key, float("nan"))),
