@@ -120,4 +120,8 @@ def test_a_stage_that_fails_is_exit_code_3_with_its_message(folder, tmp_path, ca
     assert rc == EXIT_STAGE_FAILED
     assert "error: a stage failed: source/purchases: source 'purchases' (table 'purchases'): column(s) ['nope'] " \
            "not found" in err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and " - dagster - " not in err
+    # -v: Dagster's own log, DEBUG events included
+    rc = main(["materialize", "--config", str(tmp_path / "project.yaml"), "-v"])
+    out = capsys.readouterr()
+    assert rc == EXIT_STAGE_FAILED and " - dagster - DEBUG - " in out.out + out.err
