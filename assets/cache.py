@@ -84,7 +84,7 @@ def build_cache_asset(project) -> dg.AssetsDefinition:
         spec = cache_spec(project, workspace)
         source_bytes = sum(Path(f).stat().st_size for t in spec.events + spec.entity_attributes + spec.attributes
                            for f in t.files)
-        space = workspace.ensure_space(source_bytes * 3, "the cache")  # encoded Arrow is larger than zstd Parquet
+        space = workspace.ensure_space(source_bytes, "the cache")  # compressed, the cache is no bigger than its source
         reused = (workspace.cache_root / spec.fingerprint()[:16] / "manifest.json").exists()
         pointer = workspace.cache_root / "current.json"
         previous = workspace.cache_root / read_json(pointer)["folder"] if pointer.exists() else None
@@ -105,6 +105,7 @@ def build_cache_asset(project) -> dg.AssetsDefinition:
             "shards": dg.MetadataValue.int(len(manifest["shards"])),
             "bytes": dg.MetadataValue.int(folder_bytes(folder)),
             "source_bytes": dg.MetadataValue.int(source_bytes),
+            "cache_to_source_ratio": dg.MetadataValue.float(round(folder_bytes(folder) / max(source_bytes, 1), 3)),
             "time_range": f"{t0} .. {t1}",
             "columns": dg.MetadataValue.json(manifest["columns"]),
             "join_coverage": dg.MetadataValue.json(manifest["join_coverage"]),

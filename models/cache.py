@@ -13,9 +13,13 @@ Layout of one cache version, `<root>/<fingerprint[:16]>/`:
 Versions of one lineage (same settings, built from one another) give every value and entity the
 same id forever: new data appends ids, it never renumbers, so a trained model keeps working.
 
-Event columns: `entity` int32, `ts` int64 seconds, one int32 per categorical column (item
-attributes joined in through their key), one float32 per numeric column. Arrow IPC files are
-uncompressed so that reading them is a memory map, not a copy.
+Event columns, as readers get them: `entity` int32, `ts` int64 seconds, one int32 per categorical
+column (item attributes joined in through their key), one float32 per numeric column. On disk the
+ids are in the narrowest unsigned type that holds them and `ts` is uint32 seconds after a base kept
+in the file's schema metadata (_stored_schema; _widen reads them back). Arrow IPC buffers are
+zstd-compressed, so that the cache is no bigger than its source Parquet (the cache promise is 1:1;
+uncompressed it was 3-4x): a shard is read whole into memory anyway (one at a time), and
+decompressing it measured as fast as copying it out of a memory map (bench/cache_size.py).
 
 The fingerprint covers the inputs' content and the encoding settings: same inputs, same cache
 (within a lineage; a fresh build numbers values by frequency).
@@ -33,12 +37,14 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from models.storage import atomic_path, combine, file_fingerprint, read_json, write_json
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: zstd-compressed IPC buffers, narrow ids, times as offsets
+IPC_OPTIONS = ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))  # level 3: 8% smaller than 1, as fast
 ENTITY, TS = "entity", "ts"
 
 
@@ -370,7 +376,10 @@ def _encode_kept(con, spec: CacheSpec, st: _Staged, kept: str, out: Path, *, see
     # events, encoded, sorted and streamed into one Arrow file per shard (entity ranges: see above)
     select, joins, codes = _lookups(con, st, sets, vocab_table)
     parts = _entity_parts(con, PART_EVENTS) if n_events > PART_EVENTS else [None]
-    files = _ShardFiles(out, name, check=not exact)
+    maxima = {ENTITY: n_entities - 1, **{c: info["vocab_size"] for c, info in columns.items()
+                                          if info["type"] == "categorical"}}
+    files = _ShardFiles(out, name, check=not exact,
+                        stored=lambda schema: _stored_schema(schema, maxima, *time_range))
     try:
         for part in parts:
             where = "" if part is None else (f"e.id >= {part[0]} AND e.id < {part[1]} AND k.__entity >= {_lit(part[2])} "
@@ -532,15 +541,15 @@ class _ShardFiles:
     record batches of exactly BATCH_ROWS rows (the last one shorter), so that the bytes do not depend on
     how the result was chunked. With `check`, raises _Tie at two rows equal on (entity, ts, row hash)."""
 
-    def __init__(self, out: Path, name, check: bool):
-        self.out, self.name, self.check = out, name, check
+    def __init__(self, out: Path, name, check: bool, stored: Callable[[pa.Schema], pa.Schema]):
+        self.out, self.name, self.check, self.stored = out, name, check, stored
         self.schema: pa.Schema | None = None
         self.open: dict[int, list] = {}  # shard -> [writer, pending batches, pending rows, rows written]
         self.last = None
 
     def write(self, reader: pa.RecordBatchReader) -> None:
         if self.schema is None:
-            self.schema = pa.schema([f for f in reader.schema if f.name not in ("__shard", "__h")])
+            self.schema = self.stored(pa.schema([f for f in reader.schema if f.name not in ("__shard", "__h")]))
         for batch in reader:
             if not len(batch):
                 continue
@@ -551,14 +560,15 @@ class _ShardFiles:
                     raise _Tie()
                 self.last = (e[-1], t[-1], h[-1])
             sid = _values(batch.column("__shard"))
-            body = batch.drop_columns(["__shard", "__h"])
+            body = _to_stored(batch.drop_columns(["__shard", "__h"]), self.schema)
             cuts = np.flatnonzero(np.diff(sid)) + 1
             for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(sid)]):
                 self._add(int(sid[lo]), body.slice(lo, hi - lo))
 
     def _add(self, shard: int, part: pa.RecordBatch) -> None:
         if shard not in self.open:
-            self.open[shard] = [ipc.new_file(str(self.out / self.name(shard)), self.schema), [], 0, 0]
+            writer = ipc.new_file(str(self.out / self.name(shard)), self.schema, options=IPC_OPTIONS)
+            self.open[shard] = [writer, [], 0, 0]
         state = self.open[shard]
         state[1].append(part)
         state[2] += len(part)
@@ -618,7 +628,7 @@ def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None" = None) ->
     shards = []
     for s in range(n_shards):  # every shard gets a file, so shard i is always manifest["shards"][i]
         if s not in enc["written"]:
-            with ipc.new_file(str(out / f"shard-{s:05d}.arrow"), enc["schema"]):
+            with ipc.new_file(str(out / f"shard-{s:05d}.arrow"), enc["schema"], options=IPC_OPTIONS):
                 pass
         f, rows = enc["written"].get(s, (f"shard-{s:05d}.arrow", 0))
         shards.append({"files": [f], "rows": rows, "entities": enc["entities"].get(s, (0, 0))[0]})
@@ -795,12 +805,47 @@ def _merge_shard_files(paths: list[Path], out: Path) -> None:
     """Merge sorted pieces of one shard into one (entity, ts)-sorted file (a stable sort: earlier
     pieces first among equal timestamps)."""
     table = _read_sorted(paths)
-    with ipc.new_file(str(out), table.schema) as w:
-        w.write_table(table)
+    ts = table.column(TS)
+    maxima = {f.name: pc.max(table.column(f.name)).as_py() or 0 for f in table.schema if f.type == pa.int32()}
+    schema = _stored_schema(table.schema, maxima, pc.min(ts).as_py() or 0, pc.max(ts).as_py() or 0)
+    with ipc.new_file(str(out), schema, options=IPC_OPTIONS) as w:
+        for batch in table.to_batches(BATCH_ROWS):
+            w.write_batch(_to_stored(batch, schema))
+
+
+def _narrowest(largest: int) -> pa.DataType:
+    return pa.uint8() if largest < 1 << 8 else pa.uint16() if largest < 1 << 16 else pa.int32()
+
+
+def _stored_schema(schema: pa.Schema, maxima: dict[str, int], t_min: int, t_max: int) -> pa.Schema:
+    """The schema a shard file is written with: each id column of `maxima` in the narrowest unsigned type
+    that holds its largest id, `ts` as uint32 seconds after t_min (int64 for a span over 136 years), the
+    base in the schema's metadata. Compressed, this halves the ids and times (the cache stays no bigger
+    than its source Parquet)."""
+    fields = [pa.field(f.name, _narrowest(maxima[f.name])) if f.name in maxima
+              else pa.field(TS, pa.uint32() if t_max - t_min < 1 << 32 else pa.int64()) if f.name == TS else f
+              for f in schema]
+    return pa.schema(fields, metadata={b"habitus.ts_base": str(int(t_min)).encode()})
+
+
+def _to_stored(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    base = int(schema.metadata[b"habitus.ts_base"])
+    arrays = [(pc.subtract(batch.column(TS), base) if f.name == TS else batch.column(f.name)).cast(f.type)
+              for f in schema]  # a safe cast: a value that does not fit raises, it is never wrapped
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _widen(table: pa.Table) -> pa.Table:
+    """A shard file's columns as readers get them (see _stored_schema)."""
+    base = int(table.schema.metadata[b"habitus.ts_base"])
+    columns = [pc.add(table.column(TS).cast(pa.int64()), base) if f.name == TS
+               else table.column(f.name).cast(pa.int32()) if pa.types.is_unsigned_integer(f.type)
+               else table.column(f.name) for f in table.schema]
+    return pa.table(columns, names=table.column_names)
 
 
 def _read_sorted(paths: list[Path]) -> pa.Table:
-    tables = [ipc.open_file(pa.memory_map(str(p))).read_all() for p in paths]
+    tables = [_widen(ipc.open_file(pa.memory_map(str(p))).read_all()) for p in paths]
     table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
     if len(tables) > 1:
         order = np.lexsort((table.column("ts").to_numpy(), table.column("entity").to_numpy()))
@@ -845,7 +890,7 @@ def _write_entity_table(con, spec: CacheSpec, out: Path, seed: "Cache | None" = 
             col = _values(table.column(c))
             meta.update(mean=float(np.nanmean(col)) if np.isfinite(col).any() else 0.0,
                         std=float(np.nanstd(col)) if np.isfinite(col).any() else 1.0)
-    with ipc.new_file(str(path), table.schema) as w:
+    with ipc.new_file(str(path), table.schema, options=IPC_OPTIONS) as w:
         w.write_table(table)
     return info
 

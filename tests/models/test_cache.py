@@ -462,3 +462,40 @@ def test_sorting_in_entity_ranges_gives_the_same_bytes(sources, monkeypatch):
         assert strip(whole.manifest) == strip(ranged.manifest)
         assert whole.manifest["quarantine"]["duplicate_event"] == (3 if name == "copies" else 0)
         assert whole.manifest["n_events"] == len(basket)
+
+
+def test_the_cache_is_no_bigger_than_its_source_parquet(tmp_path):
+    """The product's promise: the cache is roughly 1:1 with the extracted source (it was 3-4x while its
+    Arrow buffers were uncompressed). Monthly partitions of generated purchases, written as extraction
+    writes them (zstd Parquet), against every file of the cache folder."""
+    import duckdb
+
+    from models.storage import folder_bytes
+    from pipelines.demo_data import generate_demo_warehouse
+    from resources.canonical import PARQUET_OPTIONS
+
+    generate_demo_warehouse(tmp_path / "w.duckdb", customers=3000, products=300, stores=8, seed=1,
+                            start="2026-03-01", end="2026-05-31")
+    con = duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True)
+    events, products = [], tmp_path / "products.parquet"
+    for month in ("03", "04", "05"):
+        table = con.sql(f"SELECT customer_id, ts, product_id, store_id, quantity, price FROM purchases "
+                        f"WHERE strftime(ts, '%m') = '{month}' ORDER BY ts").to_arrow_table()
+        events.append(tmp_path / f"2026-{month}-01.parquet")
+        pq.write_table(table, events[-1], **PARQUET_OPTIONS)
+    pq.write_table(con.sql("SELECT product_id, category, brand, price_tier FROM products").to_arrow_table(), products,
+                   **PARQUET_OPTIONS)
+    con.close()
+    spec_events = TableInput("purchases", [str(f) for f in events],
+                             {"product_id": "categorical", "store_id": "categorical", "quantity": "numeric",
+                              "price": "numeric"}, timestamp="ts")
+    spec_products = TableInput("products", [str(products)], {"category": "categorical", "brand": "categorical",
+                                                              "price_tier": "categorical"}, key="product_id")
+    from models.cache import CacheSpec
+
+    folder = build_cache(CacheSpec(entity="customer_id", events=[spec_events], attributes=[spec_products]),
+                         tmp_path / "cache")
+    source = sum(f.stat().st_size for f in [*events, products])
+    ratio = folder_bytes(folder) / source
+    assert Cache(folder).manifest["n_events"] > 50_000
+    assert ratio <= 1.0, f"cache {folder_bytes(folder):,} bytes vs source {source:,}: {ratio:.2f}x"
