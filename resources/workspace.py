@@ -177,7 +177,7 @@ class Workspace(dg.ConfigurableResource):
     def restore(self, stages: list[str] | None = None, log=print) -> dict:
         """Bring the stages uploaded to `output` (default: the foundation and every scenario, the
         checkpoints a scoring job starts from) back into this workspace. The cache version uploaded with
-        the foundation becomes the cache in use when this workspace has none."""
+        the foundation becomes the cache in use (the next cache build starts from it: the same ids)."""
         from models.storage import write_json
         from resources.output import Output, OutputError
 
@@ -191,7 +191,7 @@ class Workspace(dg.ConfigurableResource):
                                   f"(uploaded stages: {out.stages() or 'none'})")
         done = out.restore(self.path, stages)
         folder = done.get("foundation", {}).get("cache_folder")
-        if folder and not (self.cache_root / "current.json").exists():
+        if folder:
             write_json(self.cache_root / "current.json", {"folder": folder, "restored_from": self.output})
         return done
 

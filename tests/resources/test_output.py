@@ -200,3 +200,38 @@ def test_bad_outputs_are_named():
         Output("s3:///prefix")
     with pytest.raises(OutputError, match="pyarrow cannot open it"):
         Output("ftp://host/x")
+
+
+def _embeddings_asset(seen: list):
+    import dagster as dg
+
+    from resources.workspace import locked
+
+    @dg.asset(key="embeddings")
+    @locked("embeddings")
+    def embeddings(context, workspace: Workspace) -> None:
+        (workspace.embeddings).mkdir(parents=True, exist_ok=True)
+        (workspace.embeddings / "2026-10-31.parquet").write_bytes(b"rows")
+        seen.append(sorted(p.name for p in Path(workspace.output).rglob("*")) if Path(workspace.output).exists()
+                    else [])
+
+    return embeddings
+
+
+def test_an_asset_uploads_after_its_body_and_a_failed_upload_says_how_to_retry(tmp_path):
+    import dagster as dg
+
+    seen = []
+    out = tmp_path / "out"
+    ws = Workspace(root=str(tmp_path / "ws"), output=str(out))
+    assert dg.materialize([_embeddings_asset(seen)], resources={"workspace": ws}).success
+    assert seen == [[]]  # nothing in the output while the body ran
+    assert (out / "embeddings" / "2026-10-31.parquet").read_bytes() == b"rows"
+    assert json.loads((out / "manifests" / "embeddings.json").read_text())["files"]
+    (tmp_path / "not-a-folder").write_text("")  # an output that cannot be written
+    bad = Workspace(root=str(tmp_path / "ws"), output=str(tmp_path / "not-a-folder" / "out"))
+    result = dg.materialize([_embeddings_asset(seen)], resources={"workspace": bad}, raise_on_error=False)
+    assert not result.success
+    message = result.get_step_failure_events()[0].event_specific_data.error.message
+    assert "embeddings: uploading to" in message and "`habitus upload` sends it without running the stage" in message
+    assert (tmp_path / "ws" / "embeddings" / "2026-10-31.parquet").exists()  # the stage's work is kept
