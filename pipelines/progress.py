@@ -43,18 +43,34 @@ class PlainDisplay:
         pass
 
 
+def _eta_column():
+    """Time left from the average pace so far (rich's own estimate needs several updates: an epoch
+    bar has only a handful)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Eta(ProgressColumn):
+        def render(self, task) -> Text:
+            if not task.total or not task.completed or task.elapsed is None:
+                return Text("left -:--", style="progress.remaining")
+            left = task.elapsed * (task.total - task.completed) / task.completed
+            return Text(f"left {int(left // 60)}:{int(left % 60):02d}", style="progress.remaining")
+
+    return Eta()
+
+
 class RichDisplay:
     """A rich progress display on stderr (live on a terminal; elsewhere only the finished lines)."""
 
     def __init__(self, console=None):
         from rich.console import Console
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+                                   TimeElapsedColumn)
 
         self.console = console or Console(stderr=True, highlight=False)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=16),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
-                                 TimeRemainingColumn(compact=True), TextColumn("{task.fields[info]}"),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), _eta_column(),
+                                 TextColumn("{task.fields[info]}"),
                                  console=self.console, transient=True)
         self._started = False
 
