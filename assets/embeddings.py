@@ -7,6 +7,7 @@ frequency / monetary / visit scalars (`FeatureSpec.scalar_width` floats, named b
 both the learned profile and the plain RFM figures (docs/quality.md, "Embeddings for other teams")."""
 
 import time
+from datetime import datetime, timezone
 
 import dagster as dg
 import numpy as np
@@ -70,6 +71,10 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
         rows, files = 0, []
         for day in context.partition_keys:  # a backfill embeds up to 31 days in one run
             as_of = as_of_time(day)
+            if as_of.timestamp() > cache.time_range[1] + 86_400:
+                context.log.warning(f"embedding as of {as_of.isoformat()}, after the newest event in the cache "
+                                    f"({datetime.fromtimestamp(cache.time_range[1], timezone.utc).isoformat()}): "
+                                    f"extract newer partitions for fresh embeddings")
             batches = embed(trunk, cache, spec, int(as_of.timestamp()), dtype=np.float16, device=device)
             path = workspace.embeddings / f"{day}.parquet"
             day_rows = write_entity_file(cache, batches, path, project.entity, config["weights_sha256"][:16], as_of)
