@@ -274,11 +274,16 @@ def _filesystem(url: str):
         if not parts.netloc:
             raise OutputError(f"output {url!r}: name a bucket, s3://bucket/prefix/")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        kw = {"region": query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-              or "us-east-1", "connect_timeout": 10, "request_timeout": 60,
-              "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3)}
         endpoint = query.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL_S3") or \
             os.environ.get("AWS_ENDPOINT_URL")
+        region = query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region is None and not endpoint:  # AWS itself: the bucket's own region (one request)
+            try:
+                region = pafs.resolve_s3_region(parts.netloc)
+            except (OSError, ValueError):
+                region = None
+        kw = {"region": region or "us-east-1", "connect_timeout": 10, "request_timeout": 60,
+              "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3)}
         if endpoint:
             scheme, _, host = endpoint.rpartition("://")
             kw.update(endpoint_override=host.rstrip("/"), scheme=query.get("scheme") or scheme or "https")
