@@ -86,17 +86,50 @@ class Trunk(nn.Module):
         return self.norm(h)
 
 
+class PairScorer(nn.Module):
+    """One function of (entity, label, the entity's own history of that label) for every label: a small
+    MLP over [the trunk's output, a learned label embedding, that label's history channels], scored only
+    at the (entity, label) pairs the entity touched, so its cost grows with the touched entries, never
+    with rows x labels (a 16,000-label head). What "own history predicts a repeat" means is learned once
+    for all labels and may depend on the entity (a lapsing heavy buyer, a new one) and on the label;
+    the per-label linear skip alone could only weigh history label by label. Its output layer starts
+    at zero, so the head starts where it did without it. The first layer is split by input (entity,
+    label, history), so the entity part is computed once per row and the label part is a lookup."""
+
+    def __init__(self, hidden: int, labels: int, channels: int, width: int, layers: int = 2):
+        super().__init__()
+        self.entity = nn.Linear(hidden, width)
+        self.label = nn.Embedding(labels, width)
+        nn.init.normal_(self.label.weight, std=0.02)
+        self.history = nn.Linear(channels, width, bias=False)
+        self.mid = nn.ModuleList(nn.Linear(width, width) for _ in range(layers - 1))
+        self.out = nn.Linear(width, 1)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """The term of each entry (row, label, values [entries, channels])."""
+        z = nn.functional.gelu(self.entity(h)[rows] + self.label(cols) + self.history(values.to(h.dtype)))
+        for layer in self.mid:
+            z = nn.functional.gelu(layer(z))
+        return self.out(z).squeeze(-1)
+
+
 class Head(nn.Module):
     """Linear outputs, plus (for label heads) a learned weighting of each label's own history: one
     shared across labels (`skip`) plus a per-label correction (`label_skip`, starting at zero),
     because labels repeat differently (staples are bought again, treats are not). The per-label
     weights were worth +0.015 macro AUROC on Ta-Feng propensity (docs/quality.md)."""
 
-    def __init__(self, hidden: int, outputs: int, history_channels: int = 0):
+    def __init__(self, hidden: int, outputs: int, history_channels: int = 0, pair_width: int = 0,
+                 pair_layers: int = 2):
         super().__init__()
         self.linear = nn.Linear(hidden, outputs)
         self.skip = nn.Linear(history_channels, 1, bias=False) if history_channels else None
         self.label_skip = nn.Parameter(torch.zeros(outputs, history_channels)) if history_channels else None
+        # the shared pairwise scorer of the touched (entity, label) pairs (PairScorer; 0: none)
+        self.pair = (PairScorer(hidden, outputs, history_channels, pair_width, pair_layers)
+                     if pair_width and history_channels else None)
 
     def _load_from_state_dict(self, state_dict, prefix, *args):
         key = prefix + "label_skip"
@@ -109,6 +142,14 @@ class Head(nn.Module):
         extra = self.label_skip if labels is None else self.label_skip[labels]
         return self.skip.weight[0] + extra
 
+    def _terms(self, h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """What each history entry (row, label, values) adds to its logit: the linear skip, plus the
+        pairwise scorer's term where the head has one."""
+        term = (values * self._skip_weights(cols)).sum(-1)
+        if self.pair is not None:
+            term = term + self.pair(h, rows, cols, values).to(term.dtype)
+        return term
+
     def forward(self, h: torch.Tensor, history=None) -> torch.Tensor:
         """`history`: each label's own history, dense [rows, labels, channels] or sparse (row, label,
         values [entries, channels]) as items.batch_history gives it. A label the row never touched
@@ -118,12 +159,16 @@ class Head(nn.Module):
         if self.skip is None or history is None:
             return out
         if torch.is_tensor(history):
-            return out + (history * self._skip_weights()).sum(-1)
+            out = out + (history * self._skip_weights()).sum(-1)
+            if self.pair is None:
+                return out
+            rows, cols = (history != 0).any(-1).nonzero(as_tuple=True)  # the touched pairs, as sparse
+            return out.index_put((rows, cols), self.pair(h, rows, cols, history[rows, cols]).to(out.dtype),
+                                 accumulate=True)
         # in place: `out` is this call's own (the linear layer's backward does not read it); with no
         # entries the skip still takes part, with a zero gradient
         rows, cols, values = history
-        return out.index_put_((rows, cols), (values * self._skip_weights(cols)).sum(-1).to(out.dtype),
-                              accumulate=True)
+        return out.index_put_((rows, cols), self._terms(h, rows, cols, values).to(out.dtype), accumulate=True)
 
     def sampled(self, h: torch.Tensor, history, cols: torch.Tensor, entry_rows: torch.Tensor,
                 entry_cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,9 +181,12 @@ class Head(nn.Module):
         if self.skip is None or history is None:
             return out, z
         rows, hcols, values = history  # (with no entries the skip still takes part, as in forward)
-        term = (values * self._skip_weights(hcols)).sum(-1).to(out.dtype)
         at = torch.searchsorted(cols, hcols).clamp_max(len(cols) - 1)  # history entries among the columns
         inside = cols[at] == hcols
+        if not len(entry_rows):  # only the entries among the columns are scored (the pairwise term costs)
+            rows, hcols, values, at = rows[inside], hcols[inside], values[inside], at[inside]
+            inside = torch.ones(len(rows), dtype=torch.bool, device=rows.device)
+        term = self._terms(h, rows, hcols, values).to(out.dtype)
         out = out.index_put((rows[inside], at[inside]), term[inside], accumulate=True)
         if not len(rows) or not len(entry_rows):
             return out, z + term.sum() * 0.0
@@ -204,11 +252,11 @@ class Model(nn.Module):
     `item_dim` > 0 makes the head an ItemHead over `outputs` items (recommendation)."""
 
     def __init__(self, cfg: NetConfig, outputs: int, history_channels: int = 0, item_dim: int = 0,
-                 item_channels: int = 0):
+                 item_channels: int = 0, pair_width: int = 0, pair_layers: int = 2):
         super().__init__()
         self.trunk = Trunk(cfg)
         self.head = (ItemHead(cfg.hidden, outputs, history_channels, item_dim, item_channels) if item_dim
-                     else Head(cfg.hidden, outputs, history_channels))
+                     else Head(cfg.hidden, outputs, history_channels, pair_width, pair_layers))
 
     def forward(self, x: torch.Tensor, history=None, cand: torch.Tensor | None = None,
                 item_features: torch.Tensor | None = None, labels: tuple | None = None) -> torch.Tensor:

@@ -54,12 +54,20 @@ class FoundationConfig:
     ple_bins: int = 16
 
 
+PAIR_WIDTH = 128
+PAIR_LAYERS = 2
+
+
 @dataclass
 class TaskSpec:
     task: str  # binary | multilabel | regression | recommendation
     target: TargetSpec
     k: int = 10
     item_dim: int = 64  # recommendation: width of the item embeddings
+    # multilabel: width and depth of the shared pairwise scorer of (entity, label, its own history of
+    # that label) (network.PairScorer; 0: the per-label linear head alone, as checkpoints before it)
+    pair_width: int = PAIR_WIDTH
+    pair_layers: int = PAIR_LAYERS
 
     @property
     def outputs(self) -> int:
@@ -70,11 +78,14 @@ class TaskSpec:
         return self.task in ("multilabel", "recommendation")
 
     def to_dict(self) -> dict:
-        return {"task": self.task, "target": self.target.to_dict(), "k": self.k, "item_dim": self.item_dim}
+        return {"task": self.task, "target": self.target.to_dict(), "k": self.k, "item_dim": self.item_dim,
+                "pair_width": self.pair_width, "pair_layers": self.pair_layers}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TaskSpec":
-        return cls(d["task"], TargetSpec.from_dict(d["target"]), d["k"], d.get("item_dim", 64))
+        # (saved before the pairwise scorer: the linear head alone)
+        return cls(d["task"], TargetSpec.from_dict(d["target"]), d["k"], d.get("item_dim", 64), d.get("pair_width", 0),
+                   d.get("pair_layers", PAIR_LAYERS))
 
 
 def build_model(net: NetConfig, task: TaskSpec, spec: FeatureSpec) -> Model:
@@ -82,7 +93,8 @@ def build_model(net: NetConfig, task: TaskSpec, spec: FeatureSpec) -> Model:
     channels = spec.channels if task.uses_label_history else 0
     if task.task == "recommendation":
         return Model(net, task.outputs, channels, task.item_dim, len(POPULARITY_DAYS))
-    return Model(net, task.outputs, channels)
+    pair = task.pair_width if task.task == "multilabel" else 0
+    return Model(net, task.outputs, channels, pair_width=pair, pair_layers=task.pair_layers)
 
 
 HEAD_ZERO_INIT = True
@@ -123,6 +135,8 @@ class FinetuneConfig:
     # the learning rate of the per-label history weights, relative to the head's (Ta-Feng propensity
     # macro AUROC 0.753 at 1x, 0.766 at 10x, 0.768 at 30x; demo 0.892 / 0.908 / 0.910; docs/quality.md)
     label_skip_lr_scale: float = 30.0
+    # the learning rate of the pairwise scorer's label embeddings, relative to the head's
+    pair_label_lr_scale: float = 1.0
     # the pretrained trunk's learning rate, relative to the head's (demo churn AUROC over three seeds:
     # 0.8597 at 1.0, 0.8595 at 0.3, 0.8592 at 0.1; docs/quality.md)
     trunk_lr_scale: float = 0.3
@@ -481,10 +495,14 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
                  and 0 < cfg.sampled_negatives < task.outputs else 0)
     val_negatives = min(cfg.val_sampled_negatives, task.outputs) if negatives else 0
     label_skip = [p for n, p in model.head.named_parameters() if n == "label_skip"]
+    pair_labels = [p for n, p in model.head.named_parameters() if n == "pair.label.weight"]
     params = [{"params": model.trunk.parameters(), "lr": cfg.learning_rate * cfg.trunk_lr_scale},
-              {"params": [p for n, p in model.head.named_parameters() if n != "label_skip"], "lr": cfg.learning_rate}]
+              {"params": [p for n, p in model.head.named_parameters() if n not in ("label_skip", "pair.label.weight")],
+               "lr": cfg.learning_rate}]
     if label_skip:  # per-label history weights must travel to O(1) values in a few hundred steps
         params.append({"params": label_skip, "lr": cfg.learning_rate * cfg.label_skip_lr_scale})
+    if pair_labels:
+        params.append({"params": pair_labels, "lr": cfg.learning_rate * cfg.pair_label_lr_scale})
     opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay, fused=_fused(dev))
     curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
     mixed = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if negatives and cfg.sampled_bf16 \
