@@ -2,7 +2,7 @@
 
     python bench/quality.py --dataset tafeng    [--json out.json]
     python bench/quality.py --dataset demo      [--customers 20000]
-    python bench/quality.py --dataset movielens [--tasks churn,embedding_probe] [--label-share 0]
+    python bench/quality.py --dataset movielens [--tasks churn_10pct,embedding_probe] [--label-share 0]
 
 Same protocol as the scenario assets (models.evaluate): training cut-offs every window before a
 validation cut-off, a later test cut-off; features before a cut-off, targets after it. The row
@@ -114,8 +114,20 @@ def tasks(cache: Cache, test_cutoff: int, p: dict) -> dict[str, TaskSpec]:
     return out
 
 
-def run(dataset: str, customers: int, log=print, only: tuple[str, ...] = TASKS, label_share: float = 0.1) -> dict:
-    """Every row of the dataset's table; `only`: the tasks to run (names of TASKS)."""
+def share_name(task: str, label_share: float) -> str:
+    """The row of `task` trained on `label_share` of the labels: churn_10pct for 0.1."""
+    return f"{task}_{round(label_share * 100)}pct"
+
+
+def row_names(label_share: float) -> tuple[str, ...]:
+    """Every row a run can hold, in the order of the table: what --tasks chooses from."""
+    shares = tuple(share_name(t, label_share) for t in LABEL_SHARE_TASKS) if label_share else ()
+    return TASKS[:-1] + shares + TASKS[-1:]
+
+
+def run(dataset: str, customers: int, log=print, only: tuple[str, ...] | None = None, label_share: float = 0.1) -> dict:
+    """The dataset's table; `only`: the rows to run (names of row_names; default all)."""
+    only = row_names(label_share) if only is None else only
     quiet = lambda _: None  # noqa: E731
     t_run = time.time()
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,17 +142,13 @@ def run(dataset: str, customers: int, log=print, only: tuple[str, ...] = TASKS, 
         state = foundation.model.state_dict()
         rows = []
         subset = None
-        if label_share and any(t in only for t in LABEL_SHARE_TASKS):
+        if label_share and any(share_name(t, label_share) in only for t in LABEL_SHARE_TASKS):
             subset = EntitySubset(cache, labeled_entities(cache, label_share))
             log(f"label share {label_share}: {subset.n_entities} of {cache.n_entities} entities keep their labels")
         for name, task in tasks(cache, test_cutoff, params).items():
-            if name not in only:
-                continue
+            shares = [(name, None)] + ([(share_name(name, label_share), subset)] if subset is not None else [])
             plan = protocol(test_cutoff, task.target.window_days, 4, cache.time_range[0])
-            shares = [(name, None)]
-            if subset is not None and name in LABEL_SHARE_TASKS:
-                shares.append((f"{name}_{round(label_share * 100)}pct", subset))
-            for row_name, train_cache in shares:
+            for row_name, train_cache in [(n, c) for n, c in shares if n in only]:
                 new = score_task(cache, state, foundation.info, fspec, task, plan, row_name, train_cache)
                 rows += new
                 log(f"{row_name}: " + ", ".join(f"{r['metric']} {r['habitus']:.4f}" for r in new)
@@ -242,18 +250,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=DATASETS, default="tafeng")
     parser.add_argument("--customers", type=int, default=20_000, help="demo size")
-    parser.add_argument("--tasks", default=",".join(TASKS),
-                        help=f"comma-separated tasks to run (default all: {','.join(TASKS)})")
+    parser.add_argument("--tasks", help=f"comma-separated rows to run (default all: {','.join(row_names(0.1))})")
     parser.add_argument("--label-share", type=float, default=0.1,
                         help="also train churn and propensity on the labels of this share of the entities (0: skip)")
     parser.add_argument("--json", help="also write the figures as JSON to this path")
     args = parser.parse_args()
-    only = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    unknown = sorted(set(only) - set(TASKS))
-    if unknown:
-        parser.error(f"unknown task(s) {', '.join(unknown)}; choose among {', '.join(TASKS)}")
     if not 0 <= args.label_share <= 1:
         parser.error(f"--label-share must be in [0, 1], got {args.label_share}")
+    only = None if args.tasks is None else tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    unknown = sorted(set(only or ()) - set(row_names(args.label_share)))
+    if unknown:
+        parser.error(f"unknown row(s) {', '.join(unknown)}; choose among {', '.join(row_names(args.label_share))}")
     result = run(args.dataset, args.customers, log=lambda m: print(m, file=sys.stderr, flush=True), only=only,
                  label_share=args.label_share)
     print(table(result))
