@@ -124,7 +124,6 @@ class _RunWatcher(threading.Thread):
                 logging.getLogger(__name__).debug("progress: %s", e)
 
     def poll(self) -> None:
-        from dagster import DagsterRunStatus  # noqa: F401  (dagster is loaded by now)
         from dagster._core.storage.dagster_run import RunsFilter
 
         if self.run_id is None:
@@ -163,7 +162,7 @@ class _RunWatcher(threading.Thread):
         msg = entry.user_message or ""
         m = EPOCH.match(msg)
         if m and step in self.step_tasks:
-            what, i, n, rest = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
+            i, n, rest = int(m.group(2)), int(m.group(3)), m.group(4)
             loss = re.search(r"train loss ([\d.]+)", rest)
             p.update(self.step_tasks[step], total=n, completed=i,
                      info=f"epoch {i}/{n}" + (f", loss {loss.group(1)}" if loss else ""))
