@@ -1,5 +1,6 @@
 """The cache against its source: bytes on disk and the time to read every shard, next to the same
-shards stored the way format 2 stored them (uncompressed Arrow, int32 ids, int64 times), in the same run.
+shards stored the way format 2 stored them (uncompressed Arrow, int32 ids, int64 times, attributes
+with every event), in the same run.
 
     .venv/bin/python bench/cache_size.py                       # the demo (20,000 customers) and Ta-Feng
     .venv/bin/python bench/cache_size.py --datasets demo --customers 2000 --json out.json
@@ -75,7 +76,7 @@ def read_format2(paths: list[Path]) -> float:
 
 
 def measure(name: str, customers: int, repeats: int) -> dict:
-    from models.cache import Cache, _read_sorted
+    from models.cache import Cache
     from models.storage import folder_bytes
 
     with tempfile.TemporaryDirectory(prefix=f"habitus-cache-{name}-") as tmp:
@@ -83,8 +84,9 @@ def measure(name: str, customers: int, repeats: int) -> dict:
         folder, source_bytes = build(name, work, customers)
         cache = Cache(folder)
         old = []  # the same shards as format 2 wrote them
-        for i, meta in enumerate(cache.manifest["shards"]):
-            table = _read_sorted([folder / f for f in meta["files"]])
+        for i in range(cache.shard_count):  # every column, looked-up attributes too, as format 2 stored them
+            shard = cache._read_shard(i)
+            table = pa.table({"entity": shard.entity, "ts": shard.ts, **shard.columns})
             old.append(work / f"format2-{i:05d}.arrow")
             with ipc.new_file(str(old[-1]), table.schema) as w:
                 for batch in table.to_batches(1 << 16):

@@ -374,7 +374,8 @@ def _encode_kept(con, spec: CacheSpec, st: _Staged, kept: str, out: Path, *, see
                 con.sql("SELECT shard, count(*), count(*) FILTER (WHERE new) FROM __ents GROUP BY 1").fetchall()}
 
     # events, encoded, sorted and streamed into one Arrow file per shard (entity ranges: see above)
-    select, joins, codes = _lookups(con, st, sets, vocab_table)
+    select, joins, codes, looked_up = _lookups(con, st, sets, vocab_table)
+    lookups = _write_lookups(con, looked_up, columns, out)
     parts = _entity_parts(con, PART_EVENTS) if n_events > PART_EVENTS else [None]
     maxima = {ENTITY: n_entities - 1, **{c: info["vocab_size"] for c, info in columns.items()
                                           if info["type"] == "categorical"}}
@@ -400,7 +401,8 @@ def _encode_kept(con, spec: CacheSpec, st: _Staged, kept: str, out: Path, *, see
             f"WHERE c.__set = {sets[t.key]} AND c.v IS NOT NULL), "
             f"(SELECT sum(n) FROM __counts WHERE __set = {sets[t.key]} AND v IS NOT NULL)" for a, t, _ in st.attrs))
         coverage = {t.name: [int(row[2 * j] or 0), int(row[2 * j + 1] or 0)] for j, (_, t, _) in enumerate(st.attrs)}
-    return {"columns": columns, "coverage": coverage, "n_events": n_events, "n_entities": n_entities, "time_range": time_range,
+    return {"columns": columns, "lookups": lookups, "coverage": coverage, "n_events": n_events, "n_entities": n_entities,
+            "time_range": time_range,
             "n_shards": n_shards, "written": written, "entities": entities, "schema": files.schema}
 
 
@@ -447,12 +449,17 @@ def _attribute_stats(con, st: _Staged, sets: dict[str, int], column: str, n_even
     return mean, std, lo, hi, n_events - int(n or 0)
 
 
-def _lookups(con, st: _Staged, sets: dict[str, int], vocab_table: dict[str, str]) -> tuple[list[str], str, list[str]]:
+def _lookups(con, st: _Staged, sets: dict[str, int], vocab_table: dict[str, str]
+             ) -> tuple[list[str], str, list[str], dict[str, tuple[str, dict[str, str]]]]:
     """One small lookup table per categorical or join-key column: value -> its id and the encoded columns
     of the attributes joined on it. Returns the encoded columns' SELECT expressions (in st.event_cols
-    order), the joins they need, and per events column what tells its values apart (the id of a
-    categorical value, a number itself) for the row hash."""
+    order), the joins they need, per events column what tells its values apart (the id of a
+    categorical value, a number itself) for the row hash, and the attributes that readers look up
+    through the id of a categorical key instead of reading them per event: key -> (lookup table,
+    {attribute column: its SELECT expression there}). Only attributes of a numeric key are stored with
+    each event."""
     joins, expr, code, alias = "", {}, {}, {x: f"__x{n}" for n, x in enumerate(st.event_cols)}
+    looked_up: dict[str, tuple[str, dict[str, str]]] = {}
     for c, i in sets.items():
         keyed = [(a, t, cols) for a, t, cols in st.attrs if t.key == c]
         categorical = st.event_cols[c] == "categorical"
@@ -479,11 +486,38 @@ def _lookups(con, st: _Staged, sets: dict[str, int], vocab_table: dict[str, str]
             for x in cols:
                 expr[x] = (f"CAST(coalesce(l{i}.{alias[x]}, 0) AS INTEGER) AS {_q(x)}" if st.event_cols[x] == "categorical"
                            else f"CAST(coalesce(l{i}.{alias[x]}, 'NaN') AS FLOAT) AS {_q(x)}")
+                if categorical:  # read through the key's id (_write_lookups), not stored per event
+                    looked_up.setdefault(c, (table, {}))[1][x] = expr[x].replace(f"l{i}.", "")
     for c in st.source_cols:
         if st.event_cols[c] == "numeric":
             code[c] = f"k.{_q(c)}"
             expr[c] = f"CAST(coalesce(CAST(k.{_q(c)} AS DOUBLE), 'NaN') AS FLOAT) AS {_q(c)}"
-    return [expr[c] for c in st.event_cols], joins, [code[c] for c in st.source_cols]
+    per_event = [expr[c] for c in st.event_cols if not any(c in xs for _, xs in looked_up.values())]
+    return per_event, joins, [code[c] for c in st.source_cols], looked_up
+
+
+def _write_lookups(con, looked_up: dict[str, tuple[str, dict[str, str]]], columns: dict, out: Path) -> list[dict]:
+    """lookups/<n>.arrow: row i holds the encoded attributes of the key value with id i (row 0: a null or
+    unseen key). An attribute is a function of its key, so storing it once per key value instead of
+    once per event is what keeps the cache no bigger than its source."""
+    (out / "lookups").mkdir(exist_ok=True)
+    found = []
+    for n, (key, (table, xs)) in enumerate(sorted(looked_up.items())):
+        rows = con.sql(f"SELECT __id, {', '.join(xs.values())} FROM {table}").to_arrow_table()
+        ids = _values(rows.column("__id")).astype(np.int64)
+        size = columns[key]["vocab_size"] + 1
+        arrays = {}
+        for x in xs:
+            fill = (0, np.int32) if columns[x]["type"] == "categorical" else (np.nan, np.float32)
+            a = np.full(size, fill[0], dtype=fill[1])
+            a[ids] = _values(rows.column(x))
+            arrays[x] = a
+        path = out / "lookups" / f"{n}.arrow"
+        with ipc.new_file(str(path), pa.schema([(x, pa.from_numpy_dtype(a.dtype)) for x, a in arrays.items()]),
+                          options=IPC_OPTIONS) as w:
+            w.write_table(pa.table(arrays))
+        found.append({"key": key, "file": f"lookups/{n}.arrow", "columns": list(xs)})
+    return found
 
 
 def _encode_sql(kept: str, st: _Staged, select: list[str], joins: str, codes: list[str], where: str, exact: bool) -> str:
@@ -643,6 +677,7 @@ def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None" = None) ->
         "n_events": enc["n_events"],
         "time_range": [int(t_min), int(t_max)],
         "columns": enc["columns"],
+        "lookups": enc["lookups"],
         "entity_columns": entity_columns,
         "shards": shards,
         "appends": 0,
@@ -700,6 +735,7 @@ def _append(con, spec: CacheSpec, prev: "Cache", files: dict[str, list[str]], ou
         "n_events": pm["n_events"] + n_new,
         "time_range": [t_min, t_max],
         "columns": enc["columns"],
+        "lookups": enc["lookups"],
         "entity_columns": entity_columns,
         "shards": shards,
         "appends": seq,
@@ -759,7 +795,7 @@ def _write_vocab(con, counted_sql: str, path: Path, table: str, seed: Path | Non
                 f"SELECT c.v, CAST((SELECT coalesce(max(id), 0) FROM {old}) + row_number() OVER (ORDER BY c.n DESC, c.v) AS INTEGER), c.n "
                 f"FROM ({counted}) c ANTI JOIN {old} s ON c.v = s.value")
     vocab = con.sql(f"SELECT v AS value, id, count FROM {table} ORDER BY id").to_arrow_table()
-    pq.write_table(vocab, path)
+    pq.write_table(vocab, path, compression="zstd")
     return len(vocab)
 
 
@@ -790,7 +826,7 @@ def _stage_entity_ids(con, spec: CacheSpec, seed: "Cache | None", add_events: bo
 
 def _write_entity_vocab(con, out: Path) -> None:
     pq.write_table(con.sql("SELECT v AS value, id, events FROM entity_ids ORDER BY id").to_arrow_table(),
-                   out / "vocab" / "__entity.parquet")
+                   out / "vocab" / "__entity.parquet", compression="zstd")
 
 
 def _entity_arrow_type(spec: CacheSpec) -> pa.DataType:
@@ -929,6 +965,7 @@ class Cache:
         # versions of one lineage share ids (see build_cache); a model trained on any of them fits all
         self.lineage: str = self.manifest.get("lineage", self.fingerprint)
         self._last: tuple[int, Shard] | None = None
+        self._lookups: dict[str, dict[str, np.ndarray]] = {}
 
     def fits(self, checkpoint_config: dict) -> bool:
         """Whether a model trained on the cache recorded in `checkpoint_config` can read this one."""
@@ -956,12 +993,23 @@ class Cache:
 
     def _read_shard(self, i: int) -> Shard:
         table = _read_sorted([self.path / f for f in self.manifest["shards"][i]["files"]])
-        cols = {c: table.column(c).to_numpy() for c in self.columns}
+        cols = {c: table.column(c).to_numpy() for c in table.column_names if c in self.columns}
+        for lookup in self.manifest["lookups"]:  # attributes through their key's id
+            for c, values in self._lookup(lookup["file"]).items():
+                cols[c] = values[cols[lookup["key"]]]
+        cols = {c: cols[c] for c in self.columns}
         entity = table.column("entity").to_numpy()
         cut = np.flatnonzero(np.diff(entity)) + 1
         starts = np.r_[0, cut, len(entity)].astype(np.int64)
         return Shard(entity=entity, ts=table.column("ts").to_numpy(), columns=cols,
                      entities=entity[starts[:-1]] if len(entity) else entity[:0], starts=starts)
+
+    def _lookup(self, file: str) -> dict[str, np.ndarray]:
+        """One key's attribute table (small: a row per key value), read once while the cache is open."""
+        if file not in self._lookups:
+            table = ipc.open_file(pa.memory_map(str(self.path / file))).read_all()
+            self._lookups[file] = {c: table.column(c).to_numpy() for c in table.column_names}
+        return self._lookups[file]
 
     def entity_table(self) -> dict[str, np.ndarray]:
         table = ipc.open_file(pa.memory_map(str(self.path / "entities.arrow"))).read_all()
