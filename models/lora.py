@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models.network import Model
+from models.storage import durable_replace
 
 RANK, ALPHA = 8, 16.0
 
@@ -101,7 +102,7 @@ def save_adapters(model: Model, path: str | os.PathLike) -> int:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     save_file(state, tmp, metadata={"lora": json.dumps({"rank": ranks.pop(), "alpha": alphas.pop()})})
-    os.replace(tmp, path)
+    durable_replace(tmp, path)
     return os.path.getsize(path)
 
 

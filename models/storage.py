@@ -1,7 +1,9 @@
 """Files that appear whole or not at all, and content fingerprints.
 
 Every artifact is written under a temporary name in its final folder and renamed into place, so a
-killed run never leaves a half-written file under a real name.
+killed run never leaves a half-written file under a real name. A rename is a commit only once the
+bytes it names are on the disk: write -> fsync(file) -> rename -> fsync(folder), so that a machine
+that loses power right after a rename comes back with the old file or the whole new one.
 """
 
 import contextlib
@@ -32,6 +34,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     _remove(tmp)
     try:
         yield tmp
+        fsync_tree(tmp)
         if path.is_dir() and tmp.is_dir():
             if not _exchange(tmp, path):
                 # no atomic exchange on this filesystem: move the old aside; `recover` puts it back
@@ -42,8 +45,38 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
                 _remove(old)
         else:
             os.replace(tmp, path)
+        fsync(path.parent)
     finally:
         _remove(tmp)
+
+
+def durable_replace(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """os.replace(tmp, path) as a commit: tmp's bytes reach the disk before its new name does, and the
+    name before this returns."""
+    fsync_tree(tmp)
+    os.replace(tmp, path)
+    fsync(Path(path).parent)
+
+
+def fsync(path: str | os.PathLike) -> None:
+    """Flush one file's data, or one folder's entries, to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str | os.PathLike) -> None:
+    """fsync a file, or every file and folder under a folder (a checkpoint, a cache version)."""
+    path = Path(path)
+    if not path.is_dir():
+        fsync(path)
+        return
+    for folder, _, files in os.walk(path):
+        for name in files:
+            fsync(Path(folder) / name)
+        fsync(folder)
 
 
 def _tmp_prefix(path: Path) -> str:

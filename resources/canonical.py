@@ -19,6 +19,7 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from models.storage import durable_replace
 from resources.duckdb import WarehouseError
 
 ROW_GROUP_ROWS = 1 << 17
@@ -148,7 +149,7 @@ def write_canonical_parquet(batches: Iterable[pa.RecordBatch], path: str | os.Pa
         with pq.ParquetWriter(tmp, canon, **PARQUET_OPTIONS) as w:
             for group in _row_groups(_sorted(unsorted, canon, first), canon):
                 w.write_table(group, row_group_size=ROW_GROUP_ROWS)
-        os.replace(tmp, path)
+        durable_replace(tmp, path)
         return rows
     finally:
         for p in (unsorted, tmp):

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from models.storage import durable_replace
 from resources.duckdb import WarehouseError, utc_naive
 
 
@@ -146,7 +147,7 @@ class ParquetWarehouse(dg.ConfigurableResource):
             for b in batches:
                 w.write_batch(b)
                 rows += len(b)
-        os.replace(tmp, folder / name)
+        durable_replace(tmp, folder / name)
         return rows
 
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import models.storage as storage
 from models.storage import atomic_path, recover, recover_tree, write_json
 
 
@@ -80,3 +81,65 @@ def test_the_tree_sweep_leaves_running_writers_alone(tmp_path, live_pid):
     assert len(notes) == 3
     assert sorted(p.name for p in nested.iterdir()) == [".2026-03-01.parquet.sha256", f".2026-04-01.parquet.tmp-{live_pid}"]
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+class _Journal:
+    """Records fsync and rename calls as (call, path), by resolving each fsync'd descriptor's path."""
+
+    def __init__(self, monkeypatch):
+        import os
+
+        self.calls = []
+        real_fsync, real_replace, real_exchange = os.fsync, os.replace, storage._exchange
+
+        def fsync(fd):
+            self.calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+            real_fsync(fd)
+
+        def replace(a, b):
+            self.calls.append(("rename", str(a), str(b)))
+            real_replace(a, b)
+
+        def exchange(a, b):
+            self.calls.append(("rename", str(a), str(b)))
+            return real_exchange(a, b)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "replace", replace)
+        monkeypatch.setattr(storage, "_exchange", exchange)
+
+
+def test_a_file_is_committed_write_fsync_rename_fsync_folder(tmp_path, monkeypatch):
+    journal = _Journal(monkeypatch)
+    write_json(tmp_path / "manifest.json", {"a": 1})
+    (rename,) = [c for c in journal.calls if c[0] == "rename"]
+    at = journal.calls.index(rename)
+    tmp = rename[1]
+    assert ("fsync", tmp) in journal.calls[:at]  # the bytes before the name
+    assert journal.calls[at + 1:] == [("fsync", str(tmp_path))]  # the name before returning
+
+
+def test_a_folder_is_committed_with_every_file_and_subfolder_flushed_first(tmp_path, monkeypatch):
+    target = tmp_path / "ckpt"
+    with atomic_path(target) as tmp:
+        tmp.mkdir()
+        (tmp / "config.json").write_text("{}")
+    journal = _Journal(monkeypatch)
+    with atomic_path(target) as tmp:  # a second version: replaced by an exchange
+        (tmp / "sub").mkdir(parents=True)
+        (tmp / "model.safetensors").write_bytes(b"w" * 10)
+        (tmp / "sub" / "part.arrow").write_bytes(b"p")
+    renames = [i for i, c in enumerate(journal.calls) if c[0] == "rename"]
+    flushed = {c[1] for c in journal.calls[:renames[0]]}
+    assert {str(tmp / "model.safetensors"), str(tmp / "sub" / "part.arrow"), str(tmp / "sub"), str(tmp)} <= flushed
+    assert journal.calls[-1] == ("fsync", str(tmp_path))
+    assert (target / "model.safetensors").read_bytes() == b"w" * 10
+
+
+def test_durable_replace_orders_the_same_way(tmp_path, monkeypatch):
+    tmp, final = tmp_path / ".part.parquet.tmp-1", tmp_path / "part.parquet"
+    tmp.write_bytes(b"rows")
+    journal = _Journal(monkeypatch)
+    storage.durable_replace(tmp, final)
+    assert journal.calls == [("fsync", str(tmp)), ("rename", str(tmp), str(final)), ("fsync", str(tmp_path))]
+    assert final.read_bytes() == b"rows"
