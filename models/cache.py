@@ -164,7 +164,9 @@ def build_cache(spec: CacheSpec, root: str | Path, *, previous: str | Path | Non
     inputs = spec.file_prints()
     new_files = _new_events_files(prev, spec, inputs) if prev is not None else None
     mode = "fresh" if prev is None else ("append" if new_files else "rebuild")
-    with atomic_path(out) as tmp:
+    # the cache is no bigger than its sources (format 3); the estimate names what a full disk lacked
+    needed = sum(os.path.getsize(f) for t in spec.events + spec.entity_attributes + spec.attributes for f in t.files)
+    with atomic_path(out, needed_bytes=needed) as tmp:
         tmp.mkdir(parents=True)
         spill = tmp / "_spill"
         # bounded memory: DuckDB spills to the workspace beyond this (a build needs far less: the sort

@@ -21,9 +21,9 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, config: dict) -> str:
     """Write the checkpoint folder atomically; returns the weights' fingerprint."""
-    with atomic_path(path) as tmp:
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    with atomic_path(path, needed_bytes=sum(v.numel() * v.element_size() for v in state.values())) as tmp:
         tmp.mkdir(parents=True)
-        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / "model.safetensors"))
         digest = file_sha256(tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps({**config, "weights_sha256": digest}, indent=2, default=str))

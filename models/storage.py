@@ -8,6 +8,7 @@ that loses power right after a rename comes back with the old file or the whole 
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -19,9 +20,30 @@ from typing import Iterator
 _CHUNK = 1 << 22
 
 
+class DiskFullError(OSError):
+    """The disk filled while an artifact was being written; nothing was replaced."""
+
+    def __init__(self, path: Path, written: int, needed: int | None):
+        free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
+        want = f"about {needed / 1e6:,.1f} MB" if needed else f"more than the {written / 1e6:,.1f} MB written"
+        super().__init__(errno.ENOSPC, f"the disk holding {path.parent} is full: writing {path.name} stopped after "
+                                       f"{written / 1e6:,.1f} MB with {free / 1e6:,.1f} MB free, and it needs {want} "
+                                       f"(+20% headroom). Nothing was replaced: the previous version, if any, is "
+                                       f"intact and the partial copy was removed. Free space or move the workspace "
+                                       f"to a larger disk, then run again")
+        self.path, self.written, self.needed = path, written, needed
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """ENOSPC from Python, pyarrow (an OSError without errno) or DuckDB (its own IOException)."""
+    return getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling of `path`; on success rename it onto `path` (file or folder).
+def atomic_path(path: str | os.PathLike, needed_bytes: int | None = None) -> Iterator[Path]:
+    """Yield a temporary sibling of `path`; on success rename it onto `path` (file or folder). A full
+    disk while writing raises DiskFullError naming the path and the space needed (`needed_bytes`,
+    where the caller knows it).
 
     A folder replaces an existing one by an atomic exchange (Linux renameat2), so readers always see
     either the old or the new folder. Leftovers of a writer that was killed (its temporary copy, or
@@ -33,8 +55,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = path.with_name(f"{_tmp_prefix(path)}{os.getpid()}")
     _remove(tmp)
     try:
-        yield tmp
-        fsync_tree(tmp)
+        try:
+            yield tmp
+            fsync_tree(tmp)
+        except Exception as e:
+            if is_disk_full(e) and not (isinstance(e, DiskFullError) and needed_bytes is None):
+                raise DiskFullError(path, folder_bytes(tmp) if tmp.is_dir() else _size(tmp), needed_bytes) from e
+            raise
         if path.is_dir() and tmp.is_dir():
             if not _exchange(tmp, path):
                 # no atomic exchange on this filesystem: move the old aside; `recover` puts it back
@@ -207,6 +234,10 @@ def combine(*parts) -> str:
         h.update(json.dumps(p, sort_keys=True, default=str).encode())
         h.update(b"\0")
     return h.hexdigest()
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 def folder_bytes(path: str | os.PathLike) -> int:

@@ -1,0 +1,95 @@
+"""A disk that fills up: the cache build and a checkpoint save on a small tmpfs made by the test. Each
+fails naming the path and the space needed, leaves nothing half-written (and the previous version
+intact), and the next run, with space freed, gives the same result as on a roomy disk."""
+
+import contextlib
+import os
+import subprocess
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from models.cache import Cache, CacheSpec, TableInput, build_cache
+from models.checkpoint import load_checkpoint, save_checkpoint
+from models.storage import DiskFullError, folder_bytes
+from pipelines.demo_data import generate_demo_warehouse
+from resources.canonical import PARQUET_OPTIONS
+
+pytestmark = pytest.mark.faults
+
+
+@contextlib.contextmanager
+def small_disk(path, size: str):
+    """A tmpfs of `size` at `path`; yields a function that resizes it (freeing space, as a user would)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                             text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}): these tests need root and mount")
+    try:
+        yield lambda new: subprocess.run(["mount", "-o", f"remount,size={new}", str(path)], check=True)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    root = tmp_path_factory.mktemp("disk_full_sources")
+    generate_demo_warehouse(root / "w.duckdb", customers=2000, products=200, stores=6, seed=4,
+                            start="2026-03-01", end="2026-04-30")
+    con = duckdb.connect(str(root / "w.duckdb"), read_only=True)
+    events = []
+    for month in ("03", "04"):
+        events.append(root / f"2026-{month}-01.parquet")
+        pq.write_table(con.sql(f"SELECT customer_id, ts, product_id, store_id, price FROM purchases "
+                               f"WHERE strftime(ts, '%m') = '{month}' ORDER BY ts").to_arrow_table(),
+                       events[-1], **PARQUET_OPTIONS)
+    pq.write_table(con.sql("SELECT product_id, brand FROM products").to_arrow_table(), root / "products.parquet")
+    con.close()
+    return CacheSpec(entity="customer_id",
+                     events=[TableInput("purchases", [str(f) for f in events],
+                                        {"product_id": "categorical", "store_id": "categorical", "price": "numeric"},
+                                        timestamp="ts")],
+                     attributes=[TableInput("products", [str(root / "products.parquet")], {"brand": "categorical"},
+                                            key="product_id")])
+
+
+def _files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != "manifest.json"}
+
+
+def test_a_cache_build_on_a_full_disk_names_the_path_and_succeeds_once_space_is_freed(spec, tmp_path):
+    reference = build_cache(spec, tmp_path / "roomy", log=lambda _: None)
+    size = folder_bytes(reference)
+    with small_disk(tmp_path / "small", str(size // 3)) as resize:  # a third of what the cache takes
+        root = tmp_path / "small" / "cache"
+        with pytest.raises(DiskFullError) as failed:
+            build_cache(spec, root, log=lambda _: None)
+        message = str(failed.value)
+        assert str(root) in message and "is full" in message and "needs about" in message, message
+        assert os.listdir(root) == []  # the partial copy is gone; no folder without its manifest remains
+        resize(str(4 * size + (1 << 20)))
+        again = build_cache(spec, root, log=lambda _: None)
+        assert again.name == reference.name and _files(again) == _files(reference)
+        assert Cache(again).manifest["n_events"] == Cache(reference).manifest["n_events"]
+
+
+def test_a_checkpoint_save_on_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
+    small, big = torch.nn.Linear(8, 8), torch.nn.Linear(1024, 1024)  # 4 MB of weights
+    with small_disk(tmp_path / "disk", "1m") as resize:
+        path = tmp_path / "disk" / "checkpoints" / "foundation"
+        before = save_checkpoint(path, small, {"epochs": 1})
+        with pytest.raises(DiskFullError) as failed:
+            save_checkpoint(path, big, {"epochs": 2})
+        message = str(failed.value)
+        assert str(path.parent) in message and "needs about 4.2 MB" in message, message
+        weights, config = load_checkpoint(path)  # the previous one, whole
+        assert config["weights_sha256"] == before and weights["weight"].shape == (8, 8)
+        assert sorted(os.listdir(path.parent)) == ["foundation"]
+        resize("16m")
+        after = save_checkpoint(path, big, {"epochs": 2})
+        weights, config = load_checkpoint(path)
+        assert config["weights_sha256"] == after and torch.equal(weights["weight"], big.weight.detach())
