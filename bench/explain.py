@@ -47,7 +47,28 @@ from quality import demo_spec, machine, tafeng_spec, tasks  # noqa: E402
 KS = (1, 3, 5, 10)
 STEPS = (4, 8, 16, 32, 64)
 LABELS_PER_ENTITY = 3
-FOUNDATION_EPOCHS, FINETUNE_EPOCHS = 2, 3
+FOUNDATION_EPOCHS, FINETUNE_EPOCHS, HIDDEN = 2, 3, 256
+
+
+def subsample(cspec, customers: int, folder: Path):
+    """The spec with its events and entity attribute tables cut to `customers` random customers."""
+    import dataclasses
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    events = pq.read_table(cspec.events[0].files[0])
+    ids = pc.unique(events.column(cspec.entity))
+    keep = ids.take(np.sort(np.random.default_rng(0).choice(len(ids), min(customers, len(ids)), replace=False)))
+
+    def cut(t, name):
+        table = pq.read_table(t.files[0])
+        path = folder / f"{name}.parquet"
+        pq.write_table(table.filter(pc.is_in(table.column(cspec.entity), keep)), path)
+        return dataclasses.replace(t, files=[str(path)])
+
+    return dataclasses.replace(cspec, events=[cut(cspec.events[0], "events")],
+                               entity_attributes=[cut(t, t.name) for t in cspec.entity_attributes])
 
 
 def sample(cache, spec, task, cutoff, n, rng):
@@ -194,14 +215,17 @@ def run(dataset: str, customers: int, entities: int, cost_entities: int = 500, l
     rng = np.random.default_rng(0)
     t_run = time.time()
     result = {"dataset": dataset, "machine": machine(), "default_steps": DEFAULT_STEPS, "tasks": {},
-              "epochs": {"foundation": FOUNDATION_EPOCHS, "finetune": FINETUNE_EPOCHS}, "load": os.getloadavg()}
+              "epochs": {"foundation": FOUNDATION_EPOCHS, "finetune": FINETUNE_EPOCHS}, "hidden": HIDDEN,
+              "customers": customers, "load": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cspec, test_cutoff, params = tafeng_spec() if dataset == "tafeng" else demo_spec(customers, tmp)
+        if dataset == "tafeng" and customers:  # a share of the customers, all of their events
+            cspec = subsample(cspec, customers, tmp)
         cache = Cache(build_cache(cspec, tmp / "cache", log=quiet))
         sources = {c: t.name for t in cspec.events + cspec.entity_attributes + cspec.attributes for c in t.columns}
         sources["__events__"] = cspec.events[0].name
-        fcfg = FoundationConfig(epochs=FOUNDATION_EPOCHS)
+        fcfg = FoundationConfig(epochs=FOUNDATION_EPOCHS, hidden=HIDDEN)
         foundation = train_foundation(cache, fcfg, test_cutoff - fcfg.horizon_days * DAY, log=quiet)
         log(f"foundation trained ({time.time() - t_run:.0f}s)")
         spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
@@ -310,15 +334,19 @@ def table(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=["tafeng", "demo"], default="demo")
-    parser.add_argument("--customers", type=int, default=20_000, help="demo size")
+    parser.add_argument("--customers", type=int, default=0, help="demo size (default 20,000); Ta-Feng: a random "
+                        "sample of this many customers (default all)")
     parser.add_argument("--entities", type=int, default=1_000, help="entities sampled for the faithfulness test")
     parser.add_argument("--cost-entities", type=int, default=500, help="entities of the cost-by-steps rows")
     parser.add_argument("--foundation-epochs", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3, help="fine-tuning epochs")
+    parser.add_argument("--hidden", type=int, default=256, help="trunk width")
     parser.add_argument("--json", help="also write the figures as JSON to this path")
     args = parser.parse_args()
-    global FOUNDATION_EPOCHS, FINETUNE_EPOCHS
-    FOUNDATION_EPOCHS, FINETUNE_EPOCHS = args.foundation_epochs, args.epochs
+    global FOUNDATION_EPOCHS, FINETUNE_EPOCHS, HIDDEN
+    FOUNDATION_EPOCHS, FINETUNE_EPOCHS, HIDDEN = args.foundation_epochs, args.epochs, args.hidden
+    if args.dataset == "demo" and not args.customers:
+        args.customers = 20_000
     save = (lambda r: Path(args.json).write_text(json.dumps(r, indent=2, default=str))) if args.json else None
     result = run(args.dataset, args.customers, args.entities, args.cost_entities,
                  log=lambda m: print(m, file=sys.stderr, flush=True), save=save)

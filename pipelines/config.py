@@ -191,7 +191,7 @@ class ExecutorSettings(_Strict):
 class ExplainSettings(_Strict):
     """explanations/<scenario>: each entity's top reasons, daily (assets/explanations.py)."""
     top: int = Field(5, ge=1, le=50, description="reasons kept per entity and score")
-    steps: int = Field(16, ge=2, le=256, description="integration steps (docs/explanations.md: cost and precision)")
+    steps: int = Field(8, ge=2, le=256, description="integration steps (docs/explanations.md: cost and precision)")
     labels: list[str] = Field(default_factory=list, description="multilabel: the labels explained for every entity; "
                                                                 "default: each entity's `per_entity` best")
     per_entity: int = Field(3, ge=1, le=50, description="multilabel / recommendation: best labels or items explained")

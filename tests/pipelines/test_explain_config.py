@@ -31,7 +31,7 @@ def _load(tmp_path, **explain):
 def test_explain_defaults(tmp_path):
     p = _load(tmp_path)
     e = p.scenarios["churn"].explain
-    assert (e.top, e.steps, e.labels, e.per_entity, e.write_back) == (5, 16, [], 3, False)
+    assert (e.top, e.steps, e.labels, e.per_entity, e.write_back) == (5, 8, [], 3, False)
     assert p.scenarios["spend"].explain is None
 
 
