@@ -156,6 +156,9 @@ def materialize_all(project, *, log=print, days: list[str] | None = None, displa
             errors = [f"{steps.get(ev.step_key, ev.step_key)}: {_error_text(ev)}" for ev in result.all_events
                       if ev.event_type_value == "STEP_FAILURE"
                       and "DagsterAssetCheckFailedError" not in _error_class(ev)]
+            if any("DagsterExecutionInterruptedError" in _error_class(ev) for ev in result.all_events
+                   if ev.event_type_value == "STEP_FAILURE"):
+                raise KeyboardInterrupt  # Ctrl-C reaches the run as a step failure: exit code 130, not 3
             if errors:
                 raise StageFailed("; ".join(errors))
             # a failed blocking check fails its step (Dagster) but the asset itself was written: a missing
