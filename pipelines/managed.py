@@ -12,7 +12,8 @@ Executor settings come from the project's `executor:` and may be overridden here
 --processes, --threads, --precision, --inference-precision). A job that fails writes its reason to
 the failure file of the managed-job layout ($HABITUS_FAILURE_FILE, else $SM_OUTPUT_DIR/failure, else
 /opt/ml/output/failure when /opt/ml/output exists). Exit codes as `habitus materialize`: 0 done, 1 a
-blocking check failed, 2 bad usage or config, 3 a stage failed. docs/managed-jobs.md shows the layout.
+blocking check failed (not beats_baselines: a losing model is not promoted, the job did not fail), 2 bad usage
+or config, 3 a stage failed. docs/managed-jobs.md shows the layout.
 """
 
 import argparse
@@ -214,7 +215,7 @@ def _day(text: str) -> str:
 
 
 def main(command: str, argv: list[str]) -> int:
-    from pipelines.cli import report
+    from pipelines.cli import PROMOTION_GATE, report
     from pipelines.config import ConfigError, load_project
 
     p = argparse.ArgumentParser(prog=f"habitus {command}", description=__doc__,
@@ -266,7 +267,8 @@ def main(command: str, argv: list[str]) -> int:
     print(f"\nhabitus {command} finished in {time.time() - started:.0f}s; asset checks: {result['checks_passed']} "
           f"passed, {len(result['checks_failed'])} failed\n")
     print(report(project, result["prediction_day"]))
-    blocking = [f for f in result["checks_failed"] if "(error)" in f]
+    # as in `habitus materialize`: a model that loses to its baselines is not promoted, not a failed job
+    blocking = [f for f in result["checks_failed"] if "(error)" in f and f" {PROMOTION_GATE} (" not in f]
     if blocking:
         _fail(f"habitus {command}: {len(blocking)} blocking check(s) failed: " + "; ".join(blocking), "")
         return 1

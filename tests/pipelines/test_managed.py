@@ -37,14 +37,9 @@ PROJECT = {
 
 
 def _finished(rc: int, failure: Path) -> None:
-    """Exit 0 with no failure file, or 1 with the failure file naming only a model below its baseline
-    (a tiny warehouse): in both cases every stage ran."""
-    if rc == 0:
-        assert not failure.exists()
-    else:
-        assert rc == 1 and "blocking check(s) failed" in failure.read_text()
-        assert "beats_baselines" in failure.read_text()
-        failure.unlink()
+    """Exit 0 with no failure file: every stage ran (a model below its baseline on this tiny warehouse is
+    not promoted, and is not a failed job)."""
+    assert rc == 0 and not failure.exists(), failure.read_text() if failure.exists() else rc
 
 
 @pytest.fixture(scope="module")
