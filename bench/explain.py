@@ -3,8 +3,9 @@
     python bench/explain.py --dataset demo   [--customers 20000] [--entities 1000]
     python bench/explain.py --dataset tafeng [--json out.json]
 
-Trains a short model (foundation 2 epochs, scenarios 3: fewer than bench/quality.py, which this is
-not about) for churn and propensity (top-50 labels), then at the test cut-off:
+Trains a short model (by default foundation 2 epochs, fine-tuning 3, trunk 256 wide; fewer than
+bench/quality.py, which this is not about; --customers samples Ta-Feng) for churn and propensity
+(top-50 labels), then at the test cut-off:
 
 - completeness: |score - baseline score - sum of attributions| per explained score;
 - deletion: for each explained score, mask k of its groups (inputs at the "no history" baseline,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.features import (ENTITY_BUCKETS, HALF_LIVES, WINDOWS, Chunk, FeatureSpec, bucket_count, bucketize,
+from models.features import (ENTITY_BUCKETS, WINDOWS, Chunk, FeatureSpec, bucket_count, bucketize,
                              chunk_at, visit_width)
 from models.items import SparseRows, batch_history
 from models.network import ItemHead, Model
@@ -612,4 +612,4 @@ def _sentence(kind, column, value, count, last, raw, contribution) -> str:
 
 
 __all__ = ["DEFAULT_STEPS", "Explained", "Explainer", "Groups", "Summary", "column_sources", "column_totals",
-           "explain_cutoff", "input_groups", "rendered", "scalar_names", "top_reasons", "value_stats", "HALF_LIVES"]
+           "explain_cutoff", "input_groups", "rendered", "scalar_names", "top_reasons", "value_stats", "vocab_reader"]

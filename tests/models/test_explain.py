@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.explain import Explainer, column_totals, input_groups, rendered, top_reasons, value_stats
+from models.explain import Explainer, column_totals, input_groups, rendered, value_stats
 from models.features import FeatureSpec, bucketize, chunk_at
 from models.network import NetConfig
 from models.targets import TargetSpec, eligible
