@@ -12,6 +12,8 @@ practitioner would; the other keeps sklearn's default C = 1, which a wide input 
 (MovieLens: 277 columns, 377 training rows per fold) overfits.
 """
 
+import warnings
+
 import numpy as np
 
 from models.cache import Cache
@@ -55,7 +57,9 @@ def cross_validated_auroc(x: np.ndarray, y: np.ndarray, tuned: bool = True, seed
         linear = (LogisticRegressionCV(Cs=list(CS), cv=3, scoring="roc_auc", max_iter=2000) if tuned
                   else LogisticRegression(C=1.0, max_iter=2000))
         reader = make_pipeline(StandardScaler(), linear)
-        reader.fit(x[train], y[train])
+        with warnings.catch_warnings():  # sklearn 1.8 announces new defaults of LogisticRegressionCV (same fit)
+            warnings.simplefilter("ignore", FutureWarning)
+            reader.fit(x[train], y[train])
         out[test] = reader.predict_proba(x[test])[:, 1]
     return float(auroc(y, out))
 

@@ -2,7 +2,7 @@
 
     python bench/quality.py --dataset tafeng    [--json out.json]
     python bench/quality.py --dataset demo      [--customers 20000]
-    python bench/quality.py --dataset movielens [--tasks churn_10pct,embedding_probe] [--label-share 0]
+    python bench/quality.py --dataset movielens [--tasks churn_10pct,embedding_probe] [--label-share 0.1]
 
 Same protocol as the scenario assets (models.evaluate): training cut-offs every window before a
 validation cut-off, a later test cut-off; features before a cut-off, targets after it. The row
