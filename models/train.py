@@ -65,7 +65,8 @@ class TaskSpec:
     k: int = 10
     item_dim: int = 64  # recommendation: width of the item embeddings
     # multilabel: width and depth of the shared pairwise scorer of (entity, label, its own history of
-    # that label) (network.PairScorer; 0: the per-label linear head alone, as checkpoints before it)
+    # that label) (network.PairScorer; 0: the per-label linear head alone, as checkpoints before it).
+    # Propensity macro AUROC, demo 0.9119 -> 0.9134, Ta-Feng 0.7722 -> 0.7720 (docs/quality.md)
     pair_width: int = PAIR_WIDTH
     pair_layers: int = PAIR_LAYERS
 
