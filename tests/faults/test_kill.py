@@ -65,7 +65,8 @@ def test_killed_at_random_points_and_rerun_ends_identical_to_a_clean_run(faults,
 def test_killed_during_training_resumes_from_its_saved_state(faults, clean, tmp_path, stage_line):
     _, expected, _ = clean
     folder = faults.project(tmp_path / "stage")
-    proc = faults.start(folder)
+    verbose = ("materialize", "--config", str(folder / "project.yaml"), "-v")  # the training loop's log lines
+    proc = faults.start(folder, *verbose)
     seen = []
     for line in proc.stdout:
         seen.append(line)
@@ -79,7 +80,7 @@ def test_killed_during_training_resumes_from_its_saved_state(faults, clean, tmp_
     state = folder / "ws" / "resume" / ("foundation" if "foundation" in stage_line else "scenarios/churn") / "latest"
     assert (state / "state.json").exists() and (state / "state.safetensors").exists()
     assert faults.half_written(folder / "ws") == []
-    rc, out, _ = faults.run(folder)
+    rc, out, _ = faults.run(folder, *verbose)
     assert rc == 0, out[-3000:]
     assert re.search(r"resuming from the state saved at step \d+", out)
     diffs = faults.differences(faults.outputs(folder / "ws"), expected)
