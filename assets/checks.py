@@ -48,6 +48,9 @@ _NUMERIC = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.t
 _TIME = (pa.types.is_timestamp, pa.types.is_date)
 
 
+# a scenario that fails it is not promoted; the run that trained it did not fail (the CLI exits 0)
+PROMOTION_GATE = "beats_baselines"
+
 def extracted_files(workspace, source) -> list[str]:
     folder = workspace.sources(source.name)
     return sorted(str(p) for p in folder.glob("*.parquet")) if folder.exists() else []
@@ -438,7 +441,7 @@ def _mismatch_note(project, workspace, name: str, coverage: float) -> str:
 
 
 def scenario_check(project, name: str) -> dg.AssetChecksDefinition:
-    @dg.asset_check(asset=scenario_key(name), name="beats_baselines", blocking=True,
+    @dg.asset_check(asset=scenario_key(name), name=PROMOTION_GATE, blocking=True,
                     required_resource_keys={"workspace"},
                     description="The model beats every baseline on the hold-out; a worse model fails (blocking) and "
                                 "the previous passing checkpoint keeps serving predictions")

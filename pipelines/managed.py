@@ -215,7 +215,8 @@ def _day(text: str) -> str:
 
 
 def main(command: str, argv: list[str]) -> int:
-    from pipelines.cli import PROMOTION_GATE, report
+    from assets.checks import PROMOTION_GATE
+    from pipelines.cli import report
     from pipelines.config import ConfigError, load_project
 
     p = argparse.ArgumentParser(prog=f"habitus {command}", description=__doc__,
