@@ -51,6 +51,7 @@ _TIME = (pa.types.is_timestamp, pa.types.is_date)
 # a scenario that fails it is not promoted; the run that trained it did not fail (the CLI exits 0)
 PROMOTION_GATE = "beats_baselines"
 
+
 def extracted_files(workspace, source) -> list[str]:
     folder = workspace.sources(source.name)
     return sorted(str(p) for p in folder.glob("*.parquet")) if folder.exists() else []
