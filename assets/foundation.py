@@ -12,7 +12,6 @@ from models.resume import Resumer
 from models.storage import combine
 from models.features import DAY
 from models.train import FoundationConfig, config_dict, day_floor, train_foundation
-from pipelines.kubernetes import pod_tags
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
 
@@ -34,9 +33,10 @@ def foundation_config(project) -> FoundationConfig:
                             learning_rate=f.learning_rate, buckets=f.buckets, seed=f.seed)
 
 
-def build_foundation_asset(project) -> dg.AssetsDefinition:
+def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDefinition:
+    """`op_tags`: the training step's tags from the wiring (on Kubernetes its GPU pod, pipelines/kubernetes.py)."""
     @dg.asset(key=FOUNDATION_KEY, deps=[CACHE_KEY], group_name="training", kinds={"pytorch", "safetensors"},
-              op_tags=pod_tags(project, "foundation"),  # Kubernetes: the GPU pod (pipelines/kubernetes.py)
+              op_tags=op_tags or {},
               description="Self-supervised model: predicts each entity's next window from its history")
     @locked("foundation")
     def foundation_model(context: dg.AssetExecutionContext, workspace: Workspace,

@@ -19,7 +19,6 @@ from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
 from models.features import FeatureSpec
 from models.targets import TargetSpec
 from models.train import FinetuneConfig, TaskSpec, config_dict, finetune, top_values
-from pipelines.kubernetes import pod_tags
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
 
@@ -101,9 +100,10 @@ def metric_metadata(key: str, report: dict) -> dict:
     return out
 
 
-def build_scenario_asset(project, name: str, scenario) -> dg.AssetsDefinition:
+def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = None) -> dg.AssetsDefinition:
+    """`op_tags`: the training step's tags from the wiring (on Kubernetes its GPU pod, pipelines/kubernetes.py)."""
     @dg.asset(key=scenario_key(name), deps=[FOUNDATION_KEY], group_name="scenarios", kinds={"pytorch", "safetensors"},
-              op_tags=pod_tags(project, "scenarios"),  # Kubernetes: the GPU pod (pipelines/kubernetes.py)
+              op_tags=op_tags or {},
               description=f"{scenario.task} scenario fine-tuned from the foundation model")
     @locked(f"scenario/{name}")
     def _scenario(context: dg.AssetExecutionContext, workspace: Workspace,

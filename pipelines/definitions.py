@@ -21,6 +21,7 @@ from assets.scenarios import build_scenario_asset
 from assets.sources import build_source_asset, connection_key
 from pipelines.config import Project, load_project
 from pipelines.jobs import build_jobs
+from pipelines.kubernetes import pod_tags
 from pipelines.partitions import events_partitions, predictions_partitions
 from pipelines.schedules import build_schedules
 from pipelines.sensors import build_scoring_sensor, build_sensors, cache_automation_sensor, with_cache_automation
@@ -93,8 +94,9 @@ def connection_resource(name: str, conn) -> dg.ConfigurableResource:
 def build_assets(project: Project) -> list[dg.AssetsDefinition]:
     assets = [build_source_asset(project, s, events_partitions(s) if s.role == "events" else None)
               for s in project.sources]
-    assets += [build_cache_asset(project), build_foundation_asset(project)]
-    assets += [build_scenario_asset(project, name, sc) for name, sc in project.scenarios.items()]
+    assets += [build_cache_asset(project), build_foundation_asset(project, pod_tags(project, "foundation"))]
+    assets += [build_scenario_asset(project, name, sc, pod_tags(project, "scenarios"))
+               for name, sc in project.scenarios.items()]
     daily = predictions_partitions(project)
     assets += [build_predictions_asset(project, name, daily) for name in project.prediction_scenarios]
     assets += [build_explanations_asset(project, name, sc, daily) for name, sc in project.scenarios.items() if sc.explain]
