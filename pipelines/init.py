@@ -595,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from pydantic import TypeAdapter, ValidationError
 
-    from pipelines.config import Connection, ConfigError, _substitute_env, load_project
+    from pipelines.config import Connection, ConfigError, load_project
+    from pipelines.config_file import substitute_env
     from pipelines.definitions import connection_resource
     from resources.duckdb import WarehouseError
 
@@ -614,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(raw, dict):
                 raise ConfigError("--connection: expected a YAML mapping such as '{type: clickhouse, host: ...}'")
             shown = raw
-            conn = TypeAdapter(Connection).validate_python(_substitute_env(raw, "--connection", args.connection or ""))
+            conn = TypeAdapter(Connection).validate_python(substitute_env(raw, "--connection", args.connection or ""))
         shown = _hide_secrets(args.name, shown)
         warehouse = connection_resource(args.name, conn)
         tables = args.tables or _list_tables(conn.type, conn.model_dump())
