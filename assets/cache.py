@@ -9,8 +9,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.parquet as pq
 
-from assets.sources import source_key
-from pipelines.partitions import events_partitions
+from assets.sources import events_partitions, source_key
 from models.cache import Cache, CacheSpec, TableInput, build_cache, infer_column_type
 from models.storage import folder_bytes, read_json, write_json
 from resources.workspace import Workspace, locked

@@ -14,6 +14,16 @@ from resources.canonical import write_canonical_parquet
 from resources.workspace import Workspace, locked
 
 
+def events_partitions(source) -> dg.TimeWindowPartitionsDefinition:
+    """An events source's partitions, by month (or day with `partition: daily`); each key names the
+    file its partition is written to, so the cache reads exactly the partitions of this setting."""
+    start = source.start.isoformat()
+    end = source.end.isoformat() if source.end else None
+    if source.partition == "daily":
+        return dg.DailyPartitionsDefinition(start_date=start, end_date=end)
+    return dg.MonthlyPartitionsDefinition(start_date=start, end_date=end)
+
+
 def source_key(name: str) -> dg.AssetKey:
     return dg.AssetKey(["source", name])
 

@@ -1,14 +1,11 @@
-"""The partitions: event sources by month (or day), predictions by day."""
+"""The partitions: event sources by month (or day), predictions by day. The events partitions are
+the source assets' own (assets/sources.py: their keys name the files the cache reads)."""
 
 import dagster as dg
 
+from assets.sources import events_partitions
 
-def events_partitions(source) -> dg.TimeWindowPartitionsDefinition:
-    start = source.start.isoformat()
-    end = source.end.isoformat() if source.end else None
-    if source.partition == "daily":
-        return dg.DailyPartitionsDefinition(start_date=start, end_date=end)
-    return dg.MonthlyPartitionsDefinition(start_date=start, end_date=end)
+__all__ = ["events_partitions", "predictions_partitions"]
 
 
 def predictions_partitions(project) -> dg.DailyPartitionsDefinition:
