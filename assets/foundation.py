@@ -11,7 +11,9 @@ from models.launch import foundation_job
 from models.resume import Resumer
 from models.storage import combine
 from models.features import DAY
-from models.train import FoundationConfig, config_dict, day_floor, train_foundation
+from models.foundation_training import train_foundation
+from models.loop import day_floor
+from models.specs import FoundationConfig, config_dict
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
 

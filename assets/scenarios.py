@@ -18,7 +18,9 @@ from models.storage import combine
 from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
 from models.features import FeatureSpec
 from models.targets import TargetSpec
-from models.train import FinetuneConfig, TaskSpec, config_dict, finetune, top_values
+from models.finetune import finetune
+from models.labels import top_values
+from models.specs import FinetuneConfig, TaskSpec, config_dict
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
 
@@ -217,7 +219,9 @@ def binary_holdout(model, cache, spec, task, cutoff: int, device: str):
     """Labels and predicted probabilities of the entities scored on the hold-out (as in evaluate)."""
     from models.features import chunk_at
     from models.targets import compute_target, eligible
-    from models.train import chunk_plan, scores, task_inputs
+    from models.labels import task_inputs
+    from models.loop import chunk_plan
+    from models.scoring import scores
 
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}

@@ -35,7 +35,7 @@ from models.evaluate import protocol  # noqa: E402
 from models.features import DAY, FeatureSpec, chunk_at  # noqa: E402
 from models.metrics import auroc  # noqa: E402
 from models.targets import compute_target, eligible  # noqa: E402
-from models.train import chunk_plan  # noqa: E402
+from models.loop import chunk_plan  # noqa: E402
 
 PARAMS = dict(n_estimators=2000, learning_rate=0.02, num_leaves=31, min_child_samples=50, subsample=0.8,
               subsample_freq=1, colsample_bytree=0.8, max_bin=63, random_state=0, verbose=-1, n_jobs=0)

@@ -42,7 +42,11 @@ from models.explain import DEFAULT_STEPS, Explainer, column_totals, input_groups
 from models.features import DAY, FeatureSpec, chunk_at  # noqa: E402
 from models.predict import predict, top_labels  # noqa: E402
 from models.targets import eligible  # noqa: E402
-from models.train import FinetuneConfig, FoundationConfig, chunk_plan, finetune, task_inputs, train_foundation  # noqa: E402
+from models.finetune import finetune  # noqa: E402
+from models.foundation_training import train_foundation  # noqa: E402
+from models.labels import task_inputs  # noqa: E402
+from models.loop import chunk_plan  # noqa: E402
+from models.specs import FinetuneConfig, FoundationConfig  # noqa: E402
 from quality import demo_spec, machine, tafeng_spec, tasks  # noqa: E402
 
 KS = (1, 3, 5, 10)

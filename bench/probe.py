@@ -22,7 +22,7 @@ from models.metrics import auroc
 from models.network import Trunk
 from models.predict import embed
 from models.targets import TargetSpec, compute_target, eligible
-from models.train import chunk_plan
+from models.loop import chunk_plan
 
 FOLDS = 5
 

@@ -37,7 +37,10 @@ from models.evaluate import evaluate, headline, protocol  # noqa: E402
 from models.features import DAY, FeatureSpec  # noqa: E402
 from models.quantize import for_inference  # noqa: E402
 from models.targets import TargetSpec  # noqa: E402
-from models.train import FinetuneConfig, FoundationConfig, TaskSpec, finetune, top_values, train_foundation  # noqa: E402
+from models.finetune import finetune  # noqa: E402
+from models.foundation_training import train_foundation  # noqa: E402
+from models.labels import top_values  # noqa: E402
+from models.specs import FinetuneConfig, FoundationConfig, TaskSpec  # noqa: E402
 
 TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
 DATASETS = ("tafeng", "demo", "movielens")

@@ -108,7 +108,7 @@ class Stage:
         """(TaskSpec, Protocol, FinetuneConfig) of a scenario, as assets/scenarios.py builds them."""
         from assets.scenarios import task_spec
         from models.evaluate import protocol
-        from models.train import FinetuneConfig
+        from models.specs import FinetuneConfig
 
         sc = self.project.scenarios[name]
         cutoff = self.cutoff(cache)
@@ -172,7 +172,7 @@ def stage_duckdb(st: Stage) -> dict:
     import duckdb
 
     from assets.cache import cache_spec
-    from models.cache import _files_sql
+    from models.cache.sql import _files_sql
 
     t = cache_spec(st.project, st.workspace).events[0]
     numeric = next(c for c, kind in t.columns.items() if kind == "numeric")
@@ -189,25 +189,25 @@ def stage_duckdb(st: Stage) -> dict:
 
 def stage_cache(st: Stage) -> dict:
     """A fresh build_cache, as the cache asset runs it. With --threads, DuckDB runs that many threads too
-    (HABITUS_DUCKDB_THREADS; its default is one per core). cpu_seconds: the process's CPU time during
+    (build_cache's duckdb_threads; its default is one per core). cpu_seconds: the process's CPU time during
     the build, all threads (a busy machine stretches the wall time more than this)."""
     from assets.cache import cache_spec
-    from models.cache import build_cache
+    from models.cache import DUCKDB_THREADS, build_cache
     from models.storage import write_json
 
-    if os.environ.get("HABITUS_BENCH_THREADS"):
-        os.environ.setdefault("HABITUS_DUCKDB_THREADS", os.environ["HABITUS_BENCH_THREADS"])
+    threads = int(os.environ["HABITUS_BENCH_THREADS"]) if os.environ.get("HABITUS_BENCH_THREADS") else DUCKDB_THREADS
     spec = cache_spec(st.project, st.workspace)
     shutil.rmtree(st.workspace.cache_root, ignore_errors=True)  # a fresh build, never the reused one
     cpu = time.process_time()
-    folder, seconds = _timed(lambda: build_cache(spec, st.workspace.cache_root, log=lambda _: None))
+    folder, seconds = _timed(lambda: build_cache(spec, st.workspace.cache_root, log=lambda _: None,
+                                                     duckdb_threads=threads))
     cpu = time.process_time() - cpu
     write_json(st.workspace.cache_root / "current.json", {"folder": folder.name, "at": datetime.now().isoformat()})
     cache = st.cache
     n = cache.manifest["n_events"]
     return {"seconds": seconds, "events": n, "entities": cache.manifest["n_entities"], "events_per_s": n / seconds,
             "cpu_seconds": cpu, "events_per_cpu_s": n / cpu, "shards": len(cache.manifest["shards"]),
-            "duckdb_threads": os.environ.get("HABITUS_DUCKDB_THREADS", "default (one per core)")}
+            "duckdb_threads": threads or "default (one per core)"}
 
 
 def stage_foundation(st: Stage, profile: str | None = None) -> dict:
@@ -215,7 +215,8 @@ def stage_foundation(st: Stage, profile: str | None = None) -> dict:
     from assets.foundation import foundation_config
     from models.checkpoint import save_checkpoint
     from models.features import DAY
-    from models.train import config_dict, train_foundation
+    from models.foundation_training import train_foundation
+    from models.specs import config_dict
 
     cache = st.cache
     cfg = foundation_config(st.project)
@@ -251,7 +252,7 @@ def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profil
     a wide head a block of labels at a time).
     `sampled_negatives`: FinetuneConfig's (0: the full loss even for a wide head; None: the default)."""
     from models.checkpoint import load_checkpoint, save_checkpoint
-    from models.train import finetune
+    from models.finetune import finetune
 
     cache = st.cache
     state, foundation = load_checkpoint(st.workspace.foundation)
@@ -419,7 +420,8 @@ def ddp_foundation(config: str, device: str, precision: str) -> None:
     from models.features import DAY, FeatureSpec, chunk_at, featurize
     from models.network import Model, NetConfig
     from models.targets import foundation_target
-    from models.train import chunk_plan, cutoff_grid, foundation_loss
+    from models.foundation_training import foundation_loss
+    from models.loop import chunk_plan, cutoff_grid
 
     dist = from_env(device)
     st = Stage(config, dist.device)

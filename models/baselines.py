@@ -18,7 +18,9 @@ from models.features import (HALF_LIVES, FeatureSpec, chunk_at, entity_features,
                              visit_features)
 from models.items import SparseRows
 from models.targets import compute_target, eligible
-from models.train import TaskSpec, chunk_plan, label_history
+from models.labels import label_history
+from models.loop import chunk_plan
+from models.specs import TaskSpec
 
 TOP_VALUES = 20
 MAX_VOCAB = 5_000  # columns with more values (product ids) are left to the per-label counts

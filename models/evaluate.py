@@ -19,8 +19,10 @@ from models.metrics import (auroc, average_precision, blockwise_macro_auroc, mac
                             ranking_metrics_at, rmse)
 from models.network import Model
 from models.targets import compute_target, eligible
-from models.train import (TaskSpec, chunk_plan, day_floor, item_popularity, label_history, rank_items, scores,
-                          task_inputs)
+from models.labels import item_popularity, label_history, task_inputs
+from models.loop import chunk_plan, day_floor
+from models.scoring import rank_items, scores
+from models.specs import TaskSpec
 
 
 @dataclass(frozen=True)

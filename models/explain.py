@@ -534,7 +534,9 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
 
     from models.predict import top_labels
     from models.targets import eligible
-    from models.train import chunk_plan, item_popularity, rank_items, task_inputs
+    from models.labels import item_popularity, task_inputs
+    from models.loop import chunk_plan
+    from models.scoring import rank_items
 
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}

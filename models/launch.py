@@ -20,7 +20,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from models.train import FinetuneConfig, FoundationConfig, TaskSpec, TrainResult, config_dict
+from models.loop import TrainResult
+from models.specs import FinetuneConfig, FoundationConfig, TaskSpec, config_dict
 
 JOB = "job.json"
 RESULT = "result"
@@ -53,7 +54,8 @@ def train(job: dict, dist, log) -> tuple[TrainResult, dict]:
     from models.cache import Cache
     from models.checkpoint import load_checkpoint
     from models.distributed import autocast
-    from models.train import finetune, train_foundation
+    from models.finetune import finetune
+    from models.foundation_training import train_foundation
 
     cache = Cache(job["cache"])
     if cache.fingerprint != job["cache_fingerprint"]:
@@ -104,7 +106,7 @@ def read_result(job_dir, device: str = "cpu") -> TrainResult:
     from models.checkpoint import load_checkpoint
     from models.features import FeatureSpec
     from models.network import Model, NetConfig
-    from models.train import build_model
+    from models.scoring import build_model
 
     state, cfg = load_checkpoint(Path(job_dir) / RESULT)
     net = NetConfig(**cfg["net"])

@@ -139,7 +139,7 @@ def finetune_lora(cache, foundation_state, foundation_info, task, train_cutoffs,
     choice and soup; only the adapters and the head learn. (finetune builds its model with
     models.train.build_model; adapters are put on there for the duration of this call, and load
     the foundation trunk through LoRALinear's state-dict compatibility.)"""
-    import models.train as train
+    import models.finetune as train
 
     build = train.build_model
 

@@ -10,8 +10,10 @@ from models.cache import Cache
 from models.features import FeatureSpec, chunk_at, featurize
 from models.network import Model
 from models.targets import eligible
-from models.train import (TaskSpec, build_model, chunk_plan, history_rows, item_popularity, rank_items, scores,
-                          task_inputs)
+from models.labels import history_rows, item_popularity, task_inputs
+from models.loop import chunk_plan
+from models.scoring import build_model, rank_items, scores
+from models.specs import TaskSpec
 
 
 def load_model(state: dict, config: dict) -> tuple[Model, FeatureSpec, TaskSpec]:

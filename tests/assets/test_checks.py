@@ -20,7 +20,7 @@ from assets.serving import passed_path, serving_checkpoint
 from pipelines.config import load_project
 from pipelines.definitions import build_assets, build_resources
 from models.targets import TargetSpec
-from models.train import TaskSpec
+from models.specs import TaskSpec
 from pipelines.demo_data import generate_demo_warehouse
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
@@ -376,7 +376,7 @@ def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, 
 def _other_weights(**kw):
     """Other fine-tuning settings (seed and learning rate): a retrained model with other weights, even
     when the epoch kept is the starting point (fine-tuning keeps the best epoch, the start included)."""
-    from models.train import FinetuneConfig
+    from models.specs import FinetuneConfig
 
     return FinetuneConfig(**{**kw, "learning_rate": kw.get("learning_rate", 1e-3) * 3, "seed": 1})
 

@@ -14,7 +14,8 @@ from models import baselines
 from models.cache import Cache, CacheSpec, TableInput, build_cache
 from models.features import FeatureSpec, chunk_at, featurize
 from models.targets import TargetSpec
-from models.train import TaskSpec, chunk_plan
+from models.loop import chunk_plan
+from models.specs import TaskSpec
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 T0 = calendar.timegm((2026, 1, 1, 0, 0, 0))

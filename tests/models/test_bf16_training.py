@@ -13,7 +13,9 @@ from models.distributed import autocast
 from models.evaluate import protocol
 from models.features import DAY
 from models.targets import TargetSpec
-from models.train import FinetuneConfig, FoundationConfig, TaskSpec, finetune, train_foundation
+from models.finetune import finetune
+from models.foundation_training import train_foundation
+from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

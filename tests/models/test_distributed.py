@@ -43,7 +43,8 @@ def train(cache_path: str, dist, epochs: int = 2, extra_chunk: bool = False) -> 
     from models.features import DAY, FeatureSpec, chunk_at, featurize
     from models.network import Model, NetConfig
     from models.targets import foundation_target
-    from models.train import chunk_plan, foundation_loss
+    from models.foundation_training import foundation_loss
+    from models.loop import chunk_plan
 
     cache = Cache(cache_path)
     spec = FeatureSpec.from_cache(cache, buckets=8)

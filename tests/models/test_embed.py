@@ -7,7 +7,7 @@ import torch
 from models.features import FeatureSpec, chunk_at, featurize, scalar_features, visit_features
 from models.network import NetConfig, Trunk
 from models.predict import embed, embedding_width
-from models.train import chunk_plan
+from models.loop import chunk_plan
 
 
 def _rows(batches) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,10 @@ from models.items import SparseRows
 from models.metrics import blockwise_macro_auroc, column_aurocs, macro_auroc
 from models.network import NetConfig
 from models.targets import TargetSpec, compute_target, eligible
-from models.train import TaskSpec, build_model, chunk_plan, scores, task_inputs
+from models.labels import task_inputs
+from models.loop import chunk_plan
+from models.scoring import build_model, scores
+from models.specs import TaskSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,9 @@ from models.explain import Explainer, column_totals, input_groups, rendered, val
 from models.features import FeatureSpec, bucketize, chunk_at
 from models.network import NetConfig
 from models.targets import TargetSpec, eligible
-from models.train import TaskSpec, build_model, item_popularity, task_inputs, top_values
+from models.labels import item_popularity, task_inputs, top_values
+from models.scoring import build_model
+from models.specs import TaskSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,7 +7,7 @@ from models.cache import TableInput
 from models.features import (DAY, HALF_LIVES, RECENCY_DAYS, WINDOWS, FeatureSpec, bucket_count, bucketize, chunk_at,
                              featurize, visit_features, visit_width)
 from models.targets import TargetSpec, compute_target, eligible, foundation_target
-from models.train import chunk_plan
+from models.loop import chunk_plan
 
 CUT_DAY = 120  # the cut-off: T0 + 120 days, a midnight
 

@@ -31,8 +31,10 @@ from models.evaluate import protocol
 from models.features import DAY, FeatureSpec, chunk_at, featurize
 from models.launch import foundation_job, scenario_job
 from models.targets import TargetSpec, foundation_target
-from models.train import (FinetuneConfig, FoundationConfig, TaskSpec, chunk_plan, finetune, foundation_loss,
-                          train_foundation)
+from models.finetune import finetune
+from models.foundation_training import foundation_loss, train_foundation
+from models.loop import chunk_plan
+from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
 from resources.executor import ExecutorError, TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

@@ -12,7 +12,9 @@ from models.features import DAY, FeatureSpec
 from models.lora import LoRALinear, apply_lora, finetune_lora, load_adapters, merge_lora, save_adapters
 from models.network import NetConfig
 from models.targets import TargetSpec
-from models.train import FinetuneConfig, FoundationConfig, TaskSpec, build_model, train_foundation
+from models.foundation_training import train_foundation
+from models.scoring import build_model
+from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
 
 HORIZON = 14
 CHURN = TaskSpec("binary", TargetSpec("no_event", HORIZON, active_days=30))

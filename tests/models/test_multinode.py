@@ -13,7 +13,7 @@ import torch
 
 from models.features import DAY
 from models.launch import foundation_job, read_result, write_job
-from models.train import FoundationConfig
+from models.specs import FoundationConfig
 from resources.executor import ExecutorError, TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

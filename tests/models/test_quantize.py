@@ -9,7 +9,9 @@ from models.network import Model, NetConfig, Trunk
 from models.predict import embed, predict
 from models.quantize import for_inference, precision_context
 from models.targets import TargetSpec
-from models.train import TaskSpec, build_model, chunk_plan
+from models.loop import chunk_plan
+from models.scoring import build_model
+from models.specs import TaskSpec
 
 
 def _model(seed=0) -> Model:

@@ -10,7 +10,9 @@ import torch
 from models.evaluate import protocol
 from models.resume import Resumer
 from models.targets import TargetSpec
-from models.train import FinetuneConfig, FoundationConfig, TaskSpec, finetune, train_foundation
+from models.finetune import finetune
+from models.foundation_training import train_foundation
+from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
 
 SPAN_DAYS, HORIZON = 100, 14
 FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=8, layers=1, epochs=2,

@@ -4,6 +4,7 @@ they replace (same outputs, losses and training), and that a wide label set neve
 dense per-chunk array."""
 
 import math
+from dataclasses import asdict
 import tracemalloc
 
 import numpy as np
@@ -11,16 +12,23 @@ import pyarrow as pa
 import pytest
 import torch
 
-import models.train as train
+import models.finetune as finetuning
+import models.labels as label_inputs
+import models.losses as losses
+from models import spill
 from models.evaluate import baseline_scores, evaluate, protocol
-from models.features import DAY, HALF_LIVES, FeatureSpec, chunk_at, value_history
+from models.features import DAY, HALF_LIVES, FeatureSpec, chunk_at, featurize, value_history
 from models.items import SparseRows, batch_history
 from models.metrics import top_k
 from models.network import Head, Model, NetConfig
 from models.predict import predict, top_labels
 from models.targets import TargetSpec, compute_target, label_positions
-from models.train import (FinetuneConfig, FoundationConfig, TaskSpec, batch_loss, build_model, finetune, label_history,
-                          scores, train_foundation)
+from models.finetune import batch_loss, finetune
+from models.foundation_training import train_foundation
+from models.labels import label_history
+from models.loop import batches
+from models.scoring import build_model, scores
+from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
 
 N_CUSTOMERS = 240
 SPAN_DAYS = 112
@@ -121,7 +129,7 @@ def test_batch_loss_and_scores_match_the_dense_path(world):
     model.eval()
     chunk = _chunk(cache, test_cutoff - HORIZON * DAY)
     vocab_sizes = {"product_id": cache.columns["product_id"]["vocab_size"]}
-    x, h = train.task_inputs(chunk, spec, task, cache.entity_table(), vocab_sizes)
+    x, h = label_inputs.task_inputs(chunk, spec, task, cache.entity_table(), vocab_sizes)
     y = compute_target(chunk, task.target, vocab_sizes["product_id"])
     dense = (x, _stack(h, spec.channels), y.dense())
     rng = np.random.default_rng(0)
@@ -158,8 +166,8 @@ def test_finetune_on_sparse_rows_trains_as_the_dense_arrays_did(world, monkeypat
 
     sparse = run()
     with monkeypatch.context() as m:
-        m.setattr(train, "label_history", _dense_history)
-        m.setattr(train, "compute_target", _dense_target)
+        m.setattr(label_inputs, "label_history", _dense_history)
+        m.setattr(finetuning, "compute_target", _dense_target)
         dense = run()
     for key in ("train_loss", "val_loss"):
         np.testing.assert_allclose(sparse.curves[key], dense.curves[key], rtol=1e-5)
@@ -173,7 +181,7 @@ def test_finetune_on_sparse_rows_trains_as_the_dense_arrays_did(world, monkeypat
     with monkeypatch.context() as m:
         import models.evaluate as ev
         m.setattr(ev, "task_inputs", lambda chunk, spec, task, et, vs: (
-            train.featurize(chunk, spec, et), _dense_history(chunk, task.target, vs[task.target.column],
+            featurize(chunk, spec, et), _dense_history(chunk, task.target, vs[task.target.column],
                                                              spec.half_lives)))
         m.setattr(ev, "compute_target", _dense_target)
         dense_report = evaluate(sparse.model, cache, spec, task, plan.test_cutoff, chunk_entities=64)
@@ -233,18 +241,18 @@ def test_a_narrow_head_keeps_the_full_loss_bit_for_bit(world):
     model.eval()  # (dropout)
     chunk = _chunk(cache, test_cutoff - HORIZON * DAY)
     vocab_sizes = {"product_id": cache.columns["product_id"]["vocab_size"]}
-    x, h = train.task_inputs(chunk, spec, task, cache.entity_table(), vocab_sizes)
+    x, h = label_inputs.task_inputs(chunk, spec, task, cache.entity_table(), vocab_sizes)
     y = compute_target(chunk, task.target, vocab_sizes["product_id"])
     b = np.random.default_rng(1).permutation(len(x))[:20]
     rng = np.random.default_rng(0)
     loss = batch_loss(model, task, (x, h, y), b, "cpu", rng)
-    assert torch.equal(loss, train.multilabel_loss(model(torch.from_numpy(x[b]), train.history_rows(h, b, "cpu")),
+    assert torch.equal(loss, losses.multilabel_loss(model(torch.from_numpy(x[b]), label_inputs.history_rows(h, b, "cpu")),
                                                    y[b], "cpu"))
     assert rng.bit_generator.state == np.random.default_rng(0).bit_generator.state  # nothing drawn
     plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
     state = foundation.model.state_dict()
     runs = [finetune(cache, state, foundation.info, task, list(plan.train_cutoffs), plan.val_cutoff,
-                     FinetuneConfig(**{**train.asdict(FINETUNE), "sampled_negatives": n}), device="cpu",
+                     FinetuneConfig(**{**asdict(FINETUNE), "sampled_negatives": n}), device="cpu",
                      log=lambda _: None) for n in (FINETUNE.sampled_negatives, 0)]
     assert "sampled_negatives" not in runs[0].info
     assert runs[0].curves == runs[1].curves
@@ -295,10 +303,10 @@ def test_sampled_head_logits_are_the_full_heads_columns():
     torch.testing.assert_close(z, full[torch.from_numpy(y.rows), torch.from_numpy(y.cols)], rtol=1e-5, atol=1e-6)
     # every label sampled: the full loss; fewer: an unbiased estimate of it
     rng = np.random.default_rng(0)
-    exact = train.multilabel_loss(full, y, "cpu")
-    every = train.sampled_multilabel_loss(model, xb, hist, y, 300, rng, "cpu")
+    exact = losses.multilabel_loss(full, y, "cpu")
+    every = losses.sampled_multilabel_loss(model, xb, hist, y, 300, rng, "cpu")
     assert every.item() == pytest.approx(exact.item(), rel=1e-5)
-    draws = [train.sampled_multilabel_loss(model, xb, hist, y, 30, rng, "cpu").item() for _ in range(400)]
+    draws = [losses.sampled_multilabel_loss(model, xb, hist, y, 30, rng, "cpu").item() for _ in range(400)]
     assert np.mean(draws) == pytest.approx(exact.item(), rel=0.03)
     # a batch without any history entry: the skip still takes part (a zero gradient), as in forward
     empty = h[np.array([], np.int64)]
@@ -332,7 +340,7 @@ def test_a_wide_head_trains_on_sampled_labels_without_rows_x_labels_logits():
 
     def full_loss(rows):
         with torch.no_grad():
-            return train.multilabel_loss(model(torch.from_numpy(x[rows]), batch_history(h[rows], "cpu")),
+            return losses.multilabel_loss(model(torch.from_numpy(x[rows]), batch_history(h[rows], "cpu")),
                                          y[rows], "cpu").item()
 
     class Shapes(TorchDispatchMode):  # the shape of every tensor an operation makes
@@ -356,7 +364,7 @@ def test_a_wide_head_trains_on_sampled_labels_without_rows_x_labels_logits():
     before, auc_before = full_loss(test_rows), ranking(test_rows)[0]
     model.train()
     for epoch in range(6):
-        for b in train._batches(len(train_rows), batch, rng):
+        for b in batches(len(train_rows), batch, rng):
             with Shapes():
                 loss = batch_loss(model, task, (x, h, y), train_rows[b], "cpu", rng, negatives=512)
                 opt.zero_grad()
@@ -382,10 +390,10 @@ def test_sampled_heads_train_in_bf16_where_the_hardware_has_it_and_land_where_fp
     cache, test_cutoff, foundation, task = world
     plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
     state = foundation.model.state_dict()
-    monkeypatch.setattr(train, "fast_bf16", lambda dev: True)
+    monkeypatch.setattr(finetuning, "fast_bf16", lambda dev: True)
     runs = {}
     for bf16 in (True, False):
-        cfg = FinetuneConfig(**{**train.asdict(FINETUNE), "sampled_above_labels": 6, "sampled_negatives": 3,
+        cfg = FinetuneConfig(**{**asdict(FINETUNE), "sampled_above_labels": 6, "sampled_negatives": 3,
                                 "val_sampled_negatives": 6, "sampled_bf16": bf16})
         runs[bf16] = finetune(cache, state, foundation.info, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
                               device="cpu", log=lambda _: None)
@@ -396,11 +404,11 @@ def test_sampled_heads_train_in_bf16_where_the_hardware_has_it_and_land_where_fp
 
 
 def test_spilled_features_read_back_equal(tmp_path):
-    """train._Kept's files (no pickle): arrays, sparse rows and Nones come back as they were."""
+    """spill.Kept's files (no pickle): arrays, sparse rows and Nones come back as they were."""
     x, h, y = _wide_problem(30, 50)
     path = str(tmp_path / "a.npz")
-    train._save_arrays(path, (x, h, y, None))
-    x2, h2, y2, none = train._load_arrays(path)
+    spill.save_arrays(path, (x, h, y, None))
+    x2, h2, y2, none = spill.load_arrays(path)
     assert none is None and np.array_equal(x2, x) and x2.dtype == x.dtype
     for a, b in ((h, h2), (y, y2)):
         assert isinstance(b, SparseRows) and b.n_cols == a.n_cols

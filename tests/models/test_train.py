@@ -12,7 +12,9 @@ from models.evaluate import evaluate, protocol
 from models.features import DAY, FeatureSpec
 from models.predict import predict
 from models.targets import TargetSpec
-from models.train import FinetuneConfig, FoundationConfig, TaskSpec, finetune, train_foundation
+from models.finetune import finetune
+from models.foundation_training import train_foundation
+from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
 
 N_CUSTOMERS = 300
 SPAN_DAYS = 126
@@ -197,7 +199,7 @@ def test_tiny_binary_head_loss_trajectory():
     separable problem."""
     torch.manual_seed(0)
     from models.network import Model, NetConfig
-    from models.train import task_loss
+    from models.losses import task_loss
 
     x = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]] * 4)
     y = torch.tensor([1.0, 1.0, 0.0, 0.0] * 3 + [0.0] * 4)  # base rate 6/16
@@ -278,10 +280,10 @@ def test_feature_budgets_move_features_between_memory_files_and_recomputing_not_
 
 @pytest.mark.usefixtures("no_spill_reserve")
 def test_kept_arrays_fill_memory_then_files_then_recompute(tmp_path):
-    import models.train as train
+    from models import spill
 
     made, make = _counted_arrays()
-    kept = train._Kept(make, memory_bytes=2000, disk_bytes=1000, folder=str(tmp_path))
+    kept = spill.Kept(make, memory_bytes=2000, disk_bytes=1000, folder=str(tmp_path))
     for _ in range(2):
         for i in range(4):
             x, h = kept.get((i,))
@@ -293,7 +295,7 @@ def test_kept_arrays_fill_memory_then_files_then_recompute(tmp_path):
 
 
 def _counted_arrays():
-    """A producer for train._Kept of 1,000-byte arrays (all equal to their key), and the keys it made, in order."""
+    """A producer for spill.Kept of 1,000-byte arrays (all equal to their key), and the keys it made, in order."""
     made = []
 
     def make(i):
@@ -306,20 +308,20 @@ def _counted_arrays():
 @pytest.fixture
 def no_spill_reserve(monkeypatch):
     """Spill tests that write real files: whatever the machine's disk holds, the reserve lets them."""
-    from models import train
+    from models import spill
 
-    monkeypatch.setattr(train, "SPILL_RESERVE_BYTES", 0)
-    monkeypatch.setattr(train, "SPILL_RESERVE_SHARE", 0.0)
+    monkeypatch.setattr(spill, "SPILL_RESERVE_BYTES", 0)
+    monkeypatch.setattr(spill, "SPILL_RESERVE_SHARE", 0.0)
 
 
 @pytest.mark.usefixtures("no_spill_reserve")
 def test_spilled_features_of_a_killed_run_are_removed_by_the_next_run(tmp_path):
     import os
 
-    from models import train
+    from models import spill
     from models.storage import recover_tree
 
-    kept = train._Kept(lambda i: (np.zeros(250, np.float32), None), memory_bytes=0, disk_bytes=10_000,
+    kept = spill.Kept(lambda i: (np.zeros(250, np.float32), None), memory_bytes=0, disk_bytes=10_000,
                        folder=str(tmp_path))
     kept.get((0,))
     (mine,) = tmp_path.iterdir()
@@ -334,9 +336,9 @@ def test_spilled_features_of_a_killed_run_are_removed_by_the_next_run(tmp_path):
 def test_a_full_disk_stops_the_spilling_not_the_training(tmp_path, monkeypatch):
     import errno
 
-    from models import train
+    from models import spill
 
-    real = train._save_arrays
+    real = spill.save_arrays
 
     def save(path, arrays):
         if len(made) > 3:  # the disk fills up while chunk 3 is written
@@ -344,9 +346,9 @@ def test_a_full_disk_stops_the_spilling_not_the_training(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         real(path, arrays)
 
-    monkeypatch.setattr(train, "_save_arrays", save)
+    monkeypatch.setattr(spill, "save_arrays", save)
     made, make = _counted_arrays()
-    kept = train._Kept(make, memory_bytes=1000, disk_bytes=10_000, folder=str(tmp_path))
+    kept = spill.Kept(make, memory_bytes=1000, disk_bytes=10_000, folder=str(tmp_path))
     for _ in range(2):
         for i in range(5):
             assert (kept.get((i,))[0] == i).all()
@@ -359,7 +361,7 @@ def test_a_full_disk_stops_the_spilling_not_the_training(tmp_path, monkeypatch):
 
 
 def test_by_shard_groups_the_shuffled_work_and_leaves_one_shard_as_shuffled():
-    from models.train import by_shard
+    from models.loop import by_shard
 
     work = [(s, c) for s in range(3) for c in range(5)]
     got = by_shard(list(work), np.random.default_rng(0))
@@ -381,18 +383,18 @@ def test_spilling_leaves_the_reserve_of_the_disk_free(tmp_path, monkeypatch):
     import shutil
     from collections import namedtuple
 
-    from models import train
+    from models import spill
 
-    monkeypatch.setattr(train, "SPILL_RESERVE_BYTES", 0)
-    monkeypatch.setattr(train, "SPILL_RESERVE_SHARE", 0.2)
+    monkeypatch.setattr(spill, "SPILL_RESERVE_BYTES", 0)
+    monkeypatch.setattr(spill, "SPILL_RESERVE_SHARE", 0.2)
 
     usage = namedtuple("usage", "total used free")
     written = []
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10_000, 0, 10_000 - 1000 * len(written) - 7_000))
-    real = train._save_arrays
-    monkeypatch.setattr(train, "_save_arrays", lambda path, arrays: (written.append(path), real(path, arrays)))
+    real = spill.save_arrays
+    monkeypatch.setattr(spill, "save_arrays", lambda path, arrays: (written.append(path), real(path, arrays)))
     made, make = _counted_arrays()
-    kept = train._Kept(make, memory_bytes=0, disk_bytes=10_000, folder=str(tmp_path))
+    kept = spill.Kept(make, memory_bytes=0, disk_bytes=10_000, folder=str(tmp_path))
     for _ in range(2):
         for i in range(3):
             assert (kept.get((i,))[0] == i).all()

@@ -1,0 +1,110 @@
+"""The settings of training, declared once: the foundation model's (FoundationConfig), a scenario's
+fine-tuning (FinetuneConfig) and a scenario's task (TaskSpec). Their defaults live here only."""
+
+from dataclasses import asdict, dataclass
+
+from models.features import HALF_LIVES
+from models.targets import TargetSpec
+
+
+@dataclass
+class FoundationConfig:
+    horizon_days: int = 14
+    cutoff_every_days: int = 7
+    hidden: int = 256
+    layers: int = 2
+    epochs: int = 3
+    batch_size: int = 512
+    learning_rate: float = 2e-3
+    buckets: int = 256
+    seed: int = 0
+    cutoffs_per_chunk: int = 2  # cut-offs sampled for each chunk of entities in each epoch
+    chunk_entities: int = 4096
+    min_history_days: int = 28
+    # inputs are divided by max(std, floor): a small floor blows rare histogram buckets up to huge
+    # values and the model overfits them (Ta-Feng churn AUROC 0.708 at 1e-3, 0.729 at 1.0)
+    std_floor: float = 1.0
+    dropout: float = 0.1
+    half_lives: tuple[float, ...] = HALF_LIVES  # days: decayed counts per value at each of these
+    # quantile bins of the piecewise-linear scalar inputs (network.NetConfig.ple_bins; 0: off). Worth
+    # +0.003 churn AUROC on Ta-Feng, +0.002 churn / +0.002 propensity on the demo (docs/quality.md)
+    ple_bins: int = 16
+
+
+PAIR_WIDTH = 128
+PAIR_LAYERS = 2
+
+
+@dataclass
+class TaskSpec:
+    task: str  # binary | multilabel | regression | recommendation
+    target: TargetSpec
+    k: int = 10
+    item_dim: int = 64  # recommendation: width of the item embeddings
+    # multilabel: width and depth of the shared pairwise scorer of (entity, label, its own history of
+    # that label) (network.PairScorer; 0: the per-label linear head alone, as checkpoints before it).
+    # Propensity macro AUROC, demo 0.9119 -> 0.9134, Ta-Feng 0.7722 -> 0.7720 (docs/quality.md)
+    pair_width: int = PAIR_WIDTH
+    pair_layers: int = PAIR_LAYERS
+
+    @property
+    def outputs(self) -> int:
+        return len(self.target.labels) if self.task in ("multilabel", "recommendation") else 1
+
+    @property
+    def uses_label_history(self) -> bool:
+        return self.task in ("multilabel", "recommendation")
+
+    def to_dict(self) -> dict:
+        return {"task": self.task, "target": self.target.to_dict(), "k": self.k, "item_dim": self.item_dim,
+                "pair_width": self.pair_width, "pair_layers": self.pair_layers}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TaskSpec":
+        # (saved before the pairwise scorer: the linear head alone)
+        return cls(d["task"], TargetSpec.from_dict(d["target"]), d["k"], d.get("item_dim", 64), d.get("pair_width", 0),
+                   d.get("pair_layers", PAIR_LAYERS))
+
+
+@dataclass
+class FinetuneConfig:
+    epochs: int = 6
+    learning_rate: float = 1e-3
+    batch_size: int = 512
+    chunk_entities: int = 4096
+    weight_decay: float = 1e-4
+    seed: int = 0
+    # the features of every (chunk, cut-off) are computed once: kept in memory up to
+    # `memory_budget_bytes` (validation's first), then written to files in `spill_dir` (None: the
+    # system's temporary folder) up to `spill_budget_bytes` and read back at each epoch, then computed
+    # again at each use. 2 GiB in memory made the peak grow with the data (churn at 10M events kept
+    # ~1 GB of validation features); a file costs a read from the page cache (~26 MB a chunk).
+    memory_budget_bytes: int = 512 << 20
+    spill_budget_bytes: int = 16 << 30
+    spill_dir: str | None = None
+    soup: bool = True  # average the weights of the epochs that help on validation (greedy soup)
+    # the learning rate of the per-label history weights, relative to the head's (Ta-Feng propensity
+    # macro AUROC 0.753 at 1x, 0.766 at 10x, 0.768 at 30x; demo 0.892 / 0.908 / 0.910; docs/quality.md)
+    label_skip_lr_scale: float = 30.0
+    # the learning rate of the pairwise scorer's label embeddings, relative to the head's
+    pair_label_lr_scale: float = 1.0
+    # the pretrained trunk's learning rate, relative to the head's (demo churn AUROC over three seeds:
+    # 0.8597 at 1.0, 0.8595 at 0.3, 0.8592 at 0.1; docs/quality.md)
+    trunk_lr_scale: float = 0.3
+    # multilabel heads wider than `sampled_above_labels` train on the labels of each batch's positives
+    # plus `sampled_negatives` other labels drawn uniformly per batch (sampled_multilabel_loss): the
+    # head's matrix products shrink by labels / columns (16,000 / ~3,600 at the 16k scenario); narrow
+    # heads (Ta-Feng's 50 brands) keep the full loss. Validation samples `val_sampled_negatives` per
+    # batch with a fixed seed (the same labels at every epoch). 0 negatives: the full loss everywhere.
+    sampled_negatives: int = 1024
+    sampled_above_labels: int = 2048
+    val_sampled_negatives: int = 2048
+    # sampled heads train and validate with their matrix products in bfloat16 (torch.autocast; the
+    # weights, their updates and the losses stay float32) where the hardware multiplies bf16 natively
+    # (CUDA with bf16, CPUs with AVX-512 BF16 or AMX): 16k fine-tuning at 1M, one thread, CPU time
+    # 76 s -> 36 s with fused AdamW, test macro AUROC 0.91579 -> 0.91582 (the same epochs chosen)
+    sampled_bf16: bool = True
+
+
+def config_dict(cfg) -> dict:
+    return asdict(cfg)
