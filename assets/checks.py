@@ -318,7 +318,7 @@ def source_checks(project, source) -> list[dg.AssetChecksDefinition]:
                     description=f"No row of table {source.table!r} is dated in the future or before 1970 (such rows "
                                 f"fall outside every partition and are never extracted)")
     def timestamps_plausible(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from resources.duckdb import utc_naive
+        from resources.sql import utc_naive
 
         first, last = (utc_naive(t) for t in getattr(context.resources, conn_key).time_range(source.table,
                                                                                               source.timestamp))

@@ -26,11 +26,10 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from resources.duckdb import WarehouseError
-from resources.duckdb import freshness_sql, partition_counts_sql
+from resources.errors import WarehouseError
 from resources.remote import (SECRET_KEYS, as_time, conform, connect_error, first_lines, naive_utc, period_counts,
                              query_error, value)
-from resources.sql import create_table_sql, range_sql, table_expr
+from resources.sql import create_table_sql, freshness_sql, partition_counts_sql, range_sql, table_expr
 
 DIALECT = "bigquery"
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from models.storage import durable_replace
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 
 ROW_GROUP_ROWS = 1 << 17
 DECIMAL_SCALE = 9  # decimals are decimal128(38, 9) (BigQuery's NUMERIC) unless declared with more digits

@@ -26,10 +26,11 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from resources.duckdb import WarehouseError, freshness_sql, partition_counts_sql
+from resources.errors import WarehouseError
 from resources.remote import (SECRET_KEYS, as_time, conform, connect_error, first_lines, naive_utc, period_counts,
                              query_error, value)
-from resources.sql import _literal, count_sql, create_table_sql, range_sql, select_expr, table_expr
+from resources.sql import (_literal, count_sql, create_table_sql, freshness_sql, partition_counts_sql, range_sql,
+                           select_expr, table_expr)
 
 DIALECT = "clickhouse"
 SESSION = {"session_timezone": "UTC", "output_format_arrow_string_as_string": 1,

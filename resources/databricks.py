@@ -27,7 +27,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 from resources.remote import (CursorQueries, SECRET_KEYS, conform, connect_error, query_error, value,
                              value_literal)
 from resources.sql import create_table_sql, delete_sql, limit0_sql, select_sql, table_expr

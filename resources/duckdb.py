@@ -1,18 +1,15 @@
 """DuckDB: the embedded default warehouse (a local database file)."""
 
 import contextlib
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Iterable, Iterator
 
 import dagster as dg
 import pyarrow as pa
-from sqlglot import exp
 
-from resources.sql import delete_sql, range_sql, select_sql, table_expr
-
-
-class WarehouseError(ValueError):
-    pass
+from resources.errors import WarehouseError
+from resources.sql import (delete_sql, freshness_sql, partition_counts_sql, range_sql, select_sql, table_expr,
+                           utc_naive)
 
 
 class DuckDBWarehouse(dg.ConfigurableResource):
@@ -94,55 +91,3 @@ class DuckDBWarehouse(dg.ConfigurableResource):
             raise
         finally:
             con.close()
-
-
-# --------------------------------------------------------------------------- what new-data sensors ask
-
-
-def freshness_sql(dialect: str, table: str, time_column: str) -> str:
-    col = exp.column(time_column, quoted=True)
-    return exp.select(exp.Count(this=exp.Star()), exp.Max(this=col)).from_(table_expr(table)).sql(dialect=dialect)
-
-
-def partition_counts_sql(dialect: str, table: str, time_column: str, grain: str) -> str:
-    """Rows and newest time per month or day of `time_column`: one GROUP BY in the warehouse."""
-    col = exp.column(time_column, quoted=True)
-    period = period_expr(dialect, col, grain)
-    return (exp.select(period.as_("period"), exp.Count(this=exp.Star()), exp.Max(this=col.copy()))
-            .from_(table_expr(table)).where(exp.Not(this=exp.Is(this=col.copy(), expression=exp.Null())))
-            .group_by(period.copy()).sql(dialect=dialect))  # by the expression: T-SQL has no GROUP BY 1
-
-
-def period_expr(dialect: str, col: exp.Expression, grain: str) -> exp.Expression:
-    """The first instant of the month or day holding `col`, written so that each warehouse accepts it
-    for timestamp, zone-aware and date columns alike (a date or a timestamp comes back)."""
-    if grain not in ("month", "day"):
-        raise ValueError(f"grain must be 'month' or 'day', got {grain!r}")
-    month = grain == "month"
-
-    def fn(name, *args):  # as written: sqlglot would reorder or rename a function it knows
-        return exp.Anonymous(this=name, expressions=list(args))
-
-    if dialect == "bigquery":  # TIMESTAMP_TRUNC refuses DATETIME and DATE columns; DATE() takes all three
-        day = fn("DATE", col)
-        return fn("DATE_TRUNC", day, exp.var("MONTH")) if month else day
-    if dialect == "clickhouse":
-        return fn("toStartOfMonth" if month else "toDate", col)
-    if dialect == "hive":  # Hive has no DATE_TRUNC; TRUNC(.., 'MM') and TO_DATE run on Hive and Spark
-        return fn("TRUNC", col, exp.Literal.string("MM")) if month else fn("TO_DATE", col)
-    if dialect == "tsql":  # DATETRUNC is SQL Server 2022 only; Synapse has DATEFROMPARTS
-        if month:
-            return fn("DATEFROMPARTS", fn("YEAR", col), fn("MONTH", col.copy()), exp.Literal.number(1))
-        return exp.cast(col, exp.DataType.build("DATE"))
-    return exp.TimestampTrunc(this=col, unit=exp.var(grain.upper()))
-
-
-def utc_naive(value):
-    """A warehouse time as a naive UTC datetime (dates become midnight); None stays None."""
-    if value is None:
-        return None
-    if not isinstance(value, datetime):  # a date
-        return datetime(value.year, value.month, value.day)
-    if value.tzinfo is not None:
-        value = value.astimezone(timezone.utc).replace(tzinfo=None)
-    return value

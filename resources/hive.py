@@ -26,7 +26,7 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 from resources.remote import (CursorQueries, SECRET_KEYS, column_array, connect_error, fetch_rows, first_lines, naive_utc,
                              query_error, rows_to_batches, value, value_literal)
 from resources.sql import arrow_sql_type, range_sql, select_sql, table_expr

@@ -13,7 +13,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from models.storage import durable_replace
-from resources.duckdb import WarehouseError, utc_naive
+from resources.errors import WarehouseError
+from resources.sql import utc_naive
 
 
 class ParquetWarehouse(dg.ConfigurableResource):

@@ -14,7 +14,7 @@ from typing import ClassVar, Iterable, Iterator
 import dagster as dg
 import pyarrow as pa
 
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 
 # Connection parameters whose values are never printed and are passed as dagster EnvVars.
 SECRET_KEYS = frozenset({"password", "token", "access_token", "private_key", "private_key_passphrase",
@@ -153,7 +153,7 @@ def as_time(v):
     parsed, dates become midnight, None stays None."""
     from datetime import datetime
 
-    from resources.duckdb import utc_naive
+    from resources.sql import utc_naive
 
     if isinstance(v, str):
         v = datetime.fromisoformat(v.strip())
@@ -213,7 +213,7 @@ class CursorQueries:
 
     def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
         """Rows and the newest time (naive UTC): what a new-data sensor asks on every tick."""
-        from resources.duckdb import freshness_sql
+        from resources.sql import freshness_sql
 
         with self._cursor(table) as cur:
             cur.execute(freshness_sql(self.sql_dialect, table, time_column))
@@ -222,7 +222,7 @@ class CursorQueries:
 
     def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
         """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY in the warehouse."""
-        from resources.duckdb import partition_counts_sql
+        from resources.sql import partition_counts_sql
 
         with self._cursor(table) as cur:
             cur.execute(partition_counts_sql(self.sql_dialect, table, time_column, grain))

@@ -22,7 +22,7 @@ from typing import ClassVar, Any, Iterable, Iterator
 import dagster as dg
 import pyarrow as pa
 
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 from resources.remote import CursorQueries, SECRET_KEYS, conform, connect_error, query_error, value
 from resources.sql import create_table_sql, delete_sql, limit0_sql, select_sql, table_expr
 

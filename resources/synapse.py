@@ -26,10 +26,10 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from resources.duckdb import WarehouseError
-from resources.duckdb import freshness_sql, partition_counts_sql
+from resources.errors import WarehouseError
 from resources.remote import SECRET_KEYS, as_time, period_counts, conform, connect_error, naive_utc, query_error, value
-from resources.sql import create_table_sql, delete_sql, range_sql, select_sql, table_expr
+from resources.sql import (create_table_sql, delete_sql, freshness_sql, partition_counts_sql, range_sql, select_sql,
+                           table_expr)
 
 DIALECT = "tsql"
 

@@ -274,7 +274,7 @@ class Contract:
         """Extracting a value the canonical type cannot hold fails, naming the table and column,
         and leaves no file behind."""
         from resources.canonical import write_canonical_parquet
-        from resources.duckdb import WarehouseError
+        from resources.errors import WarehouseError
 
         path = tmp_path / "lossy" / "part.parquet"
         with pytest.raises(WarehouseError, match=rf"table '{table}'.*column '{column}'") as err:
@@ -284,7 +284,7 @@ class Contract:
 
     @staticmethod
     def missing_table(wh):
-        from resources.duckdb import WarehouseError
+        from resources.errors import WarehouseError
 
         with pytest.raises(WarehouseError, match="no_such_table"):
             wh.schema("no_such_table")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from datetime import datetime
 import pyarrow as pa
 import pytest
 
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 
 pytestmark = pytest.mark.integration
 

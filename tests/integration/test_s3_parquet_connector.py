@@ -9,7 +9,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 from resources.parquet import ParquetWarehouse
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import pytest
 import sqlglot
 
 from resources.bigquery import BigQueryWarehouse, arrow_type, window
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 
 
 @pytest.mark.parametrize("t, p, s, expected", [

@@ -8,7 +8,7 @@ import pytest
 import sqlglot
 
 from resources.clickhouse import ClickHouseWarehouse, _precise_times, _projection, arrow_type
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 from resources.sql import create_table_sql, delete_sql, select_expr
 
 

@@ -13,7 +13,7 @@ import pytest
 import sqlglot
 
 from resources.databricks import DatabricksWarehouse, arrow_type, values_sql
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 
 DATA = pa.table({"id": pa.array(range(10), pa.int32()), "ts": pa.array([datetime(2026, 3, 1, i) for i in range(10)],
                                                                       pa.timestamp("us")),

@@ -6,7 +6,8 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from resources.duckdb import DuckDBWarehouse, WarehouseError
+from resources.duckdb import DuckDBWarehouse
+from resources.errors import WarehouseError
 
 T0 = datetime(2026, 2, 20)
 N = 120  # one row every 12 hours: 2026-02-20 .. 2026-04-19

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 from resources.parquet import ParquetWarehouse
 
 T0 = datetime(2026, 2, 20)

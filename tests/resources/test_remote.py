@@ -12,7 +12,7 @@ import pytest
 
 from pipelines.config import WarehouseConnection
 from pipelines.definitions import connection_resource
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 from resources.remote import conform, connect_error, naive_utc, redact, rows_to_batches, value
 
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(10, 2)), ("ts", pa.timestamp("us"))])

@@ -6,7 +6,7 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 from resources.snowflake import SnowflakeWarehouse, arrow_type
 from resources.sql import create_table_sql, limit0_sql, select_sql
 

@@ -159,7 +159,7 @@ def test_time_filter_keeps_sub_second_bounds(tmp_path):
     ("tsql", "DATEFROMPARTS(YEAR([ts]), MONTH([ts]), 1)", "CAST([ts] AS DATE)"),  # no DATETRUNC on Synapse
 ])
 def test_partition_counts_sql_per_dialect(dialect, month, day):
-    from resources.duckdb import freshness_sql, partition_counts_sql
+    from resources.sql import freshness_sql, partition_counts_sql
 
     for grain, period in (("month", month), ("day", day)):
         sql = partition_counts_sql(dialect, "shop.events", "ts", grain)

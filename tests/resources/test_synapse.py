@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import sqlglot
 
-from resources.duckdb import WarehouseError
+from resources.errors import WarehouseError
 from resources.synapse import SynapseWarehouse, arrow_type, columns_sql
 
 COLUMNS = [("id", "bigint", 19, 0, None), ("Event Time", "datetime2", None, None, 7),
