@@ -13,7 +13,7 @@ from models.storage import combine
 from models.features import DAY
 from models.foundation_training import train_foundation
 from models.loop import day_floor
-from models.specs import FoundationConfig, config_dict
+from models.specs import config_dict
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
 
@@ -28,13 +28,6 @@ def test_cutoff(project, cache) -> int:
     return day_floor(cache.time_range[1]) + DAY - longest * DAY
 
 
-def foundation_config(project) -> FoundationConfig:
-    f = project.foundation
-    return FoundationConfig(horizon_days=f.horizon, cutoff_every_days=f.cutoff_every,
-                            hidden=f.hidden, layers=f.layers, epochs=f.epochs, batch_size=f.batch_size,
-                            learning_rate=f.learning_rate, buckets=f.buckets, seed=f.seed)
-
-
 def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDefinition:
     """`op_tags`: the training step's tags from the wiring (on Kubernetes its GPU pod, pipelines/kubernetes.py)."""
     @dg.asset(key=FOUNDATION_KEY, deps=[CACHE_KEY], group_name="training", kinds={"pytorch", "safetensors"},
@@ -45,7 +38,7 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
                          executor: TrainingExecutor) -> dg.MaterializeResult:
         cache = current_cache(workspace)
         device = executor.setup()
-        cfg = foundation_config(project)
+        cfg = project.foundation.config()
         cutoff = test_cutoff(project, cache)
         last_cutoff = cutoff - cfg.horizon_days * DAY  # its targets end where the hold-out begins
         # a killed run continues from its last saved state (same cache, config and cut-off only)

@@ -20,7 +20,7 @@ from models.features import FeatureSpec
 from models.targets import TargetSpec
 from models.finetune import finetune
 from models.labels import top_values
-from models.specs import FinetuneConfig, TaskSpec, config_dict
+from models.specs import TaskSpec, config_dict
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
 
@@ -122,7 +122,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         # features beyond the memory budget spill into the workspace (a real filesystem with its space checked)
         spill = workspace.resume("scenarios", name)
         spill.mkdir(parents=True, exist_ok=True)
-        cfg = FinetuneConfig(epochs=scenario.epochs, learning_rate=scenario.learning_rate, spill_dir=str(spill))
+        cfg = scenario.finetune_config(spill_dir=str(spill))
         # a killed run continues from its last saved state (same foundation, task, config and cut-offs only)
         lora = scenario.lora.model_dump() if scenario.lora else None
         resume = Resumer(workspace.resume("scenarios", name),

@@ -108,13 +108,14 @@ class Stage:
         """(TaskSpec, Protocol, FinetuneConfig) of a scenario, as assets/scenarios.py builds them."""
         from assets.scenarios import task_spec
         from models.evaluate import protocol
-        from models.specs import FinetuneConfig
 
         sc = self.project.scenarios[name]
         cutoff = self.cutoff(cache)
         task = task_spec(name, sc, cache, cutoff)
         plan = protocol(cutoff, task.target.window_days, sc.train_cutoffs, cache.time_range[0])
-        return task, plan, FinetuneConfig(epochs=sc.epochs, learning_rate=sc.learning_rate)
+        spill = self.workspace.resume("scenarios", name)  # (where the asset spills its features too)
+        spill.mkdir(parents=True, exist_ok=True)
+        return task, plan, sc.finetune_config(spill_dir=str(spill))
 
 
 def _timed(fn):
@@ -212,14 +213,13 @@ def stage_cache(st: Stage) -> dict:
 
 def stage_foundation(st: Stage, profile: str | None = None) -> dict:
     """train_foundation + the checkpoint, as the foundation asset runs them."""
-    from assets.foundation import foundation_config
     from models.checkpoint import save_checkpoint
     from models.features import DAY
     from models.foundation_training import train_foundation
     from models.specs import config_dict
 
     cache = st.cache
-    cfg = foundation_config(st.project)
+    cfg = st.project.foundation.config()
     last_cutoff = st.cutoff(cache) - cfg.horizon_days * DAY
     epochs: list[float] = []
     started = time.perf_counter()
@@ -415,7 +415,6 @@ def ddp_foundation(config: str, device: str, precision: str) -> None:
     import numpy as np
     import torch
 
-    from assets.foundation import foundation_config
     from models.distributed import autocast, close, from_env, mean_over_ranks, shard, uneven, wrap
     from models.features import DAY, FeatureSpec, chunk_at, featurize
     from models.network import Model, NetConfig
@@ -425,7 +424,7 @@ def ddp_foundation(config: str, device: str, precision: str) -> None:
 
     dist = from_env(device)
     st = Stage(config, dist.device)
-    cache, cfg = st.cache, foundation_config(st.project)
+    cache, cfg = st.cache, st.project.foundation.config()
     spec = FeatureSpec.from_cache(cache, cfg.buckets)
     cutoffs = cutoff_grid(cache.time_range[0], st.cutoff(cache) - cfg.horizon_days * DAY, cfg.cutoff_every_days,
                           cfg.min_history_days)

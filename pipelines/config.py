@@ -5,6 +5,7 @@ Errors name the file, the key path and what was expected. Secrets are never writ
 resolve against the config file's folder, so a project folder can be moved as a whole.
 """
 
+import dataclasses
 import os
 import re
 from datetime import date, timedelta
@@ -13,6 +14,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
+from models.specs import FinetuneConfig, FoundationConfig
 from pipelines.config_file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
 
 DEFAULT_CONFIG = "examples/demo.yaml"
@@ -103,18 +105,29 @@ class Source(_Strict):
 # --------------------------------------------------------------------------- models
 
 
+_FOUNDATION, _FINETUNE = FoundationConfig(), FinetuneConfig()  # the defaults, declared in models/specs.py only
+SAVE_EVERY_STEPS = 200
+
+
 class FoundationSettings(_Strict):
-    horizon: Duration = 14
-    cutoff_every: Duration = 7
-    hidden: int = Field(256, ge=8)
-    layers: int = Field(2, ge=1)
-    epochs: int = Field(4, ge=1)
-    batch_size: int = Field(512, ge=8)
-    learning_rate: float = Field(2e-3, gt=0)
-    buckets: int = Field(256, ge=8, description="histogram width per categorical column")
-    seed: int = 0
-    save_every_steps: int = Field(200, ge=1, description="optimizer steps between two saves of the resumable "
-                                                         "training state (a killed run continues from the last)")
+    horizon: Duration = _FOUNDATION.horizon_days
+    cutoff_every: Duration = _FOUNDATION.cutoff_every_days
+    hidden: int = Field(_FOUNDATION.hidden, ge=8)
+    layers: int = Field(_FOUNDATION.layers, ge=1)
+    epochs: int = Field(_FOUNDATION.epochs, ge=1)
+    batch_size: int = Field(_FOUNDATION.batch_size, ge=8)
+    learning_rate: float = Field(_FOUNDATION.learning_rate, gt=0)
+    buckets: int = Field(_FOUNDATION.buckets, ge=8, description="histogram width per categorical column")
+    seed: int = _FOUNDATION.seed
+    save_every_steps: int = Field(SAVE_EVERY_STEPS, ge=1, description="optimizer steps between two saves of the "
+                                  "resumable training state (a killed run continues from the last)")
+
+    def config(self) -> FoundationConfig:
+        """The models-level settings of this section (the one translation: assets, CLI and benchmarks use it)."""
+        return dataclasses.replace(_FOUNDATION, horizon_days=self.horizon, cutoff_every_days=self.cutoff_every,
+                                   hidden=self.hidden, layers=self.layers, epochs=self.epochs,
+                                   batch_size=self.batch_size, learning_rate=self.learning_rate,
+                                   buckets=self.buckets, seed=self.seed)
 
 
 class NoEventTarget(_Strict):
@@ -200,12 +213,17 @@ class Scenario(_Strict):
     inference_precision: Precision | None = Field(None, description="this scenario's predictions; default: the "
                                                                     "executor's")
     target: Target
-    epochs: int = Field(6, ge=1)
-    learning_rate: float = Field(1e-3, gt=0)
+    epochs: int = Field(_FINETUNE.epochs, ge=1)
+    learning_rate: float = Field(_FINETUNE.learning_rate, gt=0)
     train_cutoffs: int = Field(4, ge=1, description="training cut-offs before the validation cut-off")
     top_k: int = Field(10, ge=1, description="k of the ranking metrics (recommendation)")
-    save_every_steps: int = Field(200, ge=1, description="optimizer steps between two saves of the resumable "
-                                                         "training state (a killed run continues from the last)")
+    save_every_steps: int = Field(SAVE_EVERY_STEPS, ge=1, description="optimizer steps between two saves of the "
+                                  "resumable training state (a killed run continues from the last)")
+
+    def finetune_config(self, spill_dir: str | None = None) -> FinetuneConfig:
+        """The models-level fine-tuning settings of this scenario; `spill_dir`: where features beyond the
+        memory budget go (the workspace: a real filesystem with its space checked)."""
+        return dataclasses.replace(_FINETUNE, epochs=self.epochs, learning_rate=self.learning_rate, spill_dir=spill_dir)
 
     @model_validator(mode="after")
     def _target_fits_task(self):

@@ -2,6 +2,7 @@
 rule they guard: a scenario that loses to its baselines does not replace the checkpoint that serves
 predictions."""
 
+import dataclasses
 import json
 import shutil
 from collections import namedtuple
@@ -17,7 +18,7 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 import assets.scenarios
 from assets.checks import SEVERE_SHARE, baseline_margin, build_checks, schema_problems
 from assets.serving import passed_path, serving_checkpoint
-from pipelines.config import load_project
+from pipelines.config import Scenario, load_project
 from pipelines.definitions import build_assets, build_resources
 from models.targets import TargetSpec
 from models.specs import TaskSpec
@@ -355,7 +356,7 @@ def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, 
 
     # retrained (other weights) into a model that loses to its baselines
     monkeypatch.setattr(assets.scenarios, "beats_baselines", lambda task, report: False)
-    monkeypatch.setattr(assets.scenarios, "FinetuneConfig", _other_weights)
+    monkeypatch.setattr(Scenario, "finetune_config", _other_weights)
     result = _run(project, [scenario, predictions], instance=instance, partition_key="2026-05-31")
     bad = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"]
     assert bad != good
@@ -373,12 +374,13 @@ def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, 
     assert set(table.column("model_fingerprint").to_pylist()) == {good[:16]}
 
 
-def _other_weights(**kw):
+def _other_weights(scenario, spill_dir=None):
     """Other fine-tuning settings (seed and learning rate): a retrained model with other weights, even
     when the epoch kept is the starting point (fine-tuning keeps the best epoch, the start included)."""
-    from models.specs import FinetuneConfig
+    return dataclasses.replace(_FINETUNE_CONFIG(scenario, spill_dir), learning_rate=scenario.learning_rate * 3, seed=1)
 
-    return FinetuneConfig(**{**kw, "learning_rate": kw.get("learning_rate", 1e-3) * 3, "seed": 1})
+
+_FINETUNE_CONFIG = Scenario.finetune_config  # the translation itself, before a test replaces it
 
 
 def test_a_deliberately_bad_scenario_fails_its_check_and_the_passed_checkpoint_keeps_serving(copy, monkeypatch,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from models.specs import FinetuneConfig, FoundationConfig
 from pipelines.config import CONFIG_ENV, ConfigError, load_project
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,6 +88,19 @@ def test_minimal_config_loads(tmp_path):
     assert project.source("products").key == "product_id"
     assert str(project.source("purchases").start) == "2026-03-01"
     assert set(project.scenarios) == {"churn", "brands", "spend", "next_products"}
+
+
+def test_the_config_translates_once_into_the_models_settings(tmp_path):
+    """The YAML's defaults are models/specs.py's (declared once); what a user sets reaches the models."""
+    cfg = base()
+    del cfg["foundation"]
+    project = load_project(write(tmp_path, cfg))
+    assert project.foundation.config() == FoundationConfig()
+    assert project.scenarios["churn"].finetune_config() == FinetuneConfig()
+    set_by_user = load_project(write(tmp_path, base()))
+    f = set_by_user.foundation.config()
+    assert (f.hidden, f.layers, f.epochs, f.horizon_days, f.cutoff_every_days) == (64, 1, 1, 14, 7)
+    assert set_by_user.scenarios["spend"].finetune_config(spill_dir="/spill").spill_dir == "/spill"
 
 
 def test_relative_paths_resolve_against_config_folder(tmp_path, monkeypatch):
