@@ -2,14 +2,12 @@
 
 from datetime import date
 
-import duckdb
 import pytest
-import yaml
 
-from pipelines.cli import main as cli
 from pipelines.config import load_project
 from pipelines.demo_data import generate_demo_warehouse
-from pipelines.init import _key_format, profile_table, suggest
+from pipelines.init_profile import profile_table
+from pipelines.init_suggest import _key_format, suggest
 from resources.duckdb import DuckDBWarehouse
 
 
@@ -20,17 +18,9 @@ def demo(tmp_path_factory):
     return path
 
 
-def _run(capsys, *argv) -> tuple[int, str, str]:
-    rc = cli(["init", *argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-def test_demo_warehouse_suggestion_matches_the_hand_written_config(demo, capsys, tmp_path):
+def test_demo_warehouse_suggestion_matches_the_hand_written_config(demo, habitus_init, tmp_path):
     out_file = tmp_path / "suggested.yaml"
-    rc, out, err = _run(capsys, "--duckdb", str(demo), "--out", str(out_file))
-    assert rc == 0, err
-    cfg = yaml.safe_load(out)
+    cfg, out, err = habitus_init.suggestion("--duckdb", str(demo), "--out", str(out_file))
     assert cfg["entity"] == "customer_id"
     by_name = {s["name"]: s for s in cfg["sources"]}
     ev = cfg["sources"][0]
@@ -52,25 +42,21 @@ def test_demo_warehouse_suggestion_matches_the_hand_written_config(demo, capsys,
 
 
 @pytest.fixture
-def traps(tmp_path):
-    path = tmp_path / "traps.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute("""CREATE TABLE events AS SELECT i AS event_id, 'C' || lpad(CAST(i % 40 AS VARCHAR), 4, '0') AS customer_id,
-                   TIMESTAMP '2026-04-03' + i * INTERVAL 1 HOUR AS event_time,
-                   'P' || CAST(i % 25 AS VARCHAR) AS product_id, 'Product ' || CAST(i % 25 AS VARCHAR) AS product_name,
-                   'EUR' AS currency, CAST(NULL AS VARCHAR) AS note, (i % 17) * 1.5 AS amount
-                   FROM range(2000) t(i)""")
-    con.execute("CREATE TABLE customers AS SELECT i AS customer_id, 20 + i % 50 AS age FROM range(40) t(i)")
-    con.execute("CREATE TABLE products AS SELECT 'p-' || CAST(i AS VARCHAR) AS product_id, "
-                "CASE WHEN i % 2 = 0 THEN 'food' ELSE 'toys' END AS category FROM range(25) t(i)")
-    con.close()
-    return path
+def traps(duckdb_file):
+    return duckdb_file(
+        "traps.duckdb",
+        """CREATE TABLE events AS SELECT i AS event_id, 'C' || lpad(CAST(i % 40 AS VARCHAR), 4, '0') AS customer_id,
+           TIMESTAMP '2026-04-03' + i * INTERVAL 1 HOUR AS event_time,
+           'P' || CAST(i % 25 AS VARCHAR) AS product_id, 'Product ' || CAST(i % 25 AS VARCHAR) AS product_name,
+           'EUR' AS currency, CAST(NULL AS VARCHAR) AS note, (i % 17) * 1.5 AS amount
+           FROM range(2000) t(i)""",
+        "CREATE TABLE customers AS SELECT i AS customer_id, 20 + i % 50 AS age FROM range(40) t(i)",
+        "CREATE TABLE products AS SELECT 'p-' || CAST(i AS VARCHAR) AS product_id, "
+        "CASE WHEN i % 2 = 0 THEN 'food' ELSE 'toys' END AS category FROM range(25) t(i)")
 
 
-def test_traps_are_left_out_and_mismatched_keys_warned(traps, capsys):
-    rc, out, err = _run(capsys, "--duckdb", str(traps))
-    assert rc == 0, err
-    cfg = yaml.safe_load(out)
+def test_traps_are_left_out_and_mismatched_keys_warned(traps, habitus_init):
+    cfg, out, err = habitus_init.suggestion("--duckdb", str(traps))
     ev = cfg["sources"][0]
     assert (ev["table"], ev["timestamp"], cfg["entity"]) == ("events", "event_time", "customer_id")
     assert ev["columns"] == ["product_id", "amount"]
@@ -87,18 +73,19 @@ def test_traps_are_left_out_and_mismatched_keys_warned(traps, capsys):
     assert len([w for w in err.splitlines() if w.startswith("warning: events.") and " -> " in w]) == 3
 
 
-def test_entity_override_and_errors(traps, capsys):
-    rc, out, _ = _run(capsys, "--duckdb", str(traps), "--entity", "product_id", "--tables", "events", "products")
-    assert rc == 0 and yaml.safe_load(out)["entity"] == "product_id"
-    rc, _, err = _run(capsys, "--duckdb", str(traps), "--entity", "nope")
+def test_entity_override_and_errors(traps, habitus_init):
+    cfg, _, _ = habitus_init.suggestion("--duckdb", str(traps), "--entity", "product_id", "--tables", "events",
+                                        "products")
+    assert cfg["entity"] == "product_id"
+    rc, _, err = habitus_init("--duckdb", str(traps), "--entity", "nope")
     assert rc == 2 and "--entity nope: events has no such column" in err
-    rc, _, err = _run(capsys, "--duckdb", str(traps), "--tables", "customers")
+    rc, _, err = habitus_init("--duckdb", str(traps), "--tables", "customers")
     assert rc == 2 and "no table has a timestamp" in err
-    rc, _, err = _run(capsys, "--duckdb", str(traps), "--tables", "no_such_table")
+    rc, _, err = habitus_init("--duckdb", str(traps), "--tables", "no_such_table")
     assert rc == 2 and "no_such_table" in err
 
 
-def test_secrets_are_printed_as_references(traps, capsys, monkeypatch):
+def test_secrets_are_printed_as_references():
     """A connection given with a literal secret is printed with a ${VAR} in its place."""
     from pipelines.init import _hide_secrets
 

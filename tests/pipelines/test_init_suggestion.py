@@ -15,14 +15,9 @@ from pipelines.cli import main as cli
 from pipelines.cli import materialize_all
 from pipelines.config import load_project
 from pipelines.demo_data import generate_demo_warehouse
-from pipelines.init import EventsVolume, profile_table, suggest
+from pipelines.init_profile import EventsVolume, profile_table
+from pipelines.init_suggest import suggest
 from resources.duckdb import DuckDBWarehouse
-
-
-def _init(capsys, *argv) -> tuple[int, str, str]:
-    rc = cli(["init", *argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +51,7 @@ def test_the_demo_suggestion_materializes_unchanged(materialized):
 
 
 @pytest.mark.slow
-def test_a_warehouse_holding_habitus_write_back_tables(materialized, capsys):
+def test_a_warehouse_holding_habitus_write_back_tables(materialized, habitus_init):
     """The demo warehouse after habitus wrote predictions back (one score column; labels and scores as
     lists): init skips those tables, and names them when asked for them."""
     root, project, result = materialized
@@ -71,30 +66,26 @@ def test_a_warehouse_holding_habitus_write_back_tables(materialized, capsys):
                       "as_of": pa.array([datetime(2026, 11, 1)] * n, pa.timestamp("s"))})
     wh.write("habitus_scores_brands", multi.to_batches(), multi.schema)
     out_file = root / "again.yaml"
-    rc, out, err = _init(capsys, "--duckdb", str(root / "warehouse.duckdb"), "--out", str(out_file))
-    assert rc == 0, err
+    _, out, err = habitus_init.suggestion("--duckdb", str(root / "warehouse.duckdb"), "--out", str(out_file))
     assert "skipping habitus_scores_brands: written by habitus" in err
     assert "#   habitus_scores_churn: not used (written by habitus" in out
     again = load_project(out_file)
     assert [s.table for s in again.sources] == [s.table for s in project.sources]
-    rc, _, err = _init(capsys, "--duckdb", str(root / "warehouse.duckdb"), "--tables", "purchases",
-                       "habitus_scores_brands")
+    rc, _, err = habitus_init("--duckdb", str(root / "warehouse.duckdb"), "--tables", "purchases",
+                              "habitus_scores_brands")
     assert rc == 2 and "--tables habitus_scores_brands: a table habitus wrote" in err
 
 
-def test_a_list_column_of_an_input_is_left_out_with_its_type(tmp_path):
-    path = tmp_path / "w.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute("CREATE TABLE t AS SELECT i % 7 AS customer_id, TIMESTAMP '2026-01-01' + i * INTERVAL 1 HOUR AS ts, "
-                "[i, i + 1] AS tags FROM range(100) r(i)")
-    con.close()
+def test_a_list_column_of_an_input_is_left_out_with_its_type(duckdb_file):
+    path = duckdb_file("w.duckdb", "CREATE TABLE t AS SELECT i % 7 AS customer_id, "
+                       "TIMESTAMP '2026-01-01' + i * INTERVAL 1 HOUR AS ts, [i, i + 1] AS tags FROM range(100) r(i)")
     p = profile_table(DuckDBWarehouse(path=str(path)), "t")
     s = suggest([p], "wh", {"type": "duckdb", "path": str(path)}, entity="customer_id")
     assert s.config["sources"][0]["columns"] == []
     assert any(n.startswith("t.tags: left out (type list<") for n in s.notes), s.notes
 
 
-def test_a_parquet_folder(tmp_path, capsys):
+def test_a_parquet_folder(tmp_path, habitus_init):
     """The demo tables as a folder of Parquet files, one of them a folder of parts."""
     db = tmp_path / "demo.duckdb"
     generate_demo_warehouse(db, customers=300, products=60, stores=5, seed=2)
@@ -112,8 +103,7 @@ def test_a_parquet_folder(tmp_path, capsys):
     finally:
         con.close()
     out_file = tmp_path / "suggested.yaml"
-    rc, out, err = _init(capsys, "--parquet", str(folder), "--out", str(out_file))
-    assert rc == 0, err
+    _, _, err = habitus_init.suggestion("--parquet", str(folder), "--out", str(out_file))
     project = load_project(out_file)
     assert project.connections["warehouse"].type == "parquet"
     ev = project.events_sources[0]
@@ -124,26 +114,22 @@ def test_a_parquet_folder(tmp_path, capsys):
 
 
 @pytest.fixture
-def infrequent(tmp_path):
+def infrequent(duckdb_file):
     """600 households buying every 33 days or so for 200 days (dates, not times); attributes for 56% of them."""
-    path = tmp_path / "w.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute("""CREATE TABLE orders AS SELECT 'H' || lpad(CAST(h AS VARCHAR), 5, '0') AS household_id,
-                   DATE '2017-01-01' + CAST(h % 33 + 33 * k + (h * k) % 3 AS INTEGER) AS order_date,
-                   (h * 7 + k) % 40 AS amount
-                   FROM range(600) a(h), range(6) b(k)""")
-    con.execute("""CREATE TABLE households AS SELECT 'H' || lpad(CAST(h AS VARCHAR), 5, '0') AS household_id,
-                   CASE WHEN h % 3 = 0 THEN 'urban' ELSE 'rural' END AS area,
-                   CASE WHEN h % 4 = 0 THEN 20 + h % 50 END AS age
-                   FROM range(336) a(h)""")
-    con.close()
-    return path
+    return duckdb_file(
+        "w.duckdb",
+        """CREATE TABLE orders AS SELECT 'H' || lpad(CAST(h AS VARCHAR), 5, '0') AS household_id,
+           DATE '2017-01-01' + CAST(h % 33 + 33 * k + (h * k) % 3 AS INTEGER) AS order_date,
+           (h * 7 + k) % 40 AS amount
+           FROM range(600) a(h), range(6) b(k)""",
+        """CREATE TABLE households AS SELECT 'H' || lpad(CAST(h AS VARCHAR), 5, '0') AS household_id,
+           CASE WHEN h % 3 = 0 THEN 'urban' ELSE 'rural' END AS area,
+           CASE WHEN h % 4 = 0 THEN 20 + h % 50 END AS age
+           FROM range(336) a(h)""")
 
 
-def test_an_infrequent_domain_gets_a_wider_churn_window_and_warnings(infrequent, capsys):
-    rc, out, err = _init(capsys, "--duckdb", str(infrequent))
-    assert rc == 0, err
-    cfg = yaml.safe_load(out)
+def test_an_infrequent_domain_gets_a_wider_churn_window_and_warnings(infrequent, habitus_init):
+    cfg, out, err = habitus_init.suggestion("--duckdb", str(infrequent))
     ev = cfg["sources"][0]
     assert (ev["table"], ev["timestamp"], cfg["entity"]) == ("orders", "order_date", "household_id")
     target = cfg["scenarios"]["churn"]["target"]
@@ -161,12 +147,9 @@ def _volume(rows: int, first: datetime, last: datetime, **kw) -> EventsVolume:
                         scanned=rows, capped=False, **kw)
 
 
-def test_end_and_grain_follow_the_data_not_the_clock(tmp_path):
-    path = tmp_path / "w.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute("CREATE TABLE e AS SELECT i % 50 AS customer_id, TIMESTAMP '2025-01-01' + i * INTERVAL 1 HOUR AS ts "
-                "FROM range(2000) r(i)")
-    con.close()
+def test_end_and_grain_follow_the_data_not_the_clock(duckdb_file):
+    path = duckdb_file("w.duckdb", "CREATE TABLE e AS SELECT i % 50 AS customer_id, "
+                       "TIMESTAMP '2025-01-01' + i * INTERVAL 1 HOUR AS ts FROM range(2000) r(i)")
     p = profile_table(DuckDBWarehouse(path=str(path)), "e")
     conn = {"type": "duckdb", "path": str(path)}
     first, last = datetime(2025, 1, 1), datetime(2025, 12, 14, 18)
@@ -185,17 +168,14 @@ def test_end_and_grain_follow_the_data_not_the_clock(tmp_path):
     assert any("daily partitions (over 3,000,000 events a month)" in n for n in busy.notes)
 
 
-def test_init_runs_from_any_folder_without_a_project_config(tmp_path):
+def test_init_runs_from_any_folder_without_a_project_config(tmp_path, duckdb_file):
     """Outside the repository, with no HABITUS_CONFIG: importing the code location builds nothing."""
     import os
     import subprocess
     import sys
 
-    path = tmp_path / "w.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute("CREATE TABLE visits AS SELECT 'U' || CAST(i % 30 AS VARCHAR) AS user_id, "
+    duckdb_file("w.duckdb", "CREATE TABLE visits AS SELECT 'U' || CAST(i % 30 AS VARCHAR) AS user_id, "
                 "TIMESTAMP '2025-05-01' + i * INTERVAL 3 HOUR AS ts, i % 4 AS channel FROM range(900) r(i)")
-    con.close()
     env = {k: v for k, v in os.environ.items() if k != "HABITUS_CONFIG"}
     done = subprocess.run([sys.executable, "-c", "import sys; from pipelines.cli import main; sys.exit(main())",
                            "init", "--duckdb", "w.duckdb"], cwd=tmp_path, env=env, capture_output=True, text=True,
