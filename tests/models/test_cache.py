@@ -302,14 +302,16 @@ LATER = [r for r in KEPT if r[1] > 6.0] + [
 ]
 
 
-def _grow(sources, prev, files, root="cache", **kw):
+def _grow(sources, prev, files, root="cache", build=None, **kw):
+    """A cache of `files` (+ customers and products); `build`: build_cache's keyword arguments."""
     events = sources.events(*files)
     customers = TableInput("customers", [sources.write("customers", **CUSTOMERS)],
                            {"customer_id": "categorical", "segment": "categorical", "age": "numeric"})
     products = TableInput("products", [sources.write("products", **PRODUCTS)],
                           {"product_id": "categorical", "brand": "categorical"}, key="product_id")
     spec = sources.spec(events, [customers], [products], **kw)
-    return Cache(build_cache(spec, sources.root / root, previous=prev and prev.path, log=lambda _: None))
+    return Cache(build_cache(spec, sources.root / root, previous=prev and prev.path, log=lambda _: None,
+                             **(build or {})))
 
 
 def _snapshot(cache):
@@ -442,18 +444,14 @@ def test_the_same_inputs_give_the_same_bytes(sources):
     assert strip(one.manifest) == strip(two.manifest)
 
 
-def test_sorting_in_entity_ranges_gives_the_same_bytes(sources, monkeypatch):
-    # the encoding pass sorts a range of entities at a time (PART_EVENTS events): the files must not
+def test_sorting_in_entity_ranges_gives_the_same_bytes(sources):
+    # the encoding pass sorts a range of entities at a time (part_events events): the files must not
     # depend on where the ranges fall, with duplicates (the DISTINCT path) or without
-    import models.cache
-
     basket = FIRST + LATER + [("c1", 1.0, "p_b", 3.0), ("c1", 1.0, "p_c", 2.0)]
     for rows, name in ((basket, "clean"), (basket + basket[:3], "copies")):
         files = [_write_events(sources, rows, name)]
         whole = _grow(sources, None, files, root=f"{name}-whole", shard_events=6)
-        monkeypatch.setattr(models.cache, "PART_EVENTS", 3)
-        ranged = _grow(sources, None, files, root=f"{name}-ranged", shard_events=6)
-        monkeypatch.undo()
+        ranged = _grow(sources, None, files, root=f"{name}-ranged", shard_events=6, build={"part_events": 3})
         assert whole.shard_count > 1
         a = {p.relative_to(whole.path): p.read_bytes() for p in whole.path.rglob("*.arrow")}
         b = {p.relative_to(ranged.path): p.read_bytes() for p in ranged.path.rglob("*.arrow")}
@@ -463,6 +461,24 @@ def test_sorting_in_entity_ranges_gives_the_same_bytes(sources, monkeypatch):
         assert whole.manifest["quarantine"]["duplicate_event"] == (3 if name == "copies" else 0)
         assert whole.manifest["n_events"] == len(basket)
 
+
+
+def test_duckdb_settings_reach_the_connection_and_change_no_byte(sources, monkeypatch):
+    """duckdb_memory / duckdb_threads are build_cache's arguments (the project config's `cache:` keys),
+    not environment variables: they configure the build's connection and are not in the fingerprint."""
+    import duckdb
+
+    configs, connect = [], duckdb.connect
+    monkeypatch.setattr(duckdb, "connect", lambda *a, config=None, **kw: configs.append(config) or connect(
+        *a, config=config, **kw))
+    files = [_write_events(sources, FIRST + LATER, "all")]
+    plain = _grow(sources, None, files, root="plain")
+    tuned = _grow(sources, None, files, root="tuned", build={"duckdb_memory": "256MB", "duckdb_threads": 1})
+    assert configs[0]["memory_limit"] == "2GB" and "threads" not in configs[0]
+    assert configs[-1]["memory_limit"] == "256MB" and configs[-1]["threads"] == 1
+    assert tuned.fingerprint == plain.fingerprint
+    assert ({p.relative_to(plain.path): p.read_bytes() for p in plain.path.rglob("*.arrow")}
+            == {p.relative_to(tuned.path): p.read_bytes() for p in tuned.path.rglob("*.arrow")})
 
 def test_the_cache_is_no_bigger_than_its_source_parquet(tmp_path):
     """The product's promise: the cache is roughly 1:1 with the extracted source (it was 3-4x while its
