@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import parse_qs, urlsplit
 
+from models.storage import durable_replace
+
 MANIFESTS, UPLOADS = "manifests", ".upload."  # temporary keys sit flat under the prefix: moving or deleting
 # them never leaves an emptied "folder", for which pyarrow's S3 client would write a marker object
 FORMAT = 1
@@ -254,7 +256,7 @@ class Output:
                 raise OutputError(f"output {self.url}: {self._key(rel)} is {size} bytes with SHA-256 "
                                   f"{h.hexdigest()[:16]}…, its manifest says {entry['size']} bytes, "
                                   f"{entry['sha256'][:16]}…: an upload of it did not finish; upload that stage again")
-            os.replace(tmp, dest)
+            durable_replace(tmp, dest)  # a power cut never leaves a restored file half there under its name
         finally:
             if tmp.exists():
                 tmp.unlink()
