@@ -22,6 +22,7 @@ from assets.sources import connection_key
 from models.checkpoint import load_checkpoint
 from models.predict import load_model, predict
 from models.quantize import for_inference
+from models.tasks import task as task_of
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
 
@@ -122,7 +123,7 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
         fingerprint = config["weights_sha256"][:16]
         settings = project.predictions
         k = settings.top_k
-        if settings.format == "all" and task.task == "multilabel":  # every label, best first
+        if settings.format == "all" and task_of(task).writes_every_label:  # every label, best first
             k = len(config.get("label_values") or ()) or model.head.linear.out_features
         warehouse = getattr(context.resources, connection_key(sink.connection)) if sink is not None else None
         rows, written_back, files = 0, 0, []

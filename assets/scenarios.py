@@ -17,10 +17,10 @@ from models.resume import Resumer
 from models.storage import combine
 from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
 from models.features import FeatureSpec
-from models.targets import TargetSpec
 from models.finetune import finetune
-from models.labels import top_values
 from models.specs import TaskSpec, config_dict
+from models.tasks import task as task_of
+from models.tasks.base import TargetError
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
 
@@ -29,39 +29,13 @@ def scenario_key(name: str) -> dg.AssetKey:
     return dg.AssetKey(["scenario", name])
 
 
-def _column(name: str, ref: str, cache, kind: str) -> str:
-    column = ref.split(".", 1)[1] if "." in ref else None
-    if column is None or column not in cache.columns or cache.columns[column]["type"] != kind:
-        have = sorted(c for c, m in cache.columns.items() if m["type"] == kind)
-        raise dg.Failure(f"scenarios.{name}.target: {ref!r} must name a {kind} column of the events as "
-                         f"<source>.<column>; {kind} columns in the cache: {have}")
-    return column
-
-
 def task_spec(name: str, scenario, cache, cutoff: int) -> TaskSpec:
-    """The scenario's config -> a TaskSpec; label sets are chosen from history before the hold-out."""
-    t = scenario.target
-    if getattr(t, "function", None):  # a user-defined target: import it now, so a typo fails before training
-        from models.target_functions import resolve
-
-        try:
-            resolve(t.function, name)
-        except ValueError as e:
-            raise dg.Failure(f"scenarios.{name}.target.function: {e}") from e
-        target = TargetSpec("function", t.within, function=t.function, scenario=name)
-    elif scenario.task == "binary":
-        target = TargetSpec("no_event", t.within, active_days=t.active_within)
-    elif scenario.task == "multilabel":
-        if t.by not in cache.columns or cache.columns[t.by]["type"] != "categorical":
-            raise dg.Failure(f"scenarios.{name}.target.by: {t.by!r} is not a categorical column of the events or "
-                             f"their attributes; choose one of {sorted(c for c, m in cache.columns.items() if m['type'] == 'categorical')}")
-        target = TargetSpec("any_event", t.within, t.by, top_values(cache, t.by, cutoff, t.top))
-    elif scenario.task == "regression":
-        target = (TargetSpec("sum", t.within, _column(name, t.sum, cache, "numeric")) if "." in t.sum
-                  else TargetSpec("count", t.within))
-    else:
-        column = _column(name, t.items, cache, "categorical")
-        target = TargetSpec("items", t.within, column, tuple(range(1, cache.columns[column]["vocab_size"] + 1)))
+    """The scenario's config -> a TaskSpec (its task type builds the target, models/tasks/); label sets
+    are chosen from history before the hold-out."""
+    try:
+        target = task_of(scenario.task).target_spec(name, scenario.target, cache, cutoff)
+    except TargetError as e:
+        raise dg.Failure(str(e)) from e
     return TaskSpec(scenario.task, target, scenario.top_k)
 
 
@@ -161,10 +135,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         context.log.info(f"{name}: {key} {report['model'].get(key, float('nan')):.4f} on {report['entities']:,} "
                          f"entities; baselines " + ", ".join(f"{b} {m.get(key, float('nan')):.4f}"
                                                            for b, m in report["baselines"].items()))
-        label_values = []
-        if task.target.column and task.task == "multilabel":
-            vocab = cache.vocab(task.target.column).column("value").to_pylist()
-            label_values = [vocab[i - 1] for i in task.target.labels]
+        label_values = task_of(task).label_values(cache, task)
         path = workspace.scenario(name)
         digest = save_checkpoint(path, result.model, {
             "kind": "scenario", "scenario": name, "task": task.to_dict(), "label_values": label_values,
@@ -184,7 +155,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
                                 f"using the {serving_note(workspace, name)}")
         plot = loss_curves(result.curves, path.parent / f"{name}_loss.png", f"scenario {name}")
         charts = {}
-        if task.task == "binary":  # a picture of the hold-out; never a reason for the asset to fail
+        if task_of(task).one_probability:  # a picture of the hold-out; never a reason for the asset to fail
             try:
                 y, p = binary_holdout(result.model, cache, spec, task, plan.test_cutoff, device)
                 charts["calibration_and_lift"] = dg.MetadataValue.md(calibration_and_lift(
@@ -218,7 +189,6 @@ def _iso(ts: int) -> str:
 def binary_holdout(model, cache, spec, task, cutoff: int, device: str):
     """Labels and predicted probabilities of the entities scored on the hold-out (as in evaluate)."""
     from models.features import chunk_at
-    from models.targets import compute_target, eligible
     from models.labels import task_inputs
     from models.loop import chunk_plan
     from models.scoring import scores
@@ -230,8 +200,8 @@ def binary_holdout(model, cache, spec, task, cutoff: int, device: str):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
         if chunk.n == 0:
             continue
-        keep = eligible(chunk, task.target)
+        keep, y = task_of(task).labels(chunk, task.target, cache)
         x, _ = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
-        ys.append(compute_target(chunk, task.target, cache=cache)[keep])
+        ys.append(y)
         ps.append(scores(model, task.task, x[keep], None, device=device))
     return np.concatenate(ys), np.concatenate(ps)

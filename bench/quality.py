@@ -33,7 +33,7 @@ from probe import embedding_probe  # noqa: E402
 
 from models.baselines import lightgbm_scores  # noqa: E402
 from models.cache import Cache, CacheSpec, TableInput, build_cache  # noqa: E402
-from models.evaluate import evaluate, headline, protocol  # noqa: E402
+from models.evaluate import evaluate, protocol  # noqa: E402
 from models.features import DAY, FeatureSpec  # noqa: E402
 from models.quantize import for_inference  # noqa: E402
 from models.targets import TargetSpec  # noqa: E402
@@ -41,6 +41,7 @@ from models.finetune import finetune  # noqa: E402
 from models.foundation_training import train_foundation  # noqa: E402
 from models.labels import top_values  # noqa: E402
 from models.specs import FinetuneConfig, FoundationConfig, TaskSpec  # noqa: E402
+from models.tasks import task as task_of  # noqa: E402
 
 TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
 DATASETS = ("tafeng", "demo", "movielens")
@@ -182,7 +183,8 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, fspec: FeatureS
     quiet = lambda _: None  # noqa: E731
     train = cache if train_cache is None else train_cache
     # ranking the whole catalog is the slow part: 3 epochs for recommendation, on every dataset
-    fcfg_task = FinetuneConfig(epochs=3) if task.task == "recommendation" else FinetuneConfig()
+    epochs = task_of(task).bench_epochs
+    fcfg_task = FinetuneConfig() if epochs is None else FinetuneConfig(epochs=epochs)
     t0 = time.time()
     tuned = finetune(train, state, foundation_info, task, list(plan.train_cutoffs), plan.val_cutoff, fcfg_task,
                      log=quiet)
@@ -196,7 +198,7 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, fspec: FeatureS
     report = evaluate(tuned.model, cache, fspec, task, plan.test_cutoff,
                       constant=tuned.info["val_target_mean"], extra={"lightgbm": lgbm})
     no_pretrain = evaluate(scratch.model, cache, fspec, task, plan.test_cutoff)["model"]
-    metrics = [f"hr@{task.k}", f"ndcg@{task.k}"] if task.task == "recommendation" else [headline(task)]
+    metrics = task_of(task).report_metrics(task)
     rows = []
     for metric in metrics:
         baselines = {b: m[metric] for b, m in report["baselines"].items()}

@@ -17,10 +17,10 @@ from models.cache import Cache
 from models.features import (HALF_LIVES, FeatureSpec, chunk_at, entity_features, scalar_features, value_history,
                              visit_features)
 from models.items import SparseRows
-from models.targets import compute_target, eligible
 from models.labels import label_history
 from models.loop import chunk_plan
 from models.specs import TaskSpec
+from models.tasks import task as task_of
 
 TOP_VALUES = 20
 MAX_VOCAB = 5_000  # columns with more values (product ids) are left to the per-label counts
@@ -59,22 +59,37 @@ def hand_features(chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_
 
 def _dataset(cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoffs, chunk_entities: int = 8192,
              labels: np.ndarray | None = None):
-    """Hand features and targets; multilabel: the 0/1 matrix of `labels` (default all)."""
+    """Hand features and targets; label tasks: the 0/1 matrix of `labels` (default all)."""
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
+    t = task_of(task)
     xs, ys = [], []
     for cutoff in cutoffs:
         for s, lo, hi in chunk_plan(cache, chunk_entities):
             chunk = chunk_at(cache.shard(s), lo, hi, int(cutoff))
             if chunk.n == 0:
                 continue
-            keep = eligible(chunk, task.target)
+            keep, y = t.labels(chunk, task.target, cache)
             xs.append(hand_features(chunk, spec, task, entity_table, vocab_sizes, labels)[keep])
-            y = compute_target(chunk, task.target, vocab_sizes.get(task.target.column), cache)[keep]
-            if isinstance(y, SparseRows):  # multilabel: the 0/1 matrix
+            if isinstance(y, SparseRows):  # label sets: the 0/1 matrix
                 y = y.dense(0, labels)
             ys.append(y)
     return np.concatenate(xs), np.concatenate(ys)
+
+
+@dataclass
+class Datasets:
+    """The hand-feature datasets of a task at the "train", "val" and "test" cut-offs: `data(which,
+    labels)` -> (x, y); `max_labels`: the widest label set LightGBM learns whole."""
+
+    cache: Cache
+    spec: FeatureSpec
+    task: TaskSpec
+    cutoffs: dict
+    max_labels: int
+
+    def __call__(self, which: str, labels: np.ndarray | None = None):
+        return _dataset(self.cache, self.spec, self.task, self.cutoffs[which], labels=labels)
 
 
 def lightgbm_scores(cache: Cache, spec: FeatureSpec, task: TaskSpec, train_cutoffs, val_cutoff: int,
@@ -84,41 +99,16 @@ def lightgbm_scores(cache: Cache, spec: FeatureSpec, task: TaskSpec, train_cutof
     None where LightGBM does not apply (recommendation over a whole catalog) or is not installed.
     A multilabel head of more than `max_labels` labels gets LabelScores of its `max_labels` labels
     with the most training positives (the hand features count those labels only)."""
-    if task.task == "recommendation":
-        return None
     try:
         import lightgbm as lgb
     except ImportError:
         return None
     warnings.filterwarnings("ignore", message=".*'eval_set' is deprecated")  # the spelling 4.0-4.6 know
-    labels = _top_labels(cache, task, train_cutoffs, max_labels) if task.task == "multilabel" else None
-    x_train, y_train = _dataset(cache, spec, task, train_cutoffs, labels=labels)
-    x_val, y_val = _dataset(cache, spec, task, [val_cutoff], labels=labels)
-    x_test, _ = _dataset(cache, spec, task, [test_cutoff], labels=labels)
+    data = Datasets(cache, spec, task, {"train": list(train_cutoffs), "val": [val_cutoff], "test": [test_cutoff]},
+                    max_labels)
     params = dict(n_estimators=400, learning_rate=0.05, num_leaves=31, min_child_samples=50, subsample=0.8,
                   subsample_freq=1, colsample_bytree=0.8, max_bin=63, random_state=seed, verbose=-1, n_jobs=0)
-    stop = [lgb.early_stopping(30, verbose=False)]
-    if task.task == "regression":
-        model = lgb.LGBMRegressor(objective="l1", **params)
-        model.fit(x_train, y_train, eval_set=[(x_val, y_val)], callbacks=stop)
-        return model.predict(x_test).astype(np.float32)
-    if task.task == "binary":
-        model = lgb.LGBMClassifier(**params)
-        model.fit(x_train, y_train, eval_set=[(x_val, y_val)], callbacks=stop)
-        return model.predict_proba(x_test)[:, 1].astype(np.float32)
-    # multilabel: one small model per label, on at most MULTILABEL_ROWS training rows (cost is labels x rows)
-    rows = np.random.default_rng(seed).permutation(len(x_train))[:MULTILABEL_ROWS]
-    x_sub, y_sub = x_train[rows], y_train[rows]
-    out = np.zeros((len(x_test), y_train.shape[1]), np.float32)
-    small = {**params, "n_estimators": 100, "learning_rate": 0.1, "num_leaves": 15}
-    for j in range(y_train.shape[1]):
-        if y_sub[:, j].min() == y_sub[:, j].max():
-            out[:, j] = y_sub[0, j]
-            continue
-        model = lgb.LGBMClassifier(**small)
-        model.fit(x_sub, y_sub[:, j], eval_set=[(x_val, y_val[:, j])], callbacks=[lgb.early_stopping(15, verbose=False)])
-        out[:, j] = model.predict_proba(x_test)[:, 1]
-    return out if labels is None else LabelScores(labels, out)
+    return task_of(task).lightgbm(lgb, params, task, data, seed)
 
 
 def _top_labels(cache: Cache, task: TaskSpec, cutoffs, n: int, chunk_entities: int = 8192) -> np.ndarray | None:
@@ -126,12 +116,10 @@ def _top_labels(cache: Cache, task: TaskSpec, cutoffs, n: int, chunk_entities: i
     the head has no more than n labels."""
     if task.outputs <= n:
         return None
-    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     positives = np.zeros(task.outputs, np.int64)
     for cutoff in cutoffs:
         for s, lo, hi in chunk_plan(cache, chunk_entities):
             chunk = chunk_at(cache.shard(s), lo, hi, int(cutoff))
             if chunk.n:
-                y = compute_target(chunk, task.target, vocab_sizes.get(task.target.column), cache)
-                positives += y[eligible(chunk, task.target)].col_counts()
+                positives += task_of(task).labels(chunk, task.target, cache)[1].col_counts()
     return np.sort(np.argsort(-positives, kind="stable")[:n])

@@ -29,6 +29,7 @@ from models.features import (ENTITY_BUCKETS, WINDOWS, Chunk, FeatureSpec, bucket
                              chunk_at, visit_width)
 from models.items import SparseRows, batch_history
 from models.network import ItemHead, Model
+from models.tasks import task as task_of
 
 DEFAULT_STEPS = 8  # Gauss-Legendre points: mean gap 0.3% of |score - baseline| at half the cost of 16 (docs/explanations.md)
 PAIR_BATCH = 256  # (entity, output) pairs integrated at a time: steps x pairs rows through the network
@@ -215,11 +216,7 @@ class Explainer:
         return None
 
     def _transform(self, out: torch.Tensor) -> torch.Tensor:
-        if self.task.task in ("binary", "multilabel"):
-            return torch.sigmoid(out)
-        if self.task.task == "regression":
-            return torch.expm1(out).clamp_min(0)
-        return out  # recommendation: the raw item score that ranks the catalog
+        return task_of(self.task).transform(out)  # (recommendation: the raw item score that ranks the catalog)
 
     def _forward(self, targets: torch.Tensor, rows: torch.Tensor | None, cols: torch.Tensor | None):
         """f(x [steps * m, width], values [steps * entries, channels]) -> score of each pair's target."""
@@ -243,10 +240,7 @@ class Explainer:
                     cand, pos = torch.unique(t, sorted=True, return_inverse=True)
                     out = self.model(x, history, cand=cand, item_features=self.pop)
                     return self._transform(out.gather(1, pos[:, None])[:, 0])
-                out = self.model(x, history)
-                if out.dim() == 2:
-                    out = out.gather(1, t[:, None])[:, 0]
-                return self._transform(out)
+                return task_of(self.task).pair_scores(self.model(x, history), t)
             finally:
                 self._swap = None
 
@@ -532,24 +526,23 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
     entity's `per_entity` best labels (or recommended items). `summary` gathers the global figures."""
     import pyarrow as pa
 
-    from models.predict import top_labels
-    from models.targets import eligible
-    from models.labels import item_popularity, task_inputs
+    from models.labels import task_inputs
     from models.loop import chunk_plan
-    from models.scoring import rank_items
 
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     vocab = vocab_reader(cache)
-    pop = item_popularity(cache, task.target, cutoff) if task.task == "recommendation" else None
+    t = task_of(task)
+    extra = t.chunk_extra(cache, task.target, cutoff)  # (recommendation: the item popularity)
     if task.uses_label_history and label_names is None:  # items: the column's own vocabulary
         values = vocab(task.target.column)
         label_names = [values[i - 1] for i in task.target.labels]
     names = np.asarray([str(v) for v in label_names], object) if label_names is not None else None
-    explainer = Explainer(model, spec, task, groups, steps=steps, device=device, item_features=pop)
+    explainer = Explainer(model, spec, task, groups, steps=steps, device=device,
+                          item_features=extra[0] if extra else None)
     for s, lo, hi in chunk_plan(cache, chunk_entities):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
-        keep = np.flatnonzero(eligible(chunk, task.target)) if chunk.n else np.zeros(0, np.int64)
+        keep = np.flatnonzero(t.eligible(chunk, task.target)) if chunk.n else np.zeros(0, np.int64)
         if not len(keep):
             continue
         x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
@@ -560,10 +553,7 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
                 rows, target = np.repeat(keep, len(labels)), np.tile(np.asarray(labels, np.int64), len(keep))
             else:
                 with torch.no_grad():
-                    if task.task == "recommendation":
-                        best, _ = rank_items(model, x[keep], h[keep], pop, per_entity, device=device)
-                    else:
-                        best, _ = top_labels(model, x[keep], h[keep], per_entity, device=device)
+                    best, _ = t.top(model, x[keep], h[keep], per_entity, extra, device)
                 rows, target = np.repeat(keep, best.shape[1]), best.ravel()
         ex = explainer.explain(x, h, rows, target)
         if summary is not None:

@@ -66,3 +66,14 @@ def top_values(cache: Cache, column: str, before: int, n: int) -> tuple[int, ...
     order = np.argsort(-counts, kind="mergesort")
     return tuple(int(i) for i in order[:n] if counts[i] > 0)
 
+
+
+def recent_popularity(cache: Cache, target: TargetSpec, cutoff: int, days: int = 30) -> np.ndarray:
+    """How often each label was touched by anyone in the `days` before the cut-off."""
+    vocab = max(cache.columns[target.column]["vocab_size"], max(target.labels, default=0))  # (absent labels: 0)
+    counts = np.zeros(vocab + 1, np.float64)
+    for i in range(cache.shard_count):
+        sh = cache.shard(i)
+        recent = (sh.ts <= cutoff) & (sh.ts > cutoff - days * DAY)
+        counts += np.bincount(sh.columns[target.column][recent], minlength=vocab + 1)
+    return counts[np.asarray(target.labels, np.int64)].astype(np.float32)

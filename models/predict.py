@@ -9,11 +9,11 @@ import torch
 from models.cache import Cache
 from models.features import FeatureSpec, chunk_at, featurize
 from models.network import Model
-from models.targets import eligible
-from models.labels import history_rows, item_popularity, task_inputs
+from models.labels import history_rows, task_inputs
 from models.loop import chunk_plan
-from models.scoring import build_model, rank_items, scores
+from models.scoring import build_model
 from models.specs import TaskSpec
+from models.tasks import task as task_of
 
 
 def load_model(state: dict, config: dict) -> tuple[Model, FeatureSpec, TaskSpec]:
@@ -32,36 +32,19 @@ def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutof
     """Record batches of (entity index, score) or (entity index, top-k labels, top-k scores)."""
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
-    names = None
-    if task.uses_label_history:
-        if label_names is None:  # items: the column's own vocabulary, in label order
-            vocab = cache.vocab(task.target.column).column("value").to_numpy(zero_copy_only=False)
-            label_names = [vocab[i - 1] for i in task.target.labels]
-        names = np.asarray(label_names, dtype=object)
-    item_pop = None
+    t = task_of(task)
+    names = t.label_names(cache, task, label_names)  # None: one score per entity
+    extra = None
     for s, lo, hi in chunk_plan(cache, chunk_entities):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
-        keep = eligible(chunk, task.target)
+        keep = t.eligible(chunk, task.target)
         if chunk.n == 0 or not keep.any():
             continue
         x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
-        ents = pa.array(chunk.entities[keep].astype(np.int64))
-        if task.task == "recommendation":  # full-catalog ranking, a block of items at a time
-            if item_pop is None:
-                item_pop = item_popularity(cache, task.target, cutoff)
-            best, best_scores = rank_items(model, x[keep], h[keep], item_pop, k, device=device)
-        elif names is not None:  # labels: the k best of each row, a block of rows at a time
-            best, best_scores = top_labels(model, x[keep], h[keep], k, device=device)
-        else:
-            out = scores(model, task.task, x[keep], None if h is None else h[keep], device=device)
-        if names is None:
-            yield pa.record_batch({"entity_index": ents, "score": pa.array(out.astype(np.float32))})
-        else:
-            n, kk = best.shape
-            offsets = pa.array(np.arange(0, n * kk + 1, kk, dtype=np.int32))
-            labels = pa.ListArray.from_arrays(offsets, pa.array(names[best.ravel()].astype(str)))
-            values = pa.ListArray.from_arrays(offsets, pa.array(best_scores.ravel().astype(np.float32)))
-            yield pa.record_batch({"entity_index": ents, "labels": labels, "scores": values})
+        if extra is None:  # what the task's scores share at the cut-off (items: the catalog's popularity)
+            extra = t.chunk_extra(cache, task.target, cutoff)
+        columns = t.predictions(model, x[keep], None if h is None else h[keep], k, names, extra, device)
+        yield pa.record_batch({"entity_index": pa.array(chunk.entities[keep].astype(np.int64)), **columns})
 
 
 LABEL_BLOCK = 1_024  # rows scored over every label at a time: 1,024 x 16,000 labels = 66 MB of logits

@@ -5,35 +5,30 @@ import torch
 
 from models.features import FeatureSpec
 from models.items import SparseRows, top_k_items
-from models.labels import POPULARITY_DAYS, history_rows
+from models.labels import history_rows
 from models.network import Model, NetConfig
 from models.specs import TaskSpec
+from models.tasks import task as task_of
 
 
 def build_model(net: NetConfig, task: TaskSpec, spec: FeatureSpec) -> Model:
     """The scenario network of a task: the trunk plus the task's head."""
-    channels = spec.channels if task.uses_label_history else 0
-    if task.task == "recommendation":
-        return Model(net, task.outputs, channels, task.item_dim, len(POPULARITY_DAYS))
-    pair = task.pair_width if task.task == "multilabel" else 0
-    return Model(net, task.outputs, channels, pair_width=pair, pair_layers=task.pair_layers)
+    return task_of(task).build_model(net, task, spec)
 
 
 @torch.no_grad()
-def scores(model: Model, task: str, x: np.ndarray, h: np.ndarray | SparseRows | None, *, device: str = "cpu",
+def scores(model: Model, task: str | TaskSpec, x: np.ndarray, h: np.ndarray | SparseRows | None, *, device: str = "cpu",
            batch: int = 8192) -> np.ndarray:
     """Model outputs in the task's own units: probabilities or amounts (rank_items for items)."""
+    t = task_of(task)
     dev = next(model.parameters()).device if device == "auto" else torch.device(device)
     out = []
     for i in range(0, len(x), batch):
-        o = model(torch.from_numpy(x[i:i + batch]).to(dev), history_rows(h, np.arange(i, min(i + batch, len(x))), dev))
-        if task in ("binary", "multilabel"):
-            o = torch.sigmoid(o)
-        elif task == "regression":
-            o = torch.expm1(o).clamp_min(0)
+        o = t.transform(model(torch.from_numpy(x[i:i + batch]).to(dev),
+                              history_rows(h, np.arange(i, min(i + batch, len(x))), dev)))
         out.append(o.float().cpu().numpy())
     if not out:
-        return np.zeros((0,) if task in ("binary", "regression") else (0, model.head.linear.out_features), np.float32)
+        return t.empty_scores(model)
     return np.concatenate(out)
 
 

@@ -2,9 +2,12 @@
 fine-tuning (FinetuneConfig) and a scenario's task (TaskSpec). Their defaults live here only."""
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from models.features import HALF_LIVES
-from models.targets import TargetSpec
+
+if TYPE_CHECKING:  # (models.targets imports torch: the config loads without it)
+    from models.targets import TargetSpec
 
 
 @dataclass
@@ -37,8 +40,8 @@ PAIR_LAYERS = 2
 
 @dataclass
 class TaskSpec:
-    task: str  # binary | multilabel | regression | recommendation
-    target: TargetSpec
+    task: str  # a task type's name (models.tasks.TASKS)
+    target: "TargetSpec"
     k: int = 10
     item_dim: int = 64  # recommendation: width of the item embeddings
     # multilabel: width and depth of the shared pairwise scorer of (entity, label, its own history of
@@ -49,11 +52,15 @@ class TaskSpec:
 
     @property
     def outputs(self) -> int:
-        return len(self.target.labels) if self.task in ("multilabel", "recommendation") else 1
+        from models.tasks import task
+
+        return task(self.task).outputs(self)
 
     @property
     def uses_label_history(self) -> bool:
-        return self.task in ("multilabel", "recommendation")
+        from models.tasks import task
+
+        return task(self.task).uses_label_history
 
     def to_dict(self) -> dict:
         return {"task": self.task, "target": self.target.to_dict(), "k": self.k, "item_dim": self.item_dim,
@@ -61,6 +68,8 @@ class TaskSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TaskSpec":
+        from models.targets import TargetSpec
+
         # (saved before the pairwise scorer: the linear head alone)
         return cls(d["task"], TargetSpec.from_dict(d["target"]), d["k"], d.get("item_dim", 64), d.get("pair_width", 0),
                    d.get("pair_layers", PAIR_LAYERS))

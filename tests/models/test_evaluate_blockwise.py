@@ -11,16 +11,17 @@ import torch
 
 import models.metrics as metrics
 from models.baselines import LabelScores, lightgbm_scores
-from models.evaluate import baseline_scores, evaluate, protocol, recent_popularity, task_metrics
+from models.evaluate import evaluate, protocol, task_metrics
 from models.features import FeatureSpec, chunk_at
 from models.items import SparseRows
 from models.metrics import blockwise_macro_auroc, column_aurocs, macro_auroc
 from models.network import NetConfig
 from models.targets import TargetSpec, compute_target, eligible
-from models.labels import task_inputs
+from models.labels import recent_popularity, task_inputs
 from models.loop import chunk_plan
 from models.scoring import build_model, scores
 from models.specs import TaskSpec
+from models.tasks.multilabel import baseline_scores
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -117,7 +118,7 @@ def _dense_evaluate(model, cache, spec, task, cutoff, extra, chunk_entities=64):
         x, h = task_inputs(chunk, spec, task, cache.entity_table(), vocab_sizes)
         ys.append(compute_target(chunk, task.target, vocab_sizes["product_id"])[keep].dense())
         preds.append(scores(model, task.task, x[keep], h[keep]))
-        for k, v in baseline_scores(task, chunk, h, popularity, None, spec.habitual_channel).items():
+        for k, v in baseline_scores(h, popularity, spec.habitual_channel).items():
             base.setdefault(k, []).append(np.asarray(v)[keep])
     y = np.concatenate(ys)
     baselines = {**{k: np.concatenate(v) for k, v in base.items()}, **extra}

@@ -13,7 +13,7 @@ from models.metrics import auroc
 from models.network import Model, NetConfig, PairScorer
 from models.predict import load_model
 from models.targets import TargetSpec
-from models.losses import multilabel_loss
+from models.tasks.multilabel import multilabel_loss
 from models.scoring import build_model
 from models.specs import PAIR_WIDTH, TaskSpec
 

@@ -14,9 +14,10 @@ import torch
 
 import models.finetune as finetuning
 import models.labels as label_inputs
-import models.losses as losses
+import models.targets as target_defs
+import models.tasks.multilabel as multilabel
 from models import spill
-from models.evaluate import baseline_scores, evaluate, protocol
+from models.evaluate import evaluate, protocol
 from models.features import DAY, HALF_LIVES, FeatureSpec, chunk_at, featurize, value_history
 from models.items import SparseRows, batch_history
 from models.metrics import top_k
@@ -29,6 +30,7 @@ from models.labels import label_history
 from models.loop import batches
 from models.scoring import build_model, scores
 from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from models.tasks.multilabel import baseline_scores
 
 N_CUSTOMERS = 240
 SPAN_DAYS = 112
@@ -147,8 +149,8 @@ def test_batch_loss_and_scores_match_the_dense_path(world):
     np.testing.assert_allclose(best_scores, np.take_along_axis(full, best, 1), rtol=1e-6)
     np.testing.assert_allclose(best_scores, np.take_along_axis(full, top_k(full, 3), 1), rtol=1e-6)
     # the evaluation's baselines read the same habitual channel
-    dense_b = baseline_scores(task, chunk, dense[1], np.ones(vocab_sizes["product_id"]), None, spec.habitual_channel)
-    sparse_b = baseline_scores(task, chunk, h, np.ones(vocab_sizes["product_id"]), None, spec.habitual_channel)
+    dense_b = baseline_scores(dense[1], np.ones(vocab_sizes["product_id"]), spec.habitual_channel)
+    sparse_b = baseline_scores(h, np.ones(vocab_sizes["product_id"]), spec.habitual_channel)
     for k in dense_b:
         np.testing.assert_allclose(sparse_b[k], dense_b[k], rtol=1e-6)
 
@@ -167,7 +169,7 @@ def test_finetune_on_sparse_rows_trains_as_the_dense_arrays_did(world, monkeypat
     sparse = run()
     with monkeypatch.context() as m:
         m.setattr(label_inputs, "label_history", _dense_history)
-        m.setattr(finetuning, "compute_target", _dense_target)
+        m.setattr(target_defs, "compute_target", _dense_target)
         dense = run()
     for key in ("train_loss", "val_loss"):
         np.testing.assert_allclose(sparse.curves[key], dense.curves[key], rtol=1e-5)
@@ -183,7 +185,7 @@ def test_finetune_on_sparse_rows_trains_as_the_dense_arrays_did(world, monkeypat
         m.setattr(ev, "task_inputs", lambda chunk, spec, task, et, vs: (
             featurize(chunk, spec, et), _dense_history(chunk, task.target, vs[task.target.column],
                                                              spec.half_lives)))
-        m.setattr(ev, "compute_target", _dense_target)
+        m.setattr(target_defs, "compute_target", _dense_target)
         dense_report = evaluate(sparse.model, cache, spec, task, plan.test_cutoff, chunk_entities=64)
     assert report["entities"] == dense_report["entities"] > 0
     assert report["model"]["macro_auroc"] == pytest.approx(dense_report["model"]["macro_auroc"], abs=1e-6)
@@ -246,7 +248,7 @@ def test_a_narrow_head_keeps_the_full_loss_bit_for_bit(world):
     b = np.random.default_rng(1).permutation(len(x))[:20]
     rng = np.random.default_rng(0)
     loss = batch_loss(model, task, (x, h, y), b, "cpu", rng)
-    assert torch.equal(loss, losses.multilabel_loss(model(torch.from_numpy(x[b]), label_inputs.history_rows(h, b, "cpu")),
+    assert torch.equal(loss, multilabel.multilabel_loss(model(torch.from_numpy(x[b]), label_inputs.history_rows(h, b, "cpu")),
                                                    y[b], "cpu"))
     assert rng.bit_generator.state == np.random.default_rng(0).bit_generator.state  # nothing drawn
     plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
@@ -303,10 +305,10 @@ def test_sampled_head_logits_are_the_full_heads_columns():
     torch.testing.assert_close(z, full[torch.from_numpy(y.rows), torch.from_numpy(y.cols)], rtol=1e-5, atol=1e-6)
     # every label sampled: the full loss; fewer: an unbiased estimate of it
     rng = np.random.default_rng(0)
-    exact = losses.multilabel_loss(full, y, "cpu")
-    every = losses.sampled_multilabel_loss(model, xb, hist, y, 300, rng, "cpu")
+    exact = multilabel.multilabel_loss(full, y, "cpu")
+    every = multilabel.sampled_multilabel_loss(model, xb, hist, y, 300, rng, "cpu")
     assert every.item() == pytest.approx(exact.item(), rel=1e-5)
-    draws = [losses.sampled_multilabel_loss(model, xb, hist, y, 30, rng, "cpu").item() for _ in range(400)]
+    draws = [multilabel.sampled_multilabel_loss(model, xb, hist, y, 30, rng, "cpu").item() for _ in range(400)]
     assert np.mean(draws) == pytest.approx(exact.item(), rel=0.03)
     # a batch without any history entry: the skip still takes part (a zero gradient), as in forward
     empty = h[np.array([], np.int64)]
@@ -340,7 +342,7 @@ def test_a_wide_head_trains_on_sampled_labels_without_rows_x_labels_logits():
 
     def full_loss(rows):
         with torch.no_grad():
-            return losses.multilabel_loss(model(torch.from_numpy(x[rows]), batch_history(h[rows], "cpu")),
+            return multilabel.multilabel_loss(model(torch.from_numpy(x[rows]), batch_history(h[rows], "cpu")),
                                          y[rows], "cpu").item()
 
     class Shapes(TorchDispatchMode):  # the shape of every tensor an operation makes

@@ -199,7 +199,7 @@ def test_tiny_binary_head_loss_trajectory():
     separable problem."""
     torch.manual_seed(0)
     from models.network import Model, NetConfig
-    from models.losses import task_loss
+    from models.tasks import task
 
     x = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]] * 4)
     y = torch.tensor([1.0, 1.0, 0.0, 0.0] * 3 + [0.0] * 4)  # base rate 6/16
@@ -208,12 +208,12 @@ def test_tiny_binary_head_loss_trajectory():
     with torch.no_grad():
         model.head.linear.weight.zero_()
         model.head.linear.bias.fill_(math.log(p / (1 - p)))
-    first = task_loss("binary", model(x), y).item()
+    first = task("binary").loss(model(x), y).item()
     assert first == pytest.approx(-(p * math.log(p) + (1 - p) * math.log(1 - p)), rel=1e-6)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     losses = []
     for _ in range(8):
-        loss = task_loss("binary", model(x), y)
+        loss = task("binary").loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -1,0 +1,28 @@
+"""The task types: one module each (models/tasks/<name>.py, a `TASK` of models.tasks.base.Task),
+listed here once. Config validation reads `TASKS` (the task names, and the config target keys each
+accepts) without importing a task's module (torch); `task(name)` imports it on first use."""
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entry:
+    module: str  # the module that holds the task's TASK
+    targets: tuple[str, ...]  # the config target keys (pipelines/config.py) that fit the task
+
+
+TASKS: dict[str, Entry] = {
+    "binary": Entry("models.tasks.binary", ("no_event", "function")),
+    "regression": Entry("models.tasks.regression", ("sum", "function")),
+    "multilabel": Entry("models.tasks.multilabel", ("any_event",)),
+    "recommendation": Entry("models.tasks.recommendation", ("items",)),
+}
+
+
+def task(name):
+    """The Task of a task name (or of a TaskSpec: its `.task`)."""
+    name = getattr(name, "task", name)
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; the tasks are {sorted(TASKS)}")
+    return importlib.import_module(TASKS[name].module).TASK

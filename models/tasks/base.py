@@ -1,0 +1,255 @@
+"""What a task type is: the one interface every task module (models/tasks/<name>.py) implements.
+
+A Task is stateless; the scenario's own settings (its target, k, widths) travel in a
+models.specs.TaskSpec, passed to each method as `spec`. The defaults here are those of a task with one
+output per entity (binary, regression): a task overrides what it does differently.
+"""
+
+import numpy as np
+import torch
+
+from models import targets
+from models.features import FeatureSpec
+from models.labels import history_rows
+from models.network import Model, NetConfig
+from models.targets import TargetSpec
+
+HEAD_ZERO_INIT = True  # the head's weights start at zero: the first steps train the head, not wreck the trunk
+
+
+class TargetError(ValueError):
+    """A scenario's target that does not fit the data (the asset turns it into a failure)."""
+
+
+class Task:
+    name = ""
+    headline = ""  # the metric that decides (may name {k}); every metric of `metrics` is reported
+    lower_is_better: frozenset = frozenset()  # metrics where lower is better
+    uses_label_history = False  # the network reads each label's own history (models.labels.label_history)
+    label_outputs = False  # one output per label (the target's labels), else one per entity
+    writes_every_label = False  # predictions `format: all` writes every label, best first
+    one_probability = False  # one probability per entity (the hold-out calibration chart)
+    find_unused_parameters = False  # DDP: some parameters may sit a batch out
+    bench_epochs: int | None = None  # bench/quality.py: fine-tuning epochs, where the default does not fit
+
+    # ------------------------------------------------------------------ the target
+
+    def target_spec(self, name: str, target, cache, cutoff: int) -> TargetSpec:
+        """The scenario's config target (pipelines/config.py) -> a TargetSpec; label sets are chosen
+        from history at or before `cutoff`."""
+        if getattr(target, "function", None):
+            return function_target(name, target)
+        raise NotImplementedError(self.name)
+
+    def outputs(self, spec) -> int:
+        return len(spec.target.labels) if self.label_outputs else 1
+
+    def eligible(self, chunk, target: TargetSpec) -> np.ndarray:
+        """Which rows are scored at a cut-off (from their history only)."""
+        return targets.eligible(chunk, target)
+
+    def labels(self, chunk, target: TargetSpec, cache) -> tuple[np.ndarray, object]:
+        """(the rows of the chunk that have a label, their labels): training and the hold-out."""
+        y = targets.compute_target(chunk, target, _vocab(cache, target), cache)
+        keep = self.eligible(chunk, target)
+        self.check_labels(target, y)
+        return keep, y[keep]
+
+    def check_labels(self, target: TargetSpec, y) -> None:
+        """A user function's values that cannot be this task's labels fail here, naming them."""
+
+    # ------------------------------------------------------------------ the network and its training
+
+    def build_model(self, net: NetConfig, spec, features: FeatureSpec) -> Model:
+        channels = features.channels if self.uses_label_history else 0
+        return Model(net, self.outputs(spec), channels)
+
+    def chunk_extra(self, cache, target: TargetSpec, cutoff: int) -> tuple:
+        """Arrays every chunk at `cutoff` shares, after (x, h, y) (recommendation: item popularity)."""
+        return ()
+
+    def target_sums(self, spec, y: np.ndarray) -> np.ndarray:
+        """The validation targets' sums (their mean: the base rate the head starts at)."""
+        return y.astype(np.float64).sum(0)
+
+    def init_head(self, model: Model, spec, features: FeatureSpec, val, y_mean: np.ndarray, n_val: int,
+                  extra: tuple) -> None:
+        """Start the head near the validation targets' base rate (under torch.no_grad)."""
+        if HEAD_ZERO_INIT:
+            model.head.linear.weight.zero_()
+
+    def sampled_negatives(self, spec, cfg) -> int:
+        """Labels drawn per batch by a sampled loss (0: the full loss)."""
+        return 0
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(self.name)
+
+    def batch_loss(self, model, spec, arrays, b: np.ndarray, dev, rng: np.random.Generator,
+                   negatives: int = 0) -> torch.Tensor:
+        """The loss on rows `b` of (features, label history, targets, *extra)."""
+        x, h, y = arrays[:3]
+        out = model(torch.from_numpy(x[b]).to(dev), history_rows(h, b, dev))
+        return self.loss(out, torch.from_numpy(y[b]).to(dev))
+
+    def val_batch(self, spec, batch: int) -> int:
+        return batch
+
+    criterion_is_loss = True  # the validation loss picks the epoch, else val_criterion
+
+    def val_criterion(self, model, spec, val, dev) -> float:
+        """What picks the epoch where the loss does not (lower is better)."""
+        raise NotImplementedError(self.name)
+
+    # ------------------------------------------------------------------ scores
+
+    def transform(self, out: torch.Tensor) -> torch.Tensor:
+        """Network outputs -> the task's own units (probabilities, amounts)."""
+        return out
+
+    def pair_scores(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The score of output `target[i]` of row i (explanations), in the task's units."""
+        if out.dim() == 2:
+            out = out.gather(1, target[:, None])[:, 0]
+        return self.transform(out)
+
+    def empty_scores(self, model: Model) -> np.ndarray:
+        return np.zeros((0,), np.float32)
+
+    def label_names(self, cache, spec, names: list | None) -> np.ndarray | None:
+        """The names predictions give the labels (None: one score per entity)."""
+        return None
+
+    def label_values(self, cache, spec) -> list:
+        """The labels' values as the checkpoint records them (label tasks)."""
+        return []
+
+    def top(self, model: Model, x: np.ndarray, h, k: int, extra: tuple, device: str) -> tuple[np.ndarray, np.ndarray]:
+        """The k best labels of every row, best first: (label positions, scores)."""
+        raise NotImplementedError(self.name)
+
+    def predictions(self, model: Model, x: np.ndarray, h, k: int, names, extra: tuple, device: str) -> dict:
+        """The prediction columns of these rows (after entity_index)."""
+        import pyarrow as pa
+
+        from models.scoring import scores
+
+        if names is None:
+            return {"score": pa.array(scores(model, self.name, x, h, device=device).astype(np.float32))}
+        best, best_scores = self.top(model, x, h, k, extra, device)
+        n, kk = best.shape
+        offsets = pa.array(np.arange(0, n * kk + 1, kk, dtype=np.int32))
+        return {"labels": pa.ListArray.from_arrays(offsets, pa.array(names[best.ravel()].astype(str))),
+                "scores": pa.ListArray.from_arrays(offsets, pa.array(best_scores.ravel().astype(np.float32)))}
+
+    # ------------------------------------------------------------------ the hold-out
+
+    def headline_metric(self, spec) -> str:
+        return self.headline.format(k=spec.k)
+
+    def report_metrics(self, spec) -> list[str]:
+        """The metrics a benchmark table shows."""
+        return [self.headline_metric(spec)]
+
+    def metrics(self, y: np.ndarray, score: np.ndarray) -> dict[str, float]:
+        raise NotImplementedError(self.name)
+
+    def baselines(self, spec, chunk, h, channel: int) -> dict[str, np.ndarray]:
+        """Heuristics a practitioner would try first, for every row of the chunk, from its history."""
+        return {}
+
+    def fixed_baselines(self, spec, constant: float | None, n: int) -> dict[str, np.ndarray]:
+        """Baselines from the training run (e.g. the training mean)."""
+        return {}
+
+    def summary(self, y: np.ndarray) -> dict:
+        return {"positive_rate": float(np.mean(y)) if len(y) else float("nan")}
+
+    def evaluation(self, model: Model, cache, features: FeatureSpec, spec, cutoff: int, *, constant=None,
+                   extra=None, device: str = "cpu") -> "PerEntity":
+        """The hold-out's accumulator: add(chunk, keep, x, h, y) per chunk, then report()."""
+        return PerEntity(self, model, spec, features, constant, extra, device)
+
+    # ------------------------------------------------------------------ LightGBM on hand features
+
+    def lightgbm(self, lgb, params: dict, spec, dataset, seed: int):
+        """LightGBM's scores of the test rows: `dataset(which, labels=None)` -> (x, y) of "train", "val" or
+        "test". None where LightGBM does not apply."""
+        return None
+
+
+class PerEntity:
+    """The hold-out of a task with one score (or one row of scores) per entity: the model's and the
+    baselines' scores, gathered chunk by chunk, scored by the task's metrics at the end."""
+
+    def __init__(self, task: Task, model, spec, features, constant, extra, device):
+        self.task, self.model, self.spec, self.features = task, model, spec, features
+        self.constant, self.extra, self.device = constant, extra or {}, device
+        self.ys, self.preds, self.base = [], [], {}
+
+    def add(self, chunk, keep: np.ndarray, x: np.ndarray, h, y) -> None:
+        from models.scoring import scores
+
+        p = scores(self.model, self.spec.task, x[keep], None if h is None else h[keep], device=self.device)
+        b = self.task.baselines(self.spec, chunk, h, self.features.habitual_channel)
+        self.ys.append(y)
+        self.preds.append(p)
+        for k, v in b.items():
+            self.base.setdefault(k, []).append(np.asarray(v)[keep])
+
+    def report(self) -> dict:
+        t = self.task
+        y = np.concatenate(self.ys) if self.ys else np.zeros(0)
+        model_scores = np.concatenate(self.preds) if self.preds else np.zeros(0)
+        baselines = {k: np.concatenate(v) for k, v in self.base.items()}
+        baselines.update(t.fixed_baselines(self.spec, self.constant, len(y)))
+        for name, values in self.extra.items():
+            if values is not None:
+                assert len(values) == len(y), f"baseline {name}: {len(values)} scores for {len(y)} entities"
+                baselines[name] = values
+        return {"model": t.metrics(y, model_scores), "baselines": {k: t.metrics(y, v) for k, v in baselines.items()},
+                "entities": int(len(y)), **t.summary(y)}
+
+
+# ---------------------------------------------------------------------- helpers of the task modules
+
+
+def _vocab(cache, target: TargetSpec) -> int | None:
+    meta = cache.columns.get(target.column) if target.column else None
+    return meta["vocab_size"] if meta and meta["type"] == "categorical" else None
+
+
+def function_target(name: str, target) -> TargetSpec:
+    """A user-defined target (models.target_functions): imported now, so a typo fails before training."""
+    from models.target_functions import resolve
+
+    try:
+        resolve(target.function, name)
+    except ValueError as e:
+        raise TargetError(f"scenarios.{name}.target.function: {e}") from e
+    return TargetSpec("function", target.within, function=target.function, scenario=name)
+
+
+def event_column(name: str, ref: str, cache, kind: str) -> str:
+    """The column of `<source>.<column>`, which must be a `kind` column of the cache."""
+    column = ref.split(".", 1)[1] if "." in ref else None
+    if column is None or column not in cache.columns or cache.columns[column]["type"] != kind:
+        have = sorted(c for c, m in cache.columns.items() if m["type"] == kind)
+        raise TargetError(f"scenarios.{name}.target: {ref!r} must name a {kind} column of the events as "
+                          f"<source>.<column>; {kind} columns in the cache: {have}")
+    return column
+
+
+def categorical_column(name: str, column: str, cache) -> str:
+    """`by:` of a label target: a categorical column of the events or their attributes."""
+    if column not in cache.columns or cache.columns[column]["type"] != "categorical":
+        raise TargetError(f"scenarios.{name}.target.by: {column!r} is not a categorical column of the events or their "
+                          f"attributes; choose one of "
+                          f"{sorted(c for c, m in cache.columns.items() if m['type'] == 'categorical')}")
+    return column
+
+
+def vocab_names(cache, target: TargetSpec) -> list:
+    """The values of the target's labels, in label order."""
+    vocab = cache.vocab(target.column).column("value").to_pylist()
+    return [vocab[i - 1] for i in target.labels]

@@ -1,0 +1,242 @@
+"""multilabel: which of the labels (a categorical column's top values: categories, brands) will each
+entity touch in the window? One probability per label; the head reads each label's own history and
+scores the touched (entity, label) pairs with a shared pairwise scorer (network.PairScorer)."""
+
+import numpy as np
+import torch
+from torch import nn
+
+from models.items import SparseRows
+from models.labels import history_rows, recent_popularity
+from models.metrics import blockwise_macro_auroc, macro_auroc
+from models.network import Model
+from models.targets import TargetSpec
+from models.tasks.base import Task, categorical_column, vocab_names
+from models.tasks.binary import logit_bias
+
+HABITUAL_SKIP = 5.0  # the head starts at "what they bought, habitually" (the habitual channel's weight)
+VAL_OUTPUTS = 1 << 23  # outputs per validation batch of a wide head (32 MB of float32 logits)
+COLUMN_MULTIPLE = 256
+
+
+class Multilabel(Task):
+    name = "multilabel"
+    headline = "macro_auroc"
+    uses_label_history = True
+    label_outputs = True
+    writes_every_label = True
+
+    def target_spec(self, name, target, cache, cutoff) -> TargetSpec:
+        from models.labels import top_values
+
+        column = categorical_column(name, target.by, cache)
+        return TargetSpec("any_event", target.within, column, top_values(cache, column, cutoff, target.top))
+
+    def build_model(self, net, spec, features):
+        return Model(net, self.outputs(spec), features.channels, pair_width=spec.pair_width,
+                     pair_layers=spec.pair_layers)
+
+    def init_head(self, model, spec, features, val, y_mean, n_val, extra) -> None:
+        super().init_head(model, spec, features, val, y_mean, n_val, extra)
+        logit_bias(model, y_mean)
+        # start at the strong baseline ("what they bought, habitually", measured best on the demo
+        # data), so training only has to learn what the trunk adds on top
+        model.head.linear.weight.zero_()
+        model.head.skip.weight.zero_()
+        model.head.skip.weight[0, features.habitual_channel] = HABITUAL_SKIP
+
+    def sampled_negatives(self, spec, cfg) -> int:
+        """Wide heads (more than cfg.sampled_above_labels) train on sampled negatives."""
+        outputs = self.outputs(spec)
+        return (cfg.sampled_negatives if outputs > cfg.sampled_above_labels and 0 < cfg.sampled_negatives < outputs
+                else 0)
+
+    def loss(self, out, y):
+        return nn.functional.binary_cross_entropy_with_logits(out, y)
+
+    def batch_loss(self, model, spec, arrays, b, dev, rng, negatives=0):
+        """`negatives` > 0: sampled_multilabel_loss over that many labels drawn from `rng`."""
+        x, h, y = arrays[:3]
+        xb = torch.from_numpy(x[b]).to(dev)
+        if negatives and isinstance(y, SparseRows):
+            return sampled_multilabel_loss(model, xb, history_rows(h, b, dev), y[b], negatives, rng, dev)
+        out = model(xb, history_rows(h, b, dev))
+        if isinstance(y, SparseRows):  # the labels each entity touched, sparse
+            return multilabel_loss(out, y[b], dev)
+        return self.loss(out, torch.from_numpy(y[b]).to(dev))
+
+    def val_batch(self, spec, batch):  # [rows, labels] logits of at most VAL_OUTPUTS (524 rows at 16,000 labels)
+        return max(1, min(batch, VAL_OUTPUTS // max(self.outputs(spec), 1)))
+
+    def transform(self, out):
+        return torch.sigmoid(out)
+
+    def empty_scores(self, model):
+        return np.zeros((0, model.head.linear.out_features), np.float32)
+
+    def label_names(self, cache, spec, names):
+        return np.asarray(vocab_names(cache, spec.target) if names is None else names, dtype=object)
+
+    def label_values(self, cache, spec):
+        return vocab_names(cache, spec.target)
+
+    def top(self, model, x, h, k, extra, device):
+        from models.predict import top_labels
+
+        return top_labels(model, x, h, k, device=device)
+
+    def metrics(self, y, score):
+        return {"macro_auroc": macro_auroc(y, score)}
+
+    def evaluation(self, model, cache, features, spec, cutoff, *, constant=None, extra=None, device="cpu"):
+        return Blockwise(model, recent_popularity(cache, spec.target, cutoff), extra or {},
+                         features.habitual_channel, device)
+
+    def lightgbm(self, lgb, params, spec, dataset, seed):
+        """One small model per label, on at most MULTILABEL_ROWS training rows (cost is labels x rows);
+        a head wider than dataset.max_labels: LabelScores of its most frequent labels."""
+        from models.baselines import MULTILABEL_ROWS, LabelScores, _top_labels
+
+        labels = _top_labels(dataset.cache, spec, dataset.cutoffs["train"], dataset.max_labels)
+        (x_train, y_train), (x_val, y_val) = dataset("train", labels), dataset("val", labels)
+        x_test, _ = dataset("test", labels)
+        rows = np.random.default_rng(seed).permutation(len(x_train))[:MULTILABEL_ROWS]
+        x_sub, y_sub = x_train[rows], y_train[rows]
+        out = np.zeros((len(x_test), y_train.shape[1]), np.float32)
+        small = {**params, "n_estimators": 100, "learning_rate": 0.1, "num_leaves": 15}
+        for j in range(y_train.shape[1]):
+            if y_sub[:, j].min() == y_sub[:, j].max():
+                out[:, j] = y_sub[0, j]
+                continue
+            model = lgb.LGBMClassifier(**small)
+            model.fit(x_sub, y_sub[:, j], eval_set=[(x_val, y_val[:, j])], callbacks=[lgb.early_stopping(15, verbose=False)])
+            out[:, j] = model.predict_proba(x_test)[:, 1]
+        return out if labels is None else LabelScores(labels, out)
+
+
+def baseline_scores(hist: SparseRows | np.ndarray, popularity: np.ndarray, channel: int = 1) -> dict[str, np.ndarray]:
+    """[n, labels] scores of the baselines: what the entity bought, habitually (the label history's
+    `channel`), and what sells now (the same for everyone)."""
+    past = hist.dense(channel) if isinstance(hist, SparseRows) else hist[:, :, channel]
+    return {"past frequency": past, "popularity": np.broadcast_to(popularity, past.shape)}
+
+
+class Blockwise:
+    """macro AUROC of the model and the baselines, a block of labels at a time: what exists at once is
+    the trunk's output [entities, hidden], the sparse targets and histories, and [entities, block] scores.
+    `extra`: other baselines' [entities, labels] scores, or LabelScores of a subset of the labels
+    (reported on that subset next to the model's)."""
+
+    def __init__(self, model, popularity, extra, channel, device):
+        self.model, self.popularity, self.extra, self.channel = model, popularity, extra, channel
+        self.dev = next(model.parameters()).device if device == "auto" else torch.device(device)
+        self.ys, self.trunks, self.hists = [], [], []
+
+    def add(self, chunk, keep, x, h, y) -> None:  # the trunk's output and sparse rows only
+        self.ys.append(_sparse(y))
+        self.trunks.append(_trunk(self.model, x[keep], self.dev))
+        self.hists.append(_sparse(h[keep]))
+
+    def report(self) -> dict:
+        from models.baselines import LabelScores
+
+        model, dev, ys = self.model, self.dev, self.ys
+        labels = ys[0].n_cols if ys else 0
+        y, hist = SparseRows.stack(ys, labels), SparseRows.stack(self.hists, labels)
+        h = torch.cat(self.trunks) if self.trunks else torch.zeros((0, model.trunk.cfg.hidden), device=dev)
+        history = tuple(torch.from_numpy(a).to(dev) for a in (hist.rows, hist.cols, hist.values))
+        empty = torch.zeros(0, dtype=torch.int64, device=dev)
+        n = len(y)
+
+        @torch.no_grad()
+        def model_scores(cols):  # the head's columns `cols`: what scores() gives for them
+            logits = model.head.sampled(h, history, torch.from_numpy(cols).to(dev), empty, empty)[0]
+            return torch.sigmoid(logits).float().cpu().numpy()
+
+        scorers = {"model": model_scores, "past frequency": lambda cols: hist.dense(self.channel, cols),
+                   "popularity": lambda cols: np.broadcast_to(self.popularity[cols], (n, len(cols)))}
+        subsets = {}
+        for name, values in self.extra.items():
+            if isinstance(values, LabelScores):  # e.g. LightGBM on the most frequent labels of a wide head
+                subsets[name] = values
+            elif values is not None:
+                assert len(values) == n, f"baseline {name}: {len(values)} scores for {n} entities"
+                scorers[name] = lambda cols, v=values: v[:, cols]
+        aucs, measured = blockwise_macro_auroc(y, scorers)
+        report = {"model": {"macro_auroc": aucs.pop("model")},
+                  "baselines": {k: {"macro_auroc": v} for k, v in aucs.items()}, "entities": n,
+                  "positive_rate": len(y.cols) / (n * y.n_cols) if n and y.n_cols else float("nan"),
+                  "labels_measured": measured}
+        for name, sub in subsets.items():  # habitus on the same labels, so the comparison stays like for like
+            assert len(sub.scores) == n, f"baseline {name}: {len(sub.scores)} scores for {n} entities"
+            order = np.argsort(sub.labels)  # label position -> its column of sub.scores
+            pair, k = blockwise_macro_auroc(y, {"model": model_scores, name: lambda cols, v=sub, o=order: v.scores[
+                :, o[np.searchsorted(v.labels[o], cols)]]}, labels=sub.labels)
+            report["baselines"][f"{name} (top {len(sub.labels)} labels)"] = {
+                "macro_auroc": pair[name], "model_macro_auroc": pair["model"], "labels_measured": k}
+        return report
+
+
+@torch.no_grad()
+def _trunk(model: Model, x: np.ndarray, dev, batch: int = 8192) -> torch.Tensor:
+    out = [model.trunk(torch.from_numpy(x[i:i + batch]).to(dev)) for i in range(0, len(x), batch)]
+    return torch.cat(out) if out else torch.zeros((0, model.trunk.cfg.hidden), device=dev)
+
+
+def _sparse(a: SparseRows | np.ndarray) -> SparseRows:
+    """Sparse rows of a dense [n, labels] matrix or [n, labels, channels] history (its nonzero entries)."""
+    if isinstance(a, SparseRows):
+        return a
+    a = a if a.ndim == 3 else a[:, :, None]
+    rows, cols = np.nonzero((a != 0).any(-1))
+    return SparseRows.from_pairs(rows, cols, a[rows, cols], len(a), a.shape[1])
+
+
+def multilabel_loss(out: torch.Tensor, y: SparseRows, dev) -> torch.Tensor:
+    """binary_cross_entropy_with_logits(out, y.dense()), the mean over rows x labels, from the sparse
+    targets: per element BCE(z, y) = softplus(z) - y z, and y z is read at the entries only. The
+    [rows, labels] targets are never built, and one pass over the logits replaces the dense
+    loss's several (3x faster at 16,000 labels); the same value up to float rounding."""
+    out = out.float()  # (as autocast runs binary_cross_entropy_with_logits: in float32)
+    out = out[:, None] if out.dim() == 1 else out  # one label: the model squeezes its outputs
+    picked = out[torch.from_numpy(y.rows).to(dev), torch.from_numpy(y.cols).to(dev)]
+    return (nn.functional.softplus(out).sum() - (picked * torch.from_numpy(y.values[:, 0]).to(dev)).sum()) / out.numel()
+
+
+def sampled_multilabel_loss(model: Model, xb: torch.Tensor, history, y: SparseRows, negatives: int,
+                            rng: np.random.Generator, dev) -> torch.Tensor:
+    """An unbiased estimate of multilabel_loss (the mean BCE over rows x labels) from the logits of a
+    few label columns shared by the batch's rows, never the [rows, labels] matrix: every label that
+    is a positive of some row of the batch, plus `negatives` of the other labels drawn uniformly
+    without replacement.
+
+    Full loss x rows x labels = the sum over label columns of sum_rows BCE(z, y). The columns of the
+    batch's positives are summed exactly (every positive, and the negatives that matter most: labels
+    others in the batch buy, the popular ones); one of the other L - P labels is drawn with
+    probability negatives / (L - P), so its column is weighted by (L - P) / negatives (Horvitz-
+    Thompson). The estimate's expectation, and its gradient's, is the full loss's, so training still
+    fits calibrated per-label probabilities (what ranking by score, validation and prediction read).
+    A logQ correction, the alternative, fits a sampled softmax (one label among many) and shifts each
+    label's logit by how often it is sampled; with independent per-label BCE terms the inverse-
+    probability weight is the exact correction."""
+    n_labels = y.n_cols
+    positive = np.unique(y.cols)
+    pool = np.ones(n_labels, bool)
+    pool[positive] = False
+    rest = np.flatnonzero(pool)
+    # (as many more as make the columns a multiple of COLUMN_MULTIPLE: a few shapes of matrix products,
+    # where every new one costs oneDNN a cached kernel: the 16k fine-tuning in bf16 peaked 0.55 GB higher)
+    drawn = rng.choice(rest, min(negatives + (-(len(positive) + negatives)) % COLUMN_MULTIPLE, len(rest)),
+                       replace=False)
+    cols = np.sort(np.concatenate([positive, drawn]))
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)  # noqa: E731
+    empty = torch.zeros(0, dtype=torch.int64, device=dev)
+    out, _ = model(xb, history, labels=(t(cols), empty, empty))
+    out = out.float()  # (as autocast runs the BCE: in float32)
+    weight = np.where(np.isin(cols, positive), 1.0, len(rest) / max(len(drawn), 1)).astype(np.float32)
+    picked = out[t(y.rows), t(np.searchsorted(cols, y.cols))]
+    per_column = nn.functional.softplus(out).sum(0)
+    return ((per_column * t(weight)).sum() - (picked * t(y.values[:, 0])).sum()) / (len(y) * n_labels)
+
+
+TASK = Multilabel()

@@ -1,0 +1,140 @@
+"""recommendation: which items of the whole catalog will each entity buy in the window? Ranked with
+an item head (network.ItemHead) trained by a sampled softmax; scored by hit rate and NDCG at k."""
+
+import math
+
+import numpy as np
+import torch
+
+from models.items import SparseRows, batch_history, candidates, sampled_softmax_loss, top_k_items
+from models.labels import POPULARITY_DAYS, item_popularity, recent_popularity
+from models.metrics import ranking_metrics_at
+from models.network import Model
+from models.targets import TargetSpec
+from models.tasks.base import Task, event_column
+
+POPULARITY_INIT = 0.2  # the start: "what they bought, habitually" blended with what sells now
+HABITUAL_SKIP = 5.0
+
+
+class Recommendation(Task):
+    name = "recommendation"
+    headline = "ndcg@{k}"
+    uses_label_history = True
+    label_outputs = True
+    find_unused_parameters = True  # history terms may sit a batch out
+    bench_epochs = 3
+
+    def target_spec(self, name, target, cache, cutoff) -> TargetSpec:
+        column = event_column(name, target.items, cache, "categorical")
+        return TargetSpec("items", target.within, column, tuple(range(1, cache.columns[column]["vocab_size"] + 1)))
+
+    def build_model(self, net, spec, features):
+        return Model(net, self.outputs(spec), features.channels, spec.item_dim, len(POPULARITY_DAYS))
+
+    def chunk_extra(self, cache, target, cutoff) -> tuple:  # the catalog's popularity at the cut-off
+        return (item_popularity(cache, target, cutoff),)
+
+    def init_head(self, model, spec, features, val, y_mean, n_val, extra) -> None:
+        # popularity breaks ties among what the entity already buys
+        model.head.popularity.weight.zero_()
+        model.head.popularity.weight[0, -1] = POPULARITY_INIT
+        rate = float(np.clip(y_mean.mean(), 1e-9, 0.5))  # chance that an entity buys a given item
+        model.head.popularity.bias.fill_(math.log(rate / (1 - rate)) - POPULARITY_INIT * float(extra[0][:, -1].mean()))
+        model.head.query.weight.zero_()
+        model.head.query.bias.zero_()
+        model.head.skip.weight.zero_()
+        model.head.skip.weight[0, features.habitual_channel] = HABITUAL_SKIP
+
+    def batch_loss(self, model, spec, arrays, b, dev, rng, negatives=0):
+        x, h, y, popularity = arrays[:4]
+        if model.training:
+            b = b[np.diff(y.indptr)[b] > 0]  # entities that bought nothing add nothing to the loss
+        xb = torch.from_numpy(x[b]).to(dev)
+        hb, yb = h[b], y[b]
+        cand = candidates(hb, popularity, rng)
+        return sampled_softmax_loss(model(xb, batch_history(hb, dev), torch.from_numpy(cand).to(dev),
+                                          torch.from_numpy(popularity).to(dev)), yb, cand)
+
+    criterion_is_loss = False
+
+    @torch.no_grad()
+    def val_criterion(self, model, spec, val, dev):
+        """The ranking metric (its softmax loss can fall while the top of the ranking gets worse)."""
+        from models.scoring import rank_items
+
+        model.eval()
+        total, n = 0.0, 0
+        for x, h, y, pop in val:
+            rows = int((np.diff(y.indptr) > 0).sum()) if len(y) else 0
+            if rows == 0:
+                continue
+            top, _ = rank_items(model, x, h, pop, spec.k, device=str(dev))
+            total += ranking_metrics_at(top, y.rows, y.cols, spec.k)[f"ndcg@{spec.k}"] * rows
+            n += rows
+        return -total / n if n else 0.0
+
+    def label_names(self, cache, spec, names):
+        if names is None:  # items: the column's own vocabulary, in label order
+            vocab = cache.vocab(spec.target.column).column("value").to_numpy(zero_copy_only=False)
+            names = [vocab[i - 1] for i in spec.target.labels]
+        return np.asarray(names, dtype=object)
+
+    def top(self, model, x, h, k, extra, device):  # full-catalog ranking, a block of items at a time
+        from models.scoring import rank_items
+
+        return rank_items(model, x, h, extra[0], k, device=device)
+
+    def report_metrics(self, spec):
+        return [f"hr@{spec.k}", f"ndcg@{spec.k}"]
+
+    def evaluation(self, model, cache, features, spec, cutoff, *, constant=None, extra=None, device="cpu"):
+        return Rankings(model, spec, recent_popularity(cache, spec.target, cutoff),
+                        item_popularity(cache, spec.target, cutoff), features.habitual_channel, device)
+
+
+class Rankings:
+    """The hold-out of a ranking: each chunk ranked (no [n, catalog] matrix), metrics weighted by the
+    entities that bought something."""
+
+    def __init__(self, model, spec, popularity, item_pop, channel, device):
+        self.model, self.spec, self.popularity, self.item_pop = model, spec, popularity, item_pop
+        self.channel, self.device = channel, device
+        self.ranking: dict[str, list] = {}
+
+    def add(self, chunk, keep, x, h, y) -> None:
+        tops = item_rankings(self.model, x[keep], h[keep], self.popularity, self.item_pop, self.spec.k, self.device,
+                             self.channel)
+        for name, top in tops.items():
+            self.ranking.setdefault(name, []).append((ranking_metrics_at(top, y.rows, y.cols, self.spec.k),
+                                                      int((np.diff(y.indptr) > 0).sum())))
+
+    def report(self) -> dict:
+        results = {name: _weighted(parts) for name, parts in self.ranking.items()}
+        n = sum(w for _, w in self.ranking["model"]) if self.ranking else 0
+        return {"model": results.pop("model", {}), "baselines": results, "entities": n}
+
+
+def item_rankings(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.ndarray, item_pop: np.ndarray,
+                  k: int, device: str, channel: int = 1) -> dict[str, np.ndarray]:
+    """Top-k item positions per entity for the model and the two baselines: popularity (the same
+    list for everyone) and past frequency (what the entity bought, habitually; popularity breaks ties)."""
+    from models.scoring import rank_items
+
+    n, n_items = len(x), len(popularity)
+    pop = torch.from_numpy(popularity.astype(np.float32))
+    tie = pop * (1e-3 / max(float(popularity.max()), 1e-9))
+    past = SparseRows(hist.indptr, hist.cols, hist.values[:, channel:channel + 1], hist.n_cols)  # habitual count
+    return {"model": rank_items(model, x, hist, item_pop, k, device=device)[0],
+            "popularity": top_k_items(n, n_items, k, lambda r0, r1, i0, i1: pop[i0:i1].expand(r1 - r0, -1))[0],
+            "past frequency": top_k_items(n, n_items, k, lambda r0, r1, i0, i1: tie[i0:i1].expand(r1 - r0, -1),
+                                          past)[0]}
+
+
+def _weighted(parts: list[tuple[dict, int]]) -> dict[str, float]:
+    total = sum(w for _, w in parts)
+    keys = parts[0][0].keys() if parts else []
+    return {k: float(sum(m[k] * w for m, w in parts if w) / total) if total else float("nan") for k in keys}
+
+
+TASK = Recommendation()
