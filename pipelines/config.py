@@ -15,6 +15,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from models.specs import FinetuneConfig, FoundationConfig
+from models.tasks import TASKS
 from pipelines.config_file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
 
 DEFAULT_CONFIG = "examples/demo.yaml"
@@ -207,7 +208,7 @@ class ExplainSettings(_Strict):
 
 
 class Scenario(_Strict):
-    task: Literal["binary", "multilabel", "regression", "recommendation"]
+    task: Literal[tuple(TASKS)]  # the task types (models/tasks/)
     explain: ExplainSettings | None = Field(None, description="write explanations/<scenario> daily ({top: 5})")
     lora: LoraSettings | None = Field(None, description="fine-tune LoRA adapters on the frozen trunk, not all weights")
     inference_precision: Precision | None = Field(None, description="this scenario's predictions; default: the "
@@ -227,15 +228,9 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _target_fits_task(self):
-        allowed = {
-            "binary": (NoEventTarget, FunctionTarget),
-            "multilabel": (AnyEventTarget,),
-            "regression": (SumTarget, FunctionTarget),
-            "recommendation": (ItemsTarget,),
-        }[self.task]
-        if not isinstance(self.target, allowed):
-            kinds = " or ".join(sorted(_TARGET_KEYS[k] for k in allowed))
-            raise ValueError(f"task {self.task!r} takes a target with {kinds}")
+        allowed = TASKS[self.task].targets  # the config target keys that fit the task (models/tasks/__init__.py)
+        if _TARGET_KEYS[type(self.target)] not in allowed:
+            raise ValueError(f"task {self.task!r} takes a target with {' or '.join(sorted(allowed))}")
         return self
 
 
