@@ -251,7 +251,7 @@ def failed_checks_table(failures: list[dict]) -> str:
 
 def report(project, prediction_day: str | None = None) -> str:
     """The table a person reads first: each scenario's hold-out metric next to its baselines."""
-    from assets.checks import baseline_margin
+    from assets.check_measures import baseline_margin
     from resources.workspace import Workspace
 
     ws = Workspace(root=project.workspace)
