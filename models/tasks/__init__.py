@@ -17,6 +17,7 @@ TASKS: dict[str, Entry] = {
     "regression": Entry("models.tasks.regression", ("sum", "function")),
     "multilabel": Entry("models.tasks.multilabel", ("any_event",)),
     "recommendation": Entry("models.tasks.recommendation", ("items",)),
+    "multiclass": Entry("models.tasks.multiclass", ("any_event",)),
 }
 
 
