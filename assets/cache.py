@@ -87,7 +87,8 @@ def build_cache_asset(project) -> dg.AssetsDefinition:
         reused = (workspace.cache_root / spec.fingerprint()[:16] / "manifest.json").exists()
         pointer = workspace.cache_root / "current.json"
         previous = workspace.cache_root / read_json(pointer)["folder"] if pointer.exists() else None
-        folder = build_cache(spec, workspace.cache_root, previous=previous, log=context.log.info)
+        folder = build_cache(spec, workspace.cache_root, previous=previous, log=context.log.info,
+                             **project.cache.build_options())
         write_json(workspace.cache_root / "current.json",
                    {"folder": folder.name, "at": datetime.now(timezone.utc).isoformat()})
         manifest = read_json(folder / "manifest.json")

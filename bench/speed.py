@@ -190,18 +190,20 @@ def stage_duckdb(st: Stage) -> dict:
 
 def stage_cache(st: Stage) -> dict:
     """A fresh build_cache, as the cache asset runs it. With --threads, DuckDB runs that many threads too
-    (build_cache's duckdb_threads; its default is one per core). cpu_seconds: the process's CPU time during
+    (overriding the project's cache.duckdb_threads; its default is one per core). cpu_seconds: the process's CPU time during
     the build, all threads (a busy machine stretches the wall time more than this)."""
     from assets.cache import cache_spec
-    from models.cache import DUCKDB_THREADS, build_cache
+    from models.cache import build_cache
     from models.storage import write_json
 
-    threads = int(os.environ["HABITUS_BENCH_THREADS"]) if os.environ.get("HABITUS_BENCH_THREADS") else DUCKDB_THREADS
+    options = st.project.cache.build_options()  # the project's settings, as the asset passes them
+    if os.environ.get("HABITUS_BENCH_THREADS"):
+        options["duckdb_threads"] = int(os.environ["HABITUS_BENCH_THREADS"])
+    threads = options["duckdb_threads"]
     spec = cache_spec(st.project, st.workspace)
     shutil.rmtree(st.workspace.cache_root, ignore_errors=True)  # a fresh build, never the reused one
     cpu = time.process_time()
-    folder, seconds = _timed(lambda: build_cache(spec, st.workspace.cache_root, log=lambda _: None,
-                                                     duckdb_threads=threads))
+    folder, seconds = _timed(lambda: build_cache(spec, st.workspace.cache_root, log=lambda _: None, **options))
     cpu = time.process_time() - cpu
     write_json(st.workspace.cache_root / "current.json", {"folder": folder.name, "at": datetime.now().isoformat()})
     cache = st.cache

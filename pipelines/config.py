@@ -14,6 +14,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
+from models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
 from models.specs import FinetuneConfig, FoundationConfig
 from models.tasks import TASKS
 from pipelines.config_file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
@@ -129,6 +130,20 @@ class FoundationSettings(_Strict):
                                    hidden=self.hidden, layers=self.layers, epochs=self.epochs,
                                    batch_size=self.batch_size, learning_rate=self.learning_rate,
                                    buckets=self.buckets, seed=self.seed)
+
+
+class CacheSettings(_Strict):
+    """How the cache build runs (never what it writes: these leave its bytes and fingerprint alone)."""
+    duckdb_memory: str = Field(DUCKDB_MEMORY, pattern=r"^\s*\d+(\.\d+)?\s*[KMGT]i?B\s*$",
+                               description="DuckDB's memory limit during the build ('2GB'); beyond it, it spills "
+                                           "into the workspace")
+    duckdb_threads: int | None = Field(DUCKDB_THREADS, ge=1, description="DuckDB threads; default one per core")
+    part_events: int = Field(PART_EVENTS, ge=1, description="events sorted at a time (~150 MB of sort at 2M)")
+
+    def build_options(self) -> dict:
+        """The keyword arguments of models.cache.build_cache."""
+        return {"duckdb_memory": self.duckdb_memory, "duckdb_threads": self.duckdb_threads,
+                "part_events": self.part_events}
 
 
 class NoEventTarget(_Strict):
@@ -323,6 +338,7 @@ class Project(_Strict):
     connections: dict[str, Connection]
     entity: str
     sources: list[Source] = Field(min_length=1)
+    cache: CacheSettings = CacheSettings()
     foundation: FoundationSettings = FoundationSettings()
     scenarios: dict[str, Scenario] = Field(default_factory=dict)
     predictions: PredictionSettings = PredictionSettings()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
 from models.specs import FinetuneConfig, FoundationConfig
 from pipelines.config import CONFIG_ENV, ConfigError, load_project
 
@@ -101,6 +102,16 @@ def test_the_config_translates_once_into_the_models_settings(tmp_path):
     f = set_by_user.foundation.config()
     assert (f.hidden, f.layers, f.epochs, f.horizon_days, f.cutoff_every_days) == (64, 1, 1, 14, 7)
     assert set_by_user.scenarios["spend"].finetune_config(spill_dir="/spill").spill_dir == "/spill"
+    assert project.cache.build_options() == {"duckdb_memory": DUCKDB_MEMORY, "duckdb_threads": DUCKDB_THREADS,
+                                             "part_events": PART_EVENTS}
+
+
+def test_cache_settings_are_checked(tmp_path):
+    cfg = {**base(), "cache": {"duckdb_memory": "lots", "duckdb_threads": 0}}
+    message = config_error(write(tmp_path, cfg))
+    assert "cache.duckdb_memory" in message and "cache.duckdb_threads" in message
+    cfg["cache"] = {"duckdb_memory": "512MB", "duckdb_threads": 2}
+    assert load_project(write(tmp_path, cfg)).cache.build_options()["duckdb_memory"] == "512MB"
 
 
 def test_relative_paths_resolve_against_config_folder(tmp_path, monkeypatch):
