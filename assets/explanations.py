@@ -5,19 +5,16 @@ models/explain.py, docs/explanations.md) and, with `explain: {write_back: true}`
 warehouse table <sink.table>_<name>_explanations. The materialization carries the completeness gap
 and the global importance (mean |attribution| by source and column) as a table and a bar chart."""
 
-import base64
 import time
-from pathlib import Path
 
 import dagster as dg
-import pyarrow.parquet as pq
 
 from assets.cache import CACHE_KEY, current_cache
-from assets.predictions import as_of_time, write_entity_file
+from assets.plots import importance_chart
+from assets.predictions import as_of_time, write_day
 from assets.scenarios import scenario_key
-from assets.serving import serving_checkpoint
+from assets.serving import CHECKPOINT_NOTE, load_serving
 from assets.sources import connection_key
-from models.storage import atomic_path
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
 
@@ -32,27 +29,6 @@ def importance_markdown(importance: list[tuple[str, str, float]], rows: int = 15
     return "\n".join(lines)
 
 
-def importance_chart(importance: list[tuple[str, str, float]], path: Path, title: str, rows: int = 15) -> str:
-    """Horizontal bars of mean |attribution| by source.column, largest on top; markdown showing it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shown = importance[:rows][::-1]
-    fig, ax = plt.subplots(figsize=(6, 0.35 * len(shown) + 1.2), dpi=100)
-    ax.barh([f"{s}.{c}" for s, c, _ in shown], [v for _, _, v in shown], color="#4878a8")
-    ax.set_xlabel("mean |attribution| (score units)")
-    ax.set_title(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:  # a killed run never leaves half a picture
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    encoded = base64.b64encode(path.read_bytes()).decode()
-    return f"![{title}](data:image/png;base64,{encoded})\n\n`{path}`"
-
-
 def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg.AssetsDefinition:
     settings = scenario.explain
     sink = project.predictions.sink if settings.write_back else None
@@ -65,7 +41,6 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
                           f"{name!r} (Integrated Gradients, grouped by source, column and value)")
     @locked(f"explanations/{name}")
     def _explanations(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        from models.checkpoint import load_checkpoint
         from models.explain import Summary, column_sources, explain_cutoff, input_groups, vocab_reader
         from models.predict import load_model
 
@@ -74,11 +49,7 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
         executor: TrainingExecutor = context.resources.executor
         device = executor.setup()
         cache = current_cache(workspace)
-        checkpoint, passed = serving_checkpoint(workspace, name)
-        state, config = load_checkpoint(checkpoint)
-        if not cache.fits(config):
-            raise dg.Failure(f"the cache was rebuilt with other settings since scenario {name!r} was trained (its ids "
-                             f"differ); materialize foundation_model and scenario/{name} again before explaining")
+        state, config, passed = load_serving(workspace, cache, name, "explaining")
         model, spec, task = load_model(state, config)  # fp32: gradients (predictions may score in int8)
         label_names = config.get("label_values") or None
         labels = None
@@ -103,14 +74,9 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
                                      labels=labels, per_entity=settings.per_entity, label_names=label_names,
                                      steps=settings.steps, device=device, summary=summary)
             path = folder / f"{day}.parquet"
-            day_rows = write_entity_file(cache, batches, path, project.entity, fingerprint, as_of)
-            if day_rows == 0:
-                raise dg.Failure(f"no entity is eligible for scenario {name!r} as of {as_of.isoformat()}: the cache "
-                                 f"holds no history before that time")
-            if warehouse is not None:
-                table = pq.read_table(path)
-                written_back += warehouse.write(f"{sink.table}_{name}_explanations", table.to_batches(), table.schema,
-                                                replace=("as_of", as_of.replace(tzinfo=None)))
+            day_rows, day_written = write_day(cache, batches, path, name, project.entity, fingerprint, as_of,
+                                              warehouse, f"{sink.table}_{name}_explanations" if sink else None)
+            written_back += day_written
             context.log.info(f"explanations/{name} {day}: {day_rows:,} reasons")
             rows += day_rows
             files.append(path)
@@ -130,8 +96,7 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
             "completeness_gap_max": dg.MetadataValue.float(summary.gap_max),
             "completeness_gap_relative": dg.MetadataValue.float(summary.relative_gap),
             "model_fingerprint": fingerprint,
-            "checkpoint": "passed its check (beats_baselines)" if passed else
-                          "newest: no checkpoint has beaten its baselines yet",
+            "checkpoint": CHECKPOINT_NOTE[passed],
             "entities_per_second": dg.MetadataValue.float(round(summary.entities / max(seconds, 1e-9), 1)),
             "written_to_warehouse": dg.MetadataValue.int(written_back),
             "seconds": dg.MetadataValue.float(round(seconds, 3)),

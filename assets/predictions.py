@@ -17,9 +17,8 @@ import pyarrow.parquet as pq
 
 from assets.cache import CACHE_KEY, current_cache
 from assets.scenarios import scenario_key
-from assets.serving import serving_checkpoint
+from assets.serving import CHECKPOINT_NOTE, load_serving
 from assets.sources import connection_key
-from models.checkpoint import load_checkpoint
 from models.predict import load_model, predict
 from models.quantize import for_inference
 from models.tasks import task as task_of
@@ -55,6 +54,21 @@ def write_entity_file(cache, batches, path: Path, entity_column: str, fingerprin
         if tmp.exists():
             tmp.unlink()
     return rows
+
+
+def write_day(cache, batches, path: Path, name: str, entity_column: str, fingerprint: str, as_of: datetime,
+              warehouse=None, table: str | None = None) -> tuple[int, int]:
+    """A day of scenario `name` (scores or reasons) to `path` (write_entity_file) and, with a warehouse,
+    to its `table`, that day's rows replaced. Returns (rows, rows written back); no eligible entity fails."""
+    rows = write_entity_file(cache, batches, path, entity_column, fingerprint, as_of)
+    if rows == 0:
+        raise dg.Failure(f"no entity is eligible for scenario {name!r} as of {as_of.isoformat()}: the cache "
+                         f"holds no history before that time")
+    if warehouse is None:
+        return rows, 0
+    written = pq.read_table(path)
+    return rows, warehouse.write(table, written.to_batches(), written.schema,
+                                 replace=("as_of", as_of.replace(tzinfo=None)))
 
 
 def without_history(cache, cutoff: int) -> np.ndarray:
@@ -106,14 +120,10 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
         executor: TrainingExecutor = context.resources.executor
         device = executor.setup()
         cache = current_cache(workspace)
-        checkpoint, passed = serving_checkpoint(workspace, name)
+        state, config, passed = load_serving(workspace, cache, name, "predicting")
         if not passed:
             context.log.warning(f"no checkpoint of scenario {name!r} has beaten its baselines yet; scoring with the "
                                 f"newest one")
-        state, config = load_checkpoint(checkpoint)
-        if not cache.fits(config):
-            raise dg.Failure(f"the cache was rebuilt with other settings since scenario {name!r} was trained (its ids "
-                             f"differ); materialize foundation_model and scenario/{name} again before predicting")
         model, spec, task = load_model(state, config)
         precision = project.scenarios[name].inference_precision or executor.inference_precision
         if precision == "int8" and not device.startswith("cpu"):
@@ -139,14 +149,9 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
             if settings.without_history == "flag":
                 batches = flag_without_history(batches, cache, cutoff)
             path = workspace.predictions(name) / f"{day}.parquet"
-            day_rows = write_entity_file(cache, batches, path, project.entity, fingerprint, as_of)
-            if day_rows == 0:
-                raise dg.Failure(f"no entity is eligible for scenario {name!r} as of {as_of.isoformat()}: the cache "
-                                 f"holds no history before that time")
-            if warehouse is not None:
-                table = pq.read_table(path)
-                written_back += warehouse.write(f"{sink.table}_{name}", table.to_batches(), table.schema,
-                                                replace=("as_of", as_of.replace(tzinfo=None)))
+            day_rows, day_written = write_day(cache, batches, path, name, project.entity, fingerprint, as_of,
+                                              warehouse, f"{sink.table}_{name}" if sink else None)
+            written_back += day_written
             context.log.info(f"predictions/{name} {day}: {day_rows:,} rows")
             rows += day_rows
             files.append(path)
@@ -156,8 +161,7 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
             "days": dg.MetadataValue.int(len(files)),
             "as_of": as_of.isoformat(),
             "model_fingerprint": fingerprint,
-            "checkpoint": "passed its check (beats_baselines)" if passed else
-                          "newest: no checkpoint has beaten its baselines yet",
+            "checkpoint": CHECKPOINT_NOTE[passed],
             "bytes": dg.MetadataValue.int(sum(f.stat().st_size for f in files)),
             "entities_per_second": dg.MetadataValue.float(round(rows / max(seconds, 1e-9), 1)),
             "written_to_warehouse": dg.MetadataValue.int(written_back),

@@ -12,7 +12,13 @@ predictions say so in their metadata (its blocking check fails in every run that
 import shutil
 from pathlib import Path
 
+import dagster as dg
+
 from models.storage import atomic_path, read_json
+
+# the metadata line of a predictions or explanations run: which checkpoint scored
+CHECKPOINT_NOTE = {True: "passed its check (beats_baselines)",
+                   False: "newest: no checkpoint has beaten its baselines yet"}
 
 
 def passed_path(workspace, name: str) -> Path:
@@ -42,3 +48,16 @@ def serving_note(workspace, name: str) -> str:
         return "no checkpoint yet"
     sha = read_json(path / "config.json")["weights_sha256"][:16]
     return f"passed checkpoint {sha}" if passed else f"newest checkpoint {sha} (none has beaten its baselines yet)"
+
+
+def load_serving(workspace, cache, name: str, doing: str) -> tuple[dict, dict, bool]:
+    """(state, config, passed) of the checkpoint serving scenario `name`; fails when the cache was
+    rebuilt with other settings since it was trained (`doing`: what the caller is about to do)."""
+    from models.checkpoint import load_checkpoint
+
+    checkpoint, passed = serving_checkpoint(workspace, name)
+    state, config = load_checkpoint(checkpoint)
+    if not cache.fits(config):
+        raise dg.Failure(f"the cache was rebuilt with other settings since scenario {name!r} was trained (its ids "
+                         f"differ); materialize foundation_model and scenario/{name} again before {doing}")
+    return state, config, passed
