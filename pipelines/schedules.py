@@ -45,11 +45,18 @@ def cache_in_use(workspace) -> Cache | None:
     return Cache(folder) if (folder / "manifest.json").exists() else None
 
 
-def foundation_request(project, workspace) -> dg.RunRequest | dg.SkipReason:
+def data_or_skip(project, workspace) -> str | dg.SkipReason:
+    """The data fingerprint, or why there is nothing to train on yet (a source not extracted)."""
     try:
-        fp = data_fingerprint(project, workspace)
+        return data_fingerprint(project, workspace)
     except dg.Failure as e:
         return dg.SkipReason(f"nothing to train on yet: {e.description}")
+
+
+def foundation_request(project, workspace) -> dg.RunRequest | dg.SkipReason:
+    fp = data_or_skip(project, workspace)
+    if isinstance(fp, dg.SkipReason):
+        return fp
     cfg = checkpoint_config(workspace.foundation)
     if cfg is not None and cfg.get("cache_fingerprint") == fp:
         return dg.SkipReason(f"the foundation model was trained on the current data (cache fingerprint {fp[:16]}); "
@@ -59,10 +66,9 @@ def foundation_request(project, workspace) -> dg.RunRequest | dg.SkipReason:
 
 
 def scenarios_request(project, workspace) -> dg.RunRequest | dg.SkipReason:
-    try:
-        fp = data_fingerprint(project, workspace)
-    except dg.Failure as e:
-        return dg.SkipReason(f"nothing to train on yet: {e.description}")
+    fp = data_or_skip(project, workspace)
+    if isinstance(fp, dg.SkipReason):
+        return fp
     foundation = checkpoint_config(workspace.foundation)
     if foundation is None:
         return dg.SkipReason("no foundation model yet: the foundation schedule (or materializing foundation_model) "
