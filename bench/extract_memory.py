@@ -92,29 +92,55 @@ def _direct(kind: str, spec: dict, table: str):
     raise ValueError(kind)
 
 
-def child(kind: str, spec: dict, table: str, mode: str) -> dict:
-    import pyarrow.parquet as pq
+def measure(wh, table: str, write) -> dict:
+    """One measurement: `write(out, out_schema) -> rows` puts `table`'s COLUMNS into the Parquet file
+    `out`; rows, seconds and the peak RSS above the RSS after connecting and describing the table (as
+    the source asset does)."""
+    import pyarrow as pa
 
-    wh = _warehouse(kind, spec)
-    schema = wh.schema(table)  # connect and describe before the baseline, as the source asset does
-    out_schema = __import__("pyarrow").schema([schema.field(c) for c in COLUMNS])
+    schema = wh.schema(table)
+    out_schema = pa.schema([schema.field(c) for c in COLUMNS])
     base = _rss_mb()
     _reset_peak()
-    started = time.perf_counter()
     out = Path(tempfile.mkdtemp()) / "out.parquet"
-    rows = 0
-    if mode == "stream":
-        with pq.ParquetWriter(out, out_schema, compression="zstd") as w:
-            for b in wh.read(table, COLUMNS, batch_rows=65_536):
-                w.write_batch(b)
-                rows += len(b)
-    else:
-        t = _direct(kind, spec, table)
-        rows = t.num_rows
-        pq.write_table(t, out, compression="zstd")
+    started = time.perf_counter()
+    rows = write(out, out_schema)
     seconds = time.perf_counter() - started
-    arrow_mb = __import__("pyarrow").default_memory_pool().max_memory() / 2**20
-    return {"rows": rows, "seconds": seconds, "peak_mb": _peak_mb() - base, "arrow_mb": arrow_mb}
+    return {"rows": rows, "seconds": seconds, "peak_mb": _peak_mb() - base}
+
+
+def stream_to_parquet(batches, out: Path, out_schema) -> int:
+    """Batches as they come to one Parquet file (the connector's streamed read); returns the rows."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    with pq.ParquetWriter(out, out_schema, compression="zstd") as w:
+        for b in batches:
+            w.write_batch(b)
+            rows += len(b)
+    return rows
+
+
+def table_to_parquet(table, out: Path) -> int:
+    """A table fetched whole to one Parquet file (the driver's way); returns the rows."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, out, compression="zstd")
+    return table.num_rows
+
+
+def child(kind: str, spec: dict, table: str, mode: str) -> dict:
+    import pyarrow as pa
+
+    wh = _warehouse(kind, spec)
+    if mode == "stream":
+        def write(out, schema):
+            return stream_to_parquet(wh.read(table, COLUMNS, batch_rows=65_536), out, schema)
+    else:
+        def write(out, _):
+            return table_to_parquet(_direct(kind, spec, table), out)
+    m = measure(wh, table, write)
+    return {**m, "arrow_mb": pa.default_memory_pool().max_memory() / 2**20}
 
 
 # --------------------------------------------------------------------------- the parent: data + table
@@ -170,16 +196,62 @@ def _load(kind: str, folder: Path, files: dict, servers: dict) -> dict:
     return spec
 
 
-def _start(cmd: list[str], port: int):
+def _wait_port(port: int, wait: float) -> None:
     import socket
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    for _ in range(300):
+
+    deadline = time.time() + wait
+    while time.time() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc
+                return
         time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"{cmd[0]} did not listen on {port}")
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {wait}s")
+
+
+def _start(cmd: list[str], port: int, cwd: Path | None = None, env: dict | None = None, wait: float = 30):
+    """A server in its own process group, once it listens on `port`."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            cwd=cwd, env=env)
+    try:
+        _wait_port(port, wait)
+    except RuntimeError:
+        os.killpg(proc.pid, 9)
+        raise
+    return proc
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, 15)
+            p.wait(15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(p.pid, 9)
+
+
+def start_s3_and_snowflake(wanted: list[str], procs: list, skipped: list) -> dict:
+    """moto (S3) and fakesnow (Snowflake) on loopback when `wanted`; the servers' addresses by source.
+    Started processes go to `procs`, sources left out (with why) to `skipped`."""
+    servers = {}
+    if "s3" in wanted:
+        prog = _program("moto_server")
+        if prog:
+            port = _free_port()
+            procs.append(_start([prog, "-H", "127.0.0.1", "-p", str(port)], port))
+            servers["s3"] = f"127.0.0.1:{port}"
+            os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+            os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+        else:
+            skipped.append("s3 (moto_server not installed)")
+    if "snowflake" in wanted:
+        prog = _program("fakesnow", ".venv-fakesnow")
+        if prog:
+            port = _free_port()
+            procs.append(_start([prog, "-s", "-p", str(port)], port))
+            servers["snowflake"] = port
+        else:
+            skipped.append("snowflake (fakesnow not installed: make .venv-fakesnow/.installed)")
+    return servers
 
 
 def _free_port() -> int:
@@ -211,27 +283,10 @@ def main(argv=None) -> int:
 
     folder = Path(tempfile.mkdtemp(prefix="habitus-bench-"))
     files = {f"events_{k}x": _make_data(folder, args.rows * int(k), f"events_{k}x") for k in args.scales.split(",")}
-    servers, procs, skipped = {}, [], []
+    procs, skipped = [], []
     wanted = args.sources.split(",")
     try:
-        if "s3" in wanted:
-            prog = _program("moto_server")
-            if prog:
-                port = _free_port()
-                procs.append(_start([prog, "-H", "127.0.0.1", "-p", str(port)], port))
-                servers["s3"] = f"127.0.0.1:{port}"
-                os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
-                os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-            else:
-                skipped.append("s3 (moto_server not installed)")
-        if "snowflake" in wanted:
-            prog = _program("fakesnow", ".venv-fakesnow")
-            if prog:
-                port = _free_port()
-                procs.append(_start([prog, "-s", "-p", str(port)], port))
-                servers["snowflake"] = port
-            else:
-                skipped.append("snowflake (fakesnow not installed: make .venv-fakesnow)")
+        servers = start_s3_and_snowflake(wanted, procs, skipped)
         print(f"{'source':<11} {'mode':<13} {'rows':>10} {'seconds':>8} {'rows/s':>11} {'peak RSS MB':>11} "
               f"{'Arrow MB':>8}")
         for kind in wanted:
@@ -254,9 +309,7 @@ def main(argv=None) -> int:
                           f"{m['rows'] / max(m['seconds'], 1e-9):>11,.0f} {m['peak_mb']:>11.0f} "
                           f"{m['arrow_mb']:>8.0f}", flush=True)
     finally:
-        for p in procs:
-            os.killpg(p.pid, 15)
-            p.wait(10)
+        _stop(procs)
     if skipped:
         print("left out: " + "; ".join(skipped))
     print("stream = the connector's read() in 65,536-row batches to Parquet (the source asset's read); "

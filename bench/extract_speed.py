@@ -26,7 +26,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -78,33 +77,16 @@ def _direct(kind: str, spec: dict, wh):
 
 
 def child(kind: str, spec: dict, mode: str) -> dict:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from resources.canonical import write_canonical_parquet
 
     wh = _warehouse(kind, spec)
-    schema = wh.schema(TABLE)  # connect and describe before the baseline, as the source asset does
-    out_schema = pa.schema([schema.field(c) for c in COLUMNS])
-    base = em._rss_mb()
-    em._reset_peak()
-    out = Path(tempfile.mkdtemp()) / "out.parquet"
-    started = time.perf_counter()
-    if mode == "extract":
-        rows = write_canonical_parquet(wh.read(TABLE, COLUMNS, batch_rows=65_536), out, out_schema,
-                                       first=["customer_id", "ts"], table=TABLE)
-    elif mode == "read":
-        rows = 0
-        with pq.ParquetWriter(out, out_schema, compression="zstd") as w:
-            for b in wh.read(TABLE, COLUMNS, batch_rows=65_536):
-                w.write_batch(b)
-                rows += len(b)
-    else:
-        t = _direct(kind, spec, wh)
-        rows = t.num_rows
-        pq.write_table(t, out, compression="zstd")
-    seconds = time.perf_counter() - started
-    return {"rows": rows, "seconds": seconds, "peak_mb": em._peak_mb() - base}
+    writes = {
+        "extract": lambda out, schema: write_canonical_parquet(wh.read(TABLE, COLUMNS, batch_rows=65_536), out, schema,
+                                                               first=["customer_id", "ts"], table=TABLE),
+        "read": lambda out, schema: em.stream_to_parquet(wh.read(TABLE, COLUMNS, batch_rows=65_536), out, schema),
+        "driver": lambda out, _: em.table_to_parquet(_direct(kind, spec, wh), out),
+    }
+    return em.measure(wh, TABLE, writes[mode])
 
 
 # --------------------------------------------------------------------------- the parent: servers and tables
@@ -120,9 +102,9 @@ def _start_bigquery(home: Path, procs: list) -> dict | None:
                     "p = glob.glob(d + '/extensions/*/spatial.duckdb_extension')[0]; duckdb.sql(f\"INSTALL '{p}'\")"],
                    check=True, cwd=home, capture_output=True)
     rest, grpc = em._free_port(), em._free_port()
-    procs.append(_start_in([prog, "start", "--rest-port", str(rest), "--grpc-port", str(grpc), "--project", "bench"],
-                           rest, home))
-    _wait_port(grpc, 30)  # the gRPC port (Storage Read API) opens after the REST one
+    procs.append(em._start([prog, "start", "--rest-port", str(rest), "--grpc-port", str(grpc), "--project", "bench"],
+                           rest, home, wait=60))
+    em._wait_port(grpc, 30)  # the gRPC port (Storage Read API) opens after the REST one
     return {"rest": f"http://127.0.0.1:{rest}", "grpc": f"127.0.0.1:{grpc}", "dataset": "bench"}
 
 
@@ -133,40 +115,16 @@ def _start_hive(home: Path, procs: list) -> dict | None:
     if prog is None or (shutil.which("java") is None and not os.environ.get("JAVA_HOME")):
         return None
     port = em._free_port()
+    conf = {"spark.ui.enabled": "false", "spark.sql.warehouse.dir": home / "warehouse",
+            "spark.driver.extraJavaOptions": f"-Dderby.system.home={home}", "spark.sql.session.timeZone": "UTC"}
+    hiveconf = {"hive.server2.thrift.port": port, "hive.server2.thrift.bind.host": "127.0.0.1"}
     cmd = [prog, "--class", "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2", "--master", "local[2]",
-           "--driver-memory", "2g", "--conf", "spark.ui.enabled=false",
-           "--conf", f"spark.sql.warehouse.dir={home / 'warehouse'}",
-           "--conf", f"spark.driver.extraJavaOptions=-Dderby.system.home={home}",
-           "--conf", "spark.sql.session.timeZone=UTC",
-           "--hiveconf", f"hive.server2.thrift.port={port}", "--hiveconf", "hive.server2.thrift.bind.host=127.0.0.1",
-           "spark-internal"]
+           "--driver-memory", "2g", *(a for k, v in conf.items() for a in ("--conf", f"{k}={v}")),
+           *(a for k, v in hiveconf.items() for a in ("--hiveconf", f"{k}={v}")), "spark-internal"]
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(home), "SPARK_PID_DIR": str(home),
            "PATH": f"{Path(prog).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    procs.append(_start_in(cmd, port, home, env=env, wait=120))
+    procs.append(em._start(cmd, port, home, env=env, wait=120))
     return {"port": port, "database": "default"}
-
-
-def _wait_port(port: int, wait: float) -> None:
-    import socket
-
-    deadline = time.time() + wait
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {wait}s")
-
-
-def _start_in(cmd: list[str], port: int, cwd: Path, env=None, wait: float = 60):
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            cwd=cwd, env=env)
-    try:
-        _wait_port(port, wait)
-    except RuntimeError:
-        os.killpg(proc.pid, 9)
-        raise
-    return proc
 
 
 def _load(kind: str, folder: Path, data: Path, servers: dict) -> dict:
@@ -205,27 +163,10 @@ def main(argv=None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="habitus-speed-"))
     data = em._make_data(folder, args.rows, TABLE)
     wanted = args.sources.split(",")
-    servers, procs, skipped, results = {}, [], [], []
+    procs, skipped, results = [], [], []
     log = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
     try:
-        if "s3" in wanted:
-            prog = em._program("moto_server")
-            if prog:
-                port = em._free_port()
-                procs.append(em._start([prog, "-H", "127.0.0.1", "-p", str(port)], port))
-                servers["s3"] = f"127.0.0.1:{port}"
-                os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
-                os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-            else:
-                skipped.append("s3 (moto_server not installed)")
-        if "snowflake" in wanted:
-            prog = em._program("fakesnow", ".venv-fakesnow")
-            if prog:
-                port = em._free_port()
-                procs.append(em._start([prog, "-s", "-p", str(port)], port))
-                servers["snowflake"] = port
-            else:
-                skipped.append("snowflake (fakesnow not installed: make .venv-fakesnow/.installed)")
+        servers = em.start_s3_and_snowflake(wanted, procs, skipped)
         for kind, start in (("bigquery", _start_bigquery), ("hive", _start_hive)):
             if kind in wanted:
                 home = folder / kind
@@ -256,12 +197,7 @@ def main(argv=None) -> int:
                 log(f"{kind:<11} {mode:<8} {m['rows']:>10,} {m['seconds']:>8.2f} {m['rows_per_s']:>11,} "
                     f"{m['peak_mb']:>8.0f}", flush=True)
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, 15)
-                p.wait(15)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(p.pid, 9)
+        em._stop(procs)
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.json:
