@@ -87,15 +87,6 @@ def copy(demo, tmp_path):
     return tmp_path, warehouse
 
 
-def _sql(warehouse, *statements):
-    con = duckdb.connect(str(warehouse))
-    try:
-        for s in statements:
-            con.sql(s)
-    finally:
-        con.close()
-
-
 # --------------------------------------------------------------------------- sources
 
 
@@ -138,11 +129,11 @@ def test_schema_problems_name_what_differs(demo):
         "types.nope: no such column (extracted: ['customer_id', 'ts', 'product_id', 'store_id'])"]
 
 
-def test_schema_check_fails_and_blocks_the_cache_in_the_same_run(copy):
+def test_schema_check_fails_and_blocks_the_cache_in_the_same_run(copy, duckdb_sql):
     root, warehouse = copy
     project = _project(root, warehouse)
     _extract_all(project)
-    _sql(warehouse, "ALTER TABLE purchases DROP COLUMN price", "ALTER TABLE purchases ADD COLUMN price VARCHAR")
+    duckdb_sql(warehouse, "ALTER TABLE purchases DROP COLUMN price", "ALTER TABLE purchases ADD COLUMN price VARCHAR")
     result = _run(project, [SOURCE, CACHE], partition_key="2026-04-01")
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert not checks["schema_matches_config"].passed and checks["schema_matches_config"].severity == ERROR
@@ -151,11 +142,11 @@ def test_schema_check_fails_and_blocks_the_cache_in_the_same_run(copy):
     assert result.asset_materializations_for_node("cache") == []  # blocked: no cache from mixed files
 
 
-def test_null_and_repeated_keys(copy):
+def test_null_and_repeated_keys(copy, duckdb_sql):
     root, warehouse = copy
     project = _project(root, warehouse)
-    _sql(warehouse, "INSERT INTO products SELECT * FROM products LIMIT 2",  # 2 of 82 rows repeat a key
-         "UPDATE purchases SET customer_id = NULL WHERE ts < TIMESTAMP '2026-03-20'")
+    duckdb_sql(warehouse, "INSERT INTO products SELECT * FROM products LIMIT 2",  # 2 of 82 rows repeat a key
+                "UPDATE purchases SET customer_id = NULL WHERE ts < TIMESTAMP '2026-03-20'")
     _extract_all(project, expect_success=False)  # the events' blocking check fails
     products = _checks(project, dg.AssetKey(["source", "products"]))["keys_present"]
     assert not products.passed and products.severity == WARN
@@ -171,28 +162,31 @@ def test_null_and_repeated_keys(copy):
     assert check.metadata["rows"].value < events.metadata["rows"].value / 2
 
 
-def test_timestamps_in_the_future_or_before_1970(copy):
+def test_timestamps_in_the_future_or_before_1970(copy, duckdb_sql):
     root, warehouse = copy
     project = _project(root, warehouse)
     _extract_all(project)
-    _sql(warehouse, "INSERT INTO purchases SELECT customer_id, TIMESTAMP '2099-01-01', product_id, store_id, "
-                    "quantity, price FROM purchases LIMIT 1",
-         "INSERT INTO purchases SELECT customer_id, TIMESTAMP '1960-05-01', product_id, store_id, quantity, price "
-         "FROM purchases LIMIT 1")
+    duckdb_sql(
+        warehouse,
+        "INSERT INTO purchases SELECT customer_id, TIMESTAMP '2099-01-01', product_id, store_id, quantity, price "
+        "FROM purchases LIMIT 1",
+        "INSERT INTO purchases SELECT customer_id, TIMESTAMP '1960-05-01', product_id, store_id, quantity, price "
+        "FROM purchases LIMIT 1")
     check = _checks(project, SOURCE)["timestamps_plausible"]
     assert not check.passed and check.severity == ERROR
     assert "2099-01-01T00:00:00 is in the future" in check.description
     assert "1960-05-01T00:00:00 is before 1970" in check.description
 
 
-def test_volume_guidelines_pass_with_enough_data(tmp_path):
+def test_volume_guidelines_pass_with_enough_data(tmp_path, duckdb_sql):
     warehouse = tmp_path / "big.duckdb"
-    _sql(warehouse,
-         "CREATE TABLE purchases AS SELECT 'c' || (i % 10000) AS customer_id, "
-         "TIMESTAMP '2026-03-01' + to_seconds(i * 24) AS ts, 'p' || (i % 90) AS product_id, 's1' AS store_id, "
-         "1.0 AS price FROM range(330000) t(i)",  # 110,000 events a month, March to May
-         "CREATE TABLE customers AS SELECT 'c' || i AS customer_id, 30 AS age, 'x' AS segment FROM range(10000) t(i)",
-         "CREATE TABLE products AS SELECT 'p' || i AS product_id, 'b' AS brand, 'c' AS category FROM range(90) t(i)")
+    duckdb_sql(
+        warehouse,
+        "CREATE TABLE purchases AS SELECT 'c' || (i % 10000) AS customer_id, "
+        "TIMESTAMP '2026-03-01' + to_seconds(i * 24) AS ts, 'p' || (i % 90) AS product_id, 's1' AS store_id, "
+        "1.0 AS price FROM range(330000) t(i)",  # 110,000 events a month, March to May
+        "CREATE TABLE customers AS SELECT 'c' || i AS customer_id, 30 AS age, 'x' AS segment FROM range(10000) t(i)",
+        "CREATE TABLE products AS SELECT 'p' || i AS product_id, 'b' AS brand, 'c' AS category FROM range(90) t(i)")
     project = _project(tmp_path, warehouse)
     tags = {ASSET_PARTITION_RANGE_START_TAG: "2026-03-01", ASSET_PARTITION_RANGE_END_TAG: "2026-05-01"}
     assert _run(project, [SOURCE], tags=tags).success
@@ -204,13 +198,13 @@ def test_volume_guidelines_pass_with_enough_data(tmp_path):
 # --------------------------------------------------------------------------- cache
 
 
-def test_join_coverage(demo, copy):
+def test_join_coverage(demo, copy, duckdb_sql):
     check = _checks(demo[2], CACHE)["join_coverage"]
     assert check.passed and check.metadata["coverage"].value == {"products": 1.0, "customers": 1.0}
     root, warehouse = copy
     project = _project(root, warehouse)
-    _sql(warehouse, "DELETE FROM products WHERE product_id IN (SELECT product_id FROM purchases "
-                    "GROUP BY 1 ORDER BY count(*) DESC LIMIT 10)")
+    duckdb_sql(warehouse, "DELETE FROM products WHERE product_id IN (SELECT product_id FROM purchases "
+                           "GROUP BY 1 ORDER BY count(*) DESC LIMIT 10)")
     _extract_all(project)
     check = _checks(project, CACHE)["join_coverage"]
     coverage = check.metadata["coverage"].value["products"]
@@ -230,10 +224,10 @@ def test_categorical_cardinality_flags_a_column_above_the_limit(demo, tmp_path):
     assert "quality.max_categories" in check.description
 
 
-def test_rows_quarantined_fails_beyond_the_configured_share(copy):
+def test_rows_quarantined_fails_beyond_the_configured_share(copy, duckdb_sql):
     root, warehouse = copy
-    _sql(warehouse, "INSERT INTO purchases SELECT NULL, ts, product_id, store_id, quantity, price FROM purchases "
-                    "WHERE ts < TIMESTAMP '2026-04-01' LIMIT 3")
+    duckdb_sql(warehouse, "INSERT INTO purchases SELECT NULL, ts, product_id, store_id, quantity, price FROM purchases "
+                           "WHERE ts < TIMESTAMP '2026-04-01' LIMIT 3")
     tolerant = _project(root, warehouse)
     _extract_all(tolerant)
     check = _checks(tolerant, CACHE)["rows_quarantined"]
@@ -249,10 +243,10 @@ def test_rows_quarantined_fails_beyond_the_configured_share(copy):
     assert result.asset_materializations_for_node("foundation_model") == []  # blocking
 
 
-def test_join_key_of_another_format_is_an_error_naming_both_types(copy):
+def test_join_key_of_another_format_is_an_error_naming_both_types(copy, duckdb_sql):
     root, warehouse = copy
     project = _project(root, warehouse)
-    _sql(warehouse, "UPDATE products SET product_id = 'P-' || product_id")  # the silent no-match join
+    duckdb_sql(warehouse, "UPDATE products SET product_id = 'P-' || product_id")  # the silent no-match join
     _extract_all(project, expect_success=False)  # the cache's blocking check fails
     result = _run(project, [CACHE, dg.AssetKey("foundation_model")])
     check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "join_coverage")

@@ -8,39 +8,23 @@ import pytest
 from pipelines.cli import materialize_all
 from pipelines.config import load_project
 from pipelines.definitions import build_assets, build_resources
-from pipelines.demo_data import generate_demo_warehouse
 
 pytestmark = pytest.mark.slow
 
-# `end:` fixes every partition set: nothing here depends on today's date
-CONFIG = """
-workspace: ws
-connections:
-  warehouse: {type: duckdb, path: warehouse.duckdb}
-entity: customer_id
-sources:
-  - {name: purchases, role: events, connection: warehouse, table: purchases, timestamp: ts,
-     columns: [product_id, quantity, price], start: 2026-03-01, end: 2026-09-01}
-  - {name: customers, role: entity_attributes, connection: warehouse, table: customers, columns: [age, segment]}
-  - {name: products, role: attributes, connection: warehouse, table: products, key: product_id,
-     columns: [category, brand]}
-foundation: {horizon: 14d, hidden: 16, layers: 1, epochs: 1, batch_size: 256}
-scenarios:
-  churn:  {task: binary, epochs: 1, target: {no_event: purchases, within: 28d}, explain: {top: 3, steps: 32}}
-  brands: {task: multilabel, epochs: 1, target: {any_event: purchases, by: brand, within: 28d, top: 6},
-           explain: {top: 4, per_entity: 2}}
-predictions: {top_k: 3, start: 2026-08-25}
-"""
-
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, small_project):
     import dagster as dg
 
     root = tmp_path_factory.mktemp("explain")
-    generate_demo_warehouse(root / "warehouse.duckdb", customers=300, products=80, stores=4, end="2026-08-31", seed=5)
-    (root / "project.yaml").write_text(CONFIG)
-    project = load_project(root / "project.yaml")
+    config = small_project.config(  # `end:` fixes every partition set: nothing here depends on today's date
+        purchases=["product_id", "quantity", "price"], events={"end": "2026-09-01"}, customers=["age", "segment"],
+        products=["category", "brand"], foundation={"batch_size": 256},
+        scenarios={"churn": small_project.churn(epochs=1, explain={"top": 3, "steps": 32}),
+                   "brands": small_project.brands(6, epochs=1, explain={"top": 4, "per_entity": 2})},
+        predictions={"top_k": 3, "start": "2026-08-25"})
+    project = load_project(small_project.write(root, config, customers=300, products=80, stores=4, end="2026-08-31",
+                                               seed=5))
     result = materialize_all(project, log=lambda _: None)
     day = result["prediction_day"]
     keys = [dg.AssetKey(["explanations", "churn"]), dg.AssetKey(["explanations", "brands"])]

@@ -11,36 +11,21 @@ import pytest
 
 from pipelines.cli import materialize_all
 from pipelines.config import load_project
-from pipelines.demo_data import generate_demo_warehouse
 
 pytestmark = pytest.mark.slow
 
-CONFIG = """
-workspace: ws
-connections:
-  warehouse: {type: duckdb, path: warehouse.duckdb}
-entity: customer_id
-sources:
-  - {name: purchases, role: events, connection: warehouse, table: purchases, timestamp: ts,
-     columns: [product_id, price], start: 2026-03-01, end: 2026-11-01}
-  - {name: customers, role: entity_attributes, connection: warehouse, table: customers, columns: [age]}
-  - {name: products, role: attributes, connection: warehouse, table: products, key: product_id, columns: [brand]}
-foundation: {horizon: 14d, hidden: 16, layers: 1, epochs: 1, batch_size: 256}
-scenarios:
-  churn:  {task: binary, epochs: 1, target: {no_event: purchases, within: 28d}}
-  brands: {task: multilabel, epochs: 1, target: {any_event: purchases, by: brand, within: 28d, top: 6}}
-predictions: {top_k: 2, format: all, without_history: flag, start: 2026-10-01,
-              sink: {connection: warehouse, table: scores}}
-"""
 DAY, AS_OF = "2026-10-20", datetime(2026, 10, 21)
 
 
 @pytest.fixture(scope="module")
-def scored(tmp_path_factory):
+def scored(tmp_path_factory, small_project):
     root = tmp_path_factory.mktemp("outputs")
-    generate_demo_warehouse(root / "warehouse.duckdb", customers=250, products=60, stores=4, seed=6)
-    (root / "project.yaml").write_text(CONFIG)
-    project = load_project(root / "project.yaml")
+    config = small_project.config(
+        events={"end": "2026-11-01"}, foundation={"batch_size": 256},
+        scenarios={"churn": small_project.churn(epochs=1), "brands": small_project.brands(6, epochs=1)},
+        predictions={"top_k": 2, "format": "all", "without_history": "flag", "start": "2026-10-01",
+                     "sink": {"connection": "warehouse", "table": "scores"}})
+    project = load_project(small_project.write(root, config, customers=250, products=60, stores=4, seed=6))
     materialize_all(project, log=lambda _: None, days=[DAY])
     con = duckdb.connect(str(root / "warehouse.duckdb"), read_only=True)
     try:

@@ -1,6 +1,5 @@
 """Fixtures of the pipelines tests: `habitus init` run in process, and small DuckDB files to run it on."""
 
-import duckdb
 import pytest
 import yaml
 
@@ -32,16 +31,6 @@ def habitus_init(capsys) -> InitCommand:
 
 
 @pytest.fixture
-def duckdb_file(tmp_path):
+def duckdb_file(tmp_path, duckdb_sql):
     """`duckdb_file(name, *statements)`: a DuckDB file in tmp_path made by the statements; its path."""
-    def make(name: str, *statements: str):
-        path = tmp_path / name
-        con = duckdb.connect(str(path))
-        try:
-            for sql in statements:
-                con.execute(sql)
-        finally:
-            con.close()
-        return path
-
-    return make
+    return lambda name, *statements: duckdb_sql(tmp_path / name, *statements)

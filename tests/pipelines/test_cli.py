@@ -11,31 +11,21 @@ import pytest
 from pipelines.cli import (EXIT_CHECK_FAILED, EXIT_OK, EXIT_STAGE_FAILED, EXIT_USAGE, failed_checks_table, main,
                           scoring_days)
 from pipelines.config import ConfigError, load_project
-from pipelines.demo_data import generate_demo_warehouse
 
-CONFIG = """
-workspace: ws
-connections:
-  warehouse: {type: duckdb, path: warehouse.duckdb}
-entity: customer_id
-sources:
-  - {name: purchases, role: events, connection: warehouse, table: purchases, timestamp: ts,
-     columns: [product_id, quantity, price], start: 2026-03-01, end: 2026-11-08}
-  - {name: customers, role: entity_attributes, connection: warehouse, table: customers, columns: [age, region]}
-  - {name: products, role: attributes, connection: warehouse, table: products, key: product_id, columns: [brand]}
-foundation: {horizon: 14d, hidden: 16, layers: 1, epochs: 2, batch_size: 256}
-scenarios:
-  churn:  {task: binary, epochs: 2, target: {no_event: purchases, within: 28d}}
-  brands: {task: multilabel, epochs: 2, target: {any_event: purchases, by: brand, within: 28d, top: 5}}
-predictions: {top_k: 3, start: 2026-10-01}
-"""
+
+
+def _config(small_project, purchases=("product_id", "quantity", "price")) -> dict:
+    return small_project.config(
+        purchases=purchases, events={"end": "2026-11-08"}, customers=["age", "region"],
+        foundation={"epochs": 2, "batch_size": 256},
+        scenarios={"churn": small_project.churn(epochs=2), "brands": small_project.brands(5, epochs=2)},
+        predictions={"top_k": 3, "start": "2026-10-01"})
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
+def folder(tmp_path_factory, small_project):
     root = tmp_path_factory.mktemp("cli")
-    generate_demo_warehouse(root / "warehouse.duckdb", customers=250, products=60, stores=4, seed=4)
-    (root / "project.yaml").write_text(CONFIG)
+    small_project.write(root, _config(small_project), customers=250, products=60, stores=4, seed=4)
     return root
 
 
@@ -110,12 +100,11 @@ def test_materialize_a_date_then_a_range(folder, capsys):
             assert set(pq.read_table(path).column("as_of").to_pylist()) == {as_of}
 
 
-def test_a_stage_that_fails_is_exit_code_3_with_its_message(folder, tmp_path, capsys):
+def test_a_stage_that_fails_is_exit_code_3_with_its_message(folder, tmp_path, capsys, small_project):
     import shutil
 
     shutil.copy(folder / "warehouse.duckdb", tmp_path / "warehouse.duckdb")
-    (tmp_path / "project.yaml").write_text(CONFIG.replace("columns: [product_id, quantity, price]",
-                                                          "columns: [product_id, nope]"))
+    small_project.write(tmp_path, _config(small_project, purchases=["product_id", "nope"]))
     rc = main(["materialize", "--config", str(tmp_path / "project.yaml")])
     err = capsys.readouterr().err
     assert rc == EXIT_STAGE_FAILED

@@ -17,38 +17,28 @@ from models.features import FeatureSpec
 from pipelines.cli import materialize_all, report
 from pipelines.config import load_project
 from pipelines.definitions import build_definitions
-from pipelines.demo_data import generate_demo_warehouse
 
 pytestmark = pytest.mark.slow
 
-CONFIG = """
-workspace: ws
-connections:
-  warehouse: {type: duckdb, path: warehouse.duckdb}
-entity: customer_id
-sources:
-  - {name: purchases, role: events, connection: warehouse, table: purchases, timestamp: ts,
-     columns: [product_id, store_id, quantity, price], start: 2026-03-01, end: 2026-11-01}
-  - {name: customers, role: entity_attributes, connection: warehouse, table: customers,
-     columns: [age, region, segment, signup_date]}
-  - {name: products, role: attributes, connection: warehouse, table: products, key: product_id,
-     columns: [category, brand, price_tier]}
-foundation: {horizon: 14d, hidden: 32, layers: 1, epochs: 2, batch_size: 256}
-scenarios:
-  churn:    {task: binary, epochs: 2, target: {no_event: purchases, within: 28d}}
-  brands:   {task: multilabel, epochs: 2, target: {any_event: purchases, by: brand, within: 28d, top: 10}}
-  spend:    {task: regression, epochs: 2, target: {sum: purchases.price, within: 28d}}
-  next:     {task: recommendation, epochs: 2, top_k: 5, target: {items: purchases.product_id, within: 14d}}
-predictions: {top_k: 5, start: 2026-10-01, sink: {connection: warehouse, table: habitus_scores}}
-"""
+
+
+def _config(small_project) -> dict:
+    return small_project.config(
+        purchases=["product_id", "store_id", "quantity", "price"], events={"end": "2026-11-01"},
+        customers=["age", "region", "segment", "signup_date"], products=["category", "brand", "price_tier"],
+        foundation={"hidden": 32, "epochs": 2, "batch_size": 256},
+        scenarios={"churn": small_project.churn(epochs=2), "brands": small_project.brands(10, epochs=2),
+                   "spend": {"task": "regression", "epochs": 2, "target": {"sum": "purchases.price", "within": "28d"}},
+                   "next": {"task": "recommendation", "epochs": 2, "top_k": 5,
+                            "target": {"items": "purchases.product_id", "within": "14d"}}},
+        predictions={"top_k": 5, "start": "2026-10-01", "sink": {"connection": "warehouse", "table": "habitus_scores"}})
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, small_project):
     root = tmp_path_factory.mktemp("e2e")
-    generate_demo_warehouse(root / "warehouse.duckdb", customers=600, products=150, stores=10, seed=3)
-    (root / "project.yaml").write_text(CONFIG)
-    project = load_project(root / "project.yaml")
+    project = load_project(small_project.write(root, _config(small_project), customers=600, products=150, stores=10,
+                                               seed=3))
     result = materialize_all(project, log=lambda _: None)
     return root, project, result
 
@@ -61,9 +51,8 @@ def _sql(root: Path, query: str):
         con.close()
 
 
-def test_definitions_hold_every_stage(tmp_path):
-    (tmp_path / "project.yaml").write_text(CONFIG)
-    defs = build_definitions(load_project(tmp_path / "project.yaml"))
+def test_definitions_hold_every_stage(tmp_path, small_project):
+    defs = build_definitions(load_project(small_project.write(tmp_path, _config(small_project))))
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert keys == {"source/purchases", "source/customers", "source/products", "cache", "foundation_model",
                     "scenario/churn", "scenario/brands", "scenario/spend", "scenario/next",

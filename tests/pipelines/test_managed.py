@@ -9,7 +9,6 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from pipelines.cli import main
 from pipelines.config import ConfigError, load_project
@@ -17,23 +16,16 @@ from pipelines.definitions import build_resources
 from pipelines.demo_data import generate_demo_warehouse
 from pipelines.managed import with_executor
 
-PROJECT = {
-    "workspace": "${HABITUS_WORKSPACE}", "output": "${SM_MODEL_DIR}", "entity": "customer_id",
-    "connections": {"warehouse": {"type": "parquet", "path": "${SM_CHANNEL_WAREHOUSE}"}},
-    "sources": [
-        {"name": "purchases", "role": "events", "connection": "warehouse", "table": "purchases", "timestamp": "ts",
-         "columns": ["product_id", "store_id", "price"], "start": "2026-07-01", "end": "2026-11-01"},
-        {"name": "customers", "role": "entity_attributes", "connection": "warehouse", "table": "customers",
-         "columns": ["age", "segment"]},
-        {"name": "products", "role": "attributes", "connection": "warehouse", "table": "products", "key": "product_id",
-         "columns": ["brand"]}],
-    "foundation": {"horizon": "14d", "cutoff_every": "14d", "hidden": 16, "layers": 1, "epochs": 1},
-    "scenarios": {"churn": {"task": "binary", "target": {"no_event": "purchases", "within": "14d"}, "epochs": 1},
-                  "spend": {"task": "regression", "target": {"sum": "purchases.price", "within": "14d"}, "epochs": 1,
-                            "lora": {"rank": 4}, "inference_precision": "int8"}},
-    "predictions": {"start": "2026-10-01"},
-    "executor": {"device": "cpu", "threads": 1, "processes": 1},
-}
+CHURN = {"task": "binary", "target": {"no_event": "purchases", "within": "14d"}, "epochs": 1}
+
+
+def _config(small_project, scenarios: dict | None = None, **top) -> dict:
+    spend = {"task": "regression", "target": {"sum": "purchases.price", "within": "14d"}, "epochs": 1,
+             "lora": {"rank": 4}, "inference_precision": "int8"}
+    return small_project.config(
+        purchases=["product_id", "store_id", "price"], events={"start": "2026-07-01", "end": "2026-11-01"},
+        customers=["age", "segment"], foundation={"cutoff_every": "14d"},
+        scenarios=scenarios or {"churn": CHURN, "spend": spend}, predictions={"start": "2026-10-01"}, **top)
 
 
 def _finished(rc: int, failure: Path) -> None:
@@ -43,7 +35,7 @@ def _finished(rc: int, failure: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def layout(tmp_path_factory):
+def layout(tmp_path_factory, small_project):
     """/opt/ml of a training job, in a temporary folder: input channels, model folder, output folder."""
     root = tmp_path_factory.mktemp("sagemaker")
     db = root / "warehouse.duckdb"
@@ -56,7 +48,10 @@ def layout(tmp_path_factory):
     con.close()
     config = root / "opt/ml/input/data/config"
     config.mkdir(parents=True)
-    (config / "project.yaml").write_text(yaml.safe_dump(PROJECT))
+    small_project.write(config, _config(
+        small_project, workspace="${HABITUS_WORKSPACE}", output="${SM_MODEL_DIR}",
+        connection={"type": "parquet", "path": "${SM_CHANNEL_WAREHOUSE}"},
+        executor={"device": "cpu", "threads": 1, "processes": 1}))
     return root
 
 
@@ -161,17 +156,15 @@ def test_a_failed_job_writes_the_failure_file(layout, monkeypatch, tmp_path):
     assert "environment variable SM_MODEL_DIR is not set" in failure.read_text()
 
 
-def _project(tmp_path, **extra) -> Path:
-    cfg = {k: v for k, v in PROJECT.items() if k not in ("output", "executor")}
-    cfg.update(workspace="ws", connections={"warehouse": {"type": "parquet", "path": "data"}}, **extra)
-    (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg))
-    return tmp_path / "project.yaml"
+def _project(small_project, tmp_path, **extra) -> Path:
+    return small_project.write(tmp_path, _config(small_project, connection={"type": "parquet", "path": "data"},
+                                                 **extra))
 
 
-def test_executor_settings_come_from_the_yaml_and_the_command_line(tmp_path):
+def test_executor_settings_come_from_the_yaml_and_the_command_line(tmp_path, small_project):
     import argparse
 
-    path = _project(tmp_path, executor={"device": "cpu", "processes": 2, "precision": "fp32",
+    path = _project(small_project, tmp_path, executor={"device": "cpu", "processes": 2, "precision": "fp32",
                                         "inference_precision": "int8", "threads": 3})
     project = load_project(path)
     executor = build_resources(project)["executor"]
@@ -180,26 +173,27 @@ def test_executor_settings_come_from_the_yaml_and_the_command_line(tmp_path):
     over = build_resources(with_executor(project, args))["executor"]
     assert (over.device, over.processes, over.threads, over.precision, over.inference_precision) == \
         ("cuda", 2, 3, "bf16", "int8")
-    assert build_resources(load_project(_project(tmp_path)))["executor"].processes == 1  # no `executor:`
+    no_executor = load_project(_project(small_project, tmp_path))
+    assert build_resources(no_executor)["executor"].processes == 1  # no `executor:`
     with pytest.raises(ConfigError, match=r"--processes: Input should be greater than or equal to 0"):
         with_executor(project, argparse.Namespace(processes=-1))
 
 
-def test_bad_executor_and_scenario_settings_name_the_key(tmp_path):
+def test_bad_executor_and_scenario_settings_name_the_key(tmp_path, small_project):
     with pytest.raises(ConfigError, match=r"executor.device: String should match pattern"):
-        load_project(_project(tmp_path, executor={"device": "tpu"}))
+        load_project(_project(small_project, tmp_path, executor={"device": "tpu"}))
     with pytest.raises(ConfigError, match=r"executor.precision: Input should be 'fp32' or 'bf16'"):
-        load_project(_project(tmp_path, executor={"precision": "fp16"}))
-    scenarios = {"churn": {**PROJECT["scenarios"]["churn"], "lora": {"rank": 0}}}
+        load_project(_project(small_project, tmp_path, executor={"precision": "fp16"}))
+    scenarios = {"churn": {**CHURN, "lora": {"rank": 0}}}
     with pytest.raises(ConfigError, match=r"scenarios.churn.lora.rank: Input should be greater than or equal to 1"):
-        load_project(_project(tmp_path, scenarios=scenarios))
-    scenarios = {"churn": {**PROJECT["scenarios"]["churn"], "inference_precision": "int4"}}
+        load_project(_project(small_project, tmp_path, scenarios=scenarios))
+    scenarios = {"churn": {**CHURN, "inference_precision": "int4"}}
     with pytest.raises(ConfigError, match=r"scenarios.churn.inference_precision: Input should be"):
-        load_project(_project(tmp_path, scenarios=scenarios))
+        load_project(_project(small_project, tmp_path, scenarios=scenarios))
     with pytest.raises(ConfigError, match=r"output 'ftp://host/x': use s3://, gs://, abfs://"):
-        load_project(_project(tmp_path, output="ftp://host/x"))
-    ok = load_project(_project(tmp_path, output="models/out",
-                               scenarios={"churn": {**PROJECT["scenarios"]["churn"], "lora": {"rank": 4},
+        load_project(_project(small_project, tmp_path, output="ftp://host/x"))
+    ok = load_project(_project(small_project, tmp_path, output="models/out",
+                               scenarios={"churn": {**CHURN, "lora": {"rank": 4},
                                                     "inference_precision": "int8"}}))
     assert ok.output == str((tmp_path / "models/out").resolve())  # a folder resolves against the file
     assert ok.scenarios["churn"].lora.rank == 4 and ok.scenarios["churn"].inference_precision == "int8"

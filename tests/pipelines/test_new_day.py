@@ -5,15 +5,12 @@ with the checkpoints in service. Nothing retrains: the models trained before sco
 import json
 
 import dagster as dg
-import duckdb
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from pipelines.config import load_project
 from pipelines.definitions import build_assets, build_definitions, build_resources
-from pipelines.demo_data import generate_demo_warehouse
 from pipelines.schedules import cache_in_use
 from pipelines.sensors import days_to_score
 
@@ -22,42 +19,17 @@ pytestmark = [pytest.mark.filterwarnings("ignore::dagster.BetaWarning"), pytest.
 NEW_DAY = "2026-11-01"
 
 
-def _project(tmp_path):
-    generate_demo_warehouse(tmp_path / "warehouse.duckdb", customers=400, products=60, stores=4,
-                            start="2026-07-01", end="2026-10-31", seed=3)
-    cfg = {
-        "workspace": "ws", "entity": "customer_id",
-        "connections": {"warehouse": {"type": "duckdb", "path": "warehouse.duckdb"}},
-        "sources": [
-            {"name": "purchases", "role": "events", "connection": "warehouse", "table": "purchases", "timestamp": "ts",
-             "columns": ["product_id", "store_id", "price"], "partition": "daily", "start": "2026-07-01"},
-            {"name": "customers", "role": "entity_attributes", "connection": "warehouse", "table": "customers",
-             "columns": ["age", "segment"]},
-            {"name": "products", "role": "attributes", "connection": "warehouse", "table": "products",
-             "key": "product_id", "columns": ["brand"]}],
-        "foundation": {"horizon": "14d", "cutoff_every": "14d", "hidden": 16, "layers": 1, "epochs": 1},
-        "scenarios": {"churn": {"task": "binary", "target": {"no_event": "purchases", "within": "14d"},
-                                "epochs": 1}},
-        "predictions": {"start": "2026-10-01"},
-    }
-    (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg))
-    return load_project(tmp_path / "project.yaml")
+def _project(tmp_path, small_project):
+    config = small_project.config(
+        purchases=["product_id", "store_id", "price"], events={"partition": "daily", "start": "2026-07-01"},
+        customers=["age", "segment"], foundation={"cutoff_every": "14d"},
+        scenarios={"churn": small_project.churn("14d", epochs=1)}, predictions={"start": "2026-10-01"})
+    return load_project(small_project.write(tmp_path, config, customers=400, products=60, stores=4,
+                                            start="2026-07-01", end="2026-10-31", seed=3))
 
 
-def _append_day(path):
-    """Copy 30 purchases of the last day to NEW_DAY, one of them by a customer never seen before."""
-    con = duckdb.connect(str(path))
-    try:
-        con.sql("CREATE TEMP TABLE d AS SELECT * FROM purchases WHERE ts >= TIMESTAMP '2026-10-31' ORDER BY ts LIMIT 30")
-        con.sql("UPDATE d SET ts = ts + INTERVAL 1 DAY")
-        con.sql("UPDATE d SET customer_id = 'C_NEW' WHERE ts = (SELECT min(ts) FROM d)")
-        con.sql("INSERT INTO purchases SELECT * FROM d")
-    finally:
-        con.close()
-
-
-def test_a_new_day_flows_to_the_cache_and_that_days_predictions(tmp_path, instance):
-    project = _project(tmp_path)
+def test_a_new_day_flows_to_the_cache_and_that_days_predictions(tmp_path, instance, small_project):
+    project = _project(tmp_path, small_project)
     defs, resources = build_definitions(project), build_resources(project)
     assets = build_assets(project)
     # the history, materialized once by a person (habitus demo / the UI)
@@ -94,7 +66,7 @@ def test_a_new_day_flows_to_the_cache_and_that_days_predictions(tmp_path, instan
     run("score", request)
 
     # a day of new events lands in the warehouse
-    _append_day(tmp_path / "warehouse.duckdb")
+    small_project.append_day(tmp_path / "warehouse.duckdb")  # NEW_DAY
     extract = tick("purchases_new_data", extract.cursor)
     (request,) = extract.run_requests
     assert request.partition_key == NEW_DAY
