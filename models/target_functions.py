@@ -1,8 +1,10 @@
 """User-defined targets: a Python function over an entity's history, its future window and its
 attributes, named in the config as `target: {function: "package.module:func", within: 28d}`.
 
-The function is called once per chunk of entities with three Arrow tables and returns one number per
-entity (0/1 for binary scenarios, an amount for regression):
+The function is called once per chunk of entities with three Arrow tables and returns one item per
+entity: 0/1 for binary scenarios, an amount for regression; for label tasks (the config names the
+label column as `by:`) a value of that column or None (multiclass: None is not eligible), or a list
+of values (multilabel, recommendation):
 
     def high_value(history: pa.Table, future: pa.Table, entities: pa.Table) -> Sequence[float]
 
@@ -83,16 +85,44 @@ def _entities(cache, chunk) -> pa.Table:
     return pa.table(cols)
 
 
-def function_target(chunk, spec, cache, future_local: np.ndarray, future_rows: np.ndarray) -> np.ndarray:
-    """The user function's value for every row of the chunk, checked: one finite number per entity."""
+def _call(chunk, spec, cache, future_local: np.ndarray, future_rows: np.ndarray):
     func = resolve(spec.function, spec.scenario)
-    where = f"scenario {spec.scenario!r}: target function {spec.function!r}"
     history = _events(cache, chunk.shard, chunk.rows, chunk.local)
     future = _events(cache, chunk.shard, future_rows, future_local)
     try:
-        out = func(history, future, _entities(cache, chunk))
+        return func(history, future, _entities(cache, chunk))
     except Exception as e:
-        raise ValueError(f"{where} raised {type(e).__name__}: {e}") from e
+        raise ValueError(f"{_where(spec)} raised {type(e).__name__}: {e}") from e
+
+
+def _where(spec) -> str:
+    return f"scenario {spec.scenario!r}: target function {spec.function!r}"
+
+
+def function_labels(chunk, spec, cache, future_local: np.ndarray, future_rows: np.ndarray) -> list[list[int]]:
+    """Label tasks: the user function returns, per entity, a value of the target's column (multiclass),
+    a list of them (multilabel, recommendation) or None; -> each entity's label positions (values
+    that are not labels dropped)."""
+    out = _call(chunk, spec, cache, future_local, future_rows)
+    out = out.to_pylist() if hasattr(out, "to_pylist") else list(out)
+    if len(out) != chunk.n:
+        raise ValueError(f"{_where(spec)} returned {len(out)} values for {chunk.n} entities (one per row of `entities`)")
+    position = _label_index(str(cache.path), spec.column, cache.vocab, tuple(spec.labels))
+    return [[position[v] for v in (v if isinstance(v, (list, tuple, set, np.ndarray)) else [v])
+             if v is not None and v in position] for v in out]
+
+
+@functools.lru_cache(maxsize=32)
+def _label_index(cache_path: str, column: str, loader, labels: tuple) -> dict:
+    """Original value -> label position, for the values that are labels."""
+    values = loader(column).column("value").to_pylist()
+    return {values[i - 1]: j for j, i in enumerate(labels) if 0 < i <= len(values)}
+
+
+def function_target(chunk, spec, cache, future_local: np.ndarray, future_rows: np.ndarray) -> np.ndarray:
+    """The user function's value for every row of the chunk, checked: one finite number per entity."""
+    where = _where(spec)
+    out = _call(chunk, spec, cache, future_local, future_rows)
     try:
         out = np.asarray(out, np.float64).reshape(-1)
     except (TypeError, ValueError) as e:

@@ -174,6 +174,9 @@ class FunctionTarget(_Strict):
                           description="package.module:function, called with (history, future, entities) Arrow "
                                       "tables; see models/target_functions.py")
     within: Duration
+    by: str | None = Field(None, description="label tasks: the categorical column whose values the function "
+                                             "returns (multiclass: one per entity; multilabel, recommendation: a list)")
+    top: int = Field(50, ge=1, description="multilabel / multiclass: the labels are the top values of `by`")
 
 
 _TARGET_KEYS = {NoEventTarget: "no_event", AnyEventTarget: "any_event", SumTarget: "sum", ItemsTarget: "items",

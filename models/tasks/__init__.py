@@ -15,9 +15,9 @@ class Entry:
 TASKS: dict[str, Entry] = {
     "binary": Entry("models.tasks.binary", ("no_event", "function")),
     "regression": Entry("models.tasks.regression", ("sum", "function")),
-    "multilabel": Entry("models.tasks.multilabel", ("any_event",)),
-    "recommendation": Entry("models.tasks.recommendation", ("items",)),
-    "multiclass": Entry("models.tasks.multiclass", ("any_event",)),
+    "multilabel": Entry("models.tasks.multilabel", ("any_event", "function")),
+    "recommendation": Entry("models.tasks.recommendation", ("items", "function")),
+    "multiclass": Entry("models.tasks.multiclass", ("any_event", "function")),
 }
 
 

@@ -50,7 +50,10 @@ class Task:
 
     def labels(self, chunk, target: TargetSpec, cache) -> tuple[np.ndarray, object]:
         """(the rows of the chunk that have a label, their labels): training and the hold-out."""
-        y = targets.compute_target(chunk, target, _vocab(cache, target), cache)
+        if target.kind == "function" and self.label_outputs:  # a user function's labels, as sparse rows
+            y = label_rows(function_label_lists(chunk, target, cache), chunk.n, len(target.labels))
+        else:
+            y = targets.compute_target(chunk, target, _vocab(cache, target), cache)
         keep = self.eligible(chunk, target)
         self.check_labels(target, y)
         return keep, y[keep]
@@ -228,6 +231,41 @@ def function_target(name: str, target) -> TargetSpec:
     except ValueError as e:
         raise TargetError(f"scenarios.{name}.target.function: {e}") from e
     return TargetSpec("function", target.within, function=target.function, scenario=name)
+
+
+def function_label_target(name: str, target, cache, cutoff: int, every_value: bool = False) -> TargetSpec:
+    """A user function's target of a label task: its labels are the values of `by:` (the `top:` most
+    frequent at or before `cutoff`, or `every_value`), which the function returns per entity."""
+    import dataclasses
+
+    from models.labels import top_values
+
+    spec = function_target(name, target)
+    if not getattr(target, "by", None):
+        raise TargetError(f"scenarios.{name}.target.by: a label task's function target names the column of its "
+                          f"labels as by: <column>")
+    column = categorical_column(name, target.by, cache)
+    labels = (tuple(range(1, cache.columns[column]["vocab_size"] + 1)) if every_value
+              else top_values(cache, column, cutoff, target.top))
+    return dataclasses.replace(spec, column=column, labels=labels)
+
+
+def function_label_lists(chunk, target: TargetSpec, cache) -> list[list[int]]:
+    """Each entity's label positions, as the user function gives them."""
+    from models.target_functions import function_labels
+
+    local, rows = targets.future_rows(chunk, target.window_days)
+    return function_labels(chunk, target, cache, local, rows)
+
+
+def label_rows(lists: list[list[int]], n: int, labels: int):
+    """Sparse rows [n, labels] of ones at each row's label positions."""
+    from models.items import SparseRows
+
+    rows = np.repeat(np.arange(n, dtype=np.int64), [len(v) for v in lists])
+    cols = np.asarray([c for v in lists for c in v], np.int64)
+    key = np.unique(rows * labels + cols)
+    return SparseRows.from_pairs(key // labels, key % labels, np.ones(len(key), np.float32), n, labels)
 
 
 def event_column(name: str, ref: str, cache, kind: str) -> str:

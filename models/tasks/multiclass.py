@@ -13,7 +13,8 @@ from torch import nn
 
 from models.labels import recent_popularity
 from models.targets import TargetSpec, future_rows, label_positions
-from models.tasks.base import PerEntity, Task, categorical_column, vocab_names
+from models.tasks.base import (PerEntity, Task, categorical_column, function_label_lists, function_label_target,
+                               vocab_names)
 
 HABITUAL_SKIP = 1.0  # the head starts leaning to the classes the entity bought, habitually
 EPS = 1e-7
@@ -30,11 +31,17 @@ class Multiclass(Task):
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:
         from models.labels import top_values
 
+        if getattr(target, "function", None):  # the function returns each entity's class value (None: none)
+            return function_label_target(name, target, cache, cutoff)
         column = categorical_column(name, target.by, cache)
         return TargetSpec("any_event", target.within, column, top_values(cache, column, cutoff, target.top))
 
     def labels(self, chunk, target, cache):
         """The class position of each entity's first event in the window among the classes (-1: none)."""
+        if target.kind == "function":
+            y = np.asarray([v[0] if v else -1 for v in function_label_lists(chunk, target, cache)], np.int64)
+            keep = self.eligible(chunk, target) & (y >= 0)
+            return keep, y[keep]
         local, rows = future_rows(chunk, target.window_days)  # (by entity, then time)
         pos = label_positions(target.labels, chunk.shard.columns[target.column][rows])
         hit = pos >= 0

@@ -11,7 +11,7 @@ from models.labels import history_rows, recent_popularity
 from models.metrics import blockwise_macro_auroc, macro_auroc
 from models.network import Model
 from models.targets import TargetSpec
-from models.tasks.base import Task, categorical_column, vocab_names
+from models.tasks.base import Task, categorical_column, function_label_target, vocab_names
 from models.tasks.binary import logit_bias
 
 HABITUAL_SKIP = 5.0  # the head starts at "what they bought, habitually" (the habitual channel's weight)
@@ -29,6 +29,8 @@ class Multilabel(Task):
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:
         from models.labels import top_values
 
+        if getattr(target, "function", None):
+            return function_label_target(name, target, cache, cutoff)
         column = categorical_column(name, target.by, cache)
         return TargetSpec("any_event", target.within, column, top_values(cache, column, cutoff, target.top))
 

@@ -11,7 +11,7 @@ from models.labels import POPULARITY_DAYS, item_popularity, recent_popularity
 from models.metrics import ranking_metrics_at
 from models.network import Model
 from models.targets import TargetSpec
-from models.tasks.base import Task, event_column
+from models.tasks.base import Task, event_column, function_label_target
 
 POPULARITY_INIT = 0.2  # the start: "what they bought, habitually" blended with what sells now
 HABITUAL_SKIP = 5.0
@@ -26,6 +26,8 @@ class Recommendation(Task):
     bench_epochs = 3
 
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:
+        if getattr(target, "function", None):  # the function returns each entity's items (by: the item column)
+            return function_label_target(name, target, cache, cutoff, every_value=True)
         column = event_column(name, target.items, cache, "categorical")
         return TargetSpec("items", target.within, column, tuple(range(1, cache.columns[column]["vocab_size"] + 1)))
 

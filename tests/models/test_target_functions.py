@@ -3,6 +3,8 @@ the config as `target: {function: "package.module:func"}`; values checked by han
 
 import textwrap
 
+import numpy as np
+
 import pytest
 
 from models.cache import TableInput
@@ -35,6 +37,19 @@ def wrong_length(history, future, entities):
 
 def broken(history, future, entities):
     raise KeyError("no_such_column")
+
+def first_product(history, future, entities):
+    """Each entity's first product in the window, or None."""
+    first = {}
+    for row, product in zip(future["row"].to_pylist(), future["product_id"].to_pylist()):
+        first.setdefault(row, product)
+    return [first.get(i) for i in range(entities.num_rows)]
+
+def products(history, future, entities):
+    out = [[] for _ in range(entities.num_rows)]
+    for row, product in zip(future["row"].to_pylist(), future["product_id"].to_pylist()):
+        out[row].append(product)
+    return out
 '''
 
 
@@ -92,11 +107,31 @@ def test_function_target_errors_name_the_scenario_and_the_function(world, ref, m
     assert "scenario 'vip'" in str(err.value) and repr(ref) in str(err.value) and message in str(err.value)
 
 
-def test_config_accepts_function_targets_for_binary_and_regression_only():
-    for task in ("binary", "regression"):
-        sc = Scenario(task=task, target={"function": "my_pkg.targets:high_value", "within": "28d"})
-        assert isinstance(sc.target, FunctionTarget) and sc.target.within == 28
-    with pytest.raises(ValueError, match="takes a target with"):
-        Scenario(task="multilabel", target={"function": "my_pkg.targets:high_value", "within": "28d"})
+def test_function_targets_of_label_tasks_return_values_of_their_column(world):
+    """multiclass: one value per entity (None: not eligible); multilabel and recommendation: lists.
+    Values that are not labels are dropped."""
+    from models.tasks import task
+
+    cache, chunk, names = world
+    vocab = cache.vocab("product_id").column("value").to_pylist()
+    labels = (vocab.index("p2") + 1, vocab.index("p1") + 1)  # positions: p2 -> 0, p1 -> 1
+    one = TargetSpec("function", WINDOW, "product_id", labels, function="my_targets_mod:first_product", scenario="x")
+    keep, y = task("multiclass").labels(chunk, one, cache)
+    # a: p2 first; b: p2; c: p1 (its p2 lies past the window)
+    assert dict(zip(np.asarray(names)[keep], y.tolist())) == {"a": 0, "b": 0, "c": 1}
+    many = TargetSpec("function", WINDOW, "product_id", labels, function="my_targets_mod:products", scenario="x")
+    for name in ("multilabel", "recommendation"):
+        keep, y = task(name).labels(chunk, many, cache)
+        assert dict(zip(names, y.dense().tolist())) == {"a": [1.0, 0.0], "b": [1.0, 0.0], "c": [0.0, 1.0]}
+    only_p1 = TargetSpec("function", WINDOW, "product_id", labels[1:], function="my_targets_mod:first_product",
+                         scenario="x")
+    keep, y = task("multiclass").labels(chunk, only_p1, cache)
+    assert np.asarray(names)[keep].tolist() == ["c"] and y.tolist() == [0]
+
+
+def test_config_accepts_function_targets_for_every_task():
+    for task in ("binary", "regression", "multilabel", "multiclass", "recommendation"):
+        sc = Scenario(task=task, target={"function": "my_pkg.targets:high_value", "within": "28d", "by": "brand"})
+        assert isinstance(sc.target, FunctionTarget) and sc.target.within == 28 and sc.target.top == 50
     with pytest.raises(ValueError, match="pattern"):
         Scenario(task="binary", target={"function": "my_pkg.targets.high_value", "within": "28d"})
