@@ -27,37 +27,33 @@ from models.storage import file_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PROJECT = """
-workspace: ws
-connections:
-  warehouse: {type: duckdb, path: warehouse.duckdb}
-entity: customer_id
-sources:
-  - {name: purchases, role: events, connection: warehouse, table: purchases, timestamp: ts,
-     columns: [product_id, store_id, quantity, price], start: 2026-03-01, end: 2026-09-01}
-  - {name: customers, role: entity_attributes, connection: warehouse, table: customers, columns: [age, segment]}
-  - {name: products, role: attributes, connection: warehouse, table: products, key: product_id,
-     columns: [brand, category]}
-foundation: {horizon: 14d, hidden: 16, layers: 1, epochs: 2, batch_size: 64, save_every_steps: 4}
-scenarios:
-  churn: {task: binary, epochs: 2, train_cutoffs: 2, save_every_steps: 1, target: {no_event: purchases, within: 28d}}
-predictions: {top_k: 3, start: 2026-08-01}
-"""
 # values that differ between two clean runs by design: wall-clock times and durations
 VOLATILE_KEYS = {"build_seconds", "seconds", "at"}
 
 
+def fault_project_config(small_project) -> dict:
+    """The project the kill tests run: small, with saves every few steps so that kills land between them."""
+    return small_project.config(
+        purchases=["product_id", "store_id", "quantity", "price"], events={"end": "2026-09-01"},
+        customers=["age", "segment"], products=["brand", "category"],
+        foundation={"epochs": 2, "batch_size": 64, "save_every_steps": 4},
+        scenarios={"churn": small_project.churn(epochs=2, train_cutoffs=2, save_every_steps=1)},
+        predictions={"top_k": 3, "start": "2026-08-01"})
+
+
 class Harness:
-    def __init__(self, warehouse: Path):
+    def __init__(self, warehouse: Path, small_project):
         self.warehouse = warehouse
+        self.small_project = small_project
+        self.config = fault_project_config(small_project)
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
         self.env.pop("HABITUS_CONFIG", None)
 
-    def project(self, folder: Path, text: str = PROJECT) -> Path:
-        """A project folder: the small demo warehouse (copied) and its config."""
+    def project(self, folder: Path, config: dict | None = None) -> Path:
+        """A project folder: the small demo warehouse (copied) and its config (the harness's by default)."""
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copy(self.warehouse, folder / "warehouse.duckdb")
-        (folder / "project.yaml").write_text(text)
+        self.small_project.write(folder, config or self.config)
         return folder
 
     def start(self, folder: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
@@ -185,13 +181,13 @@ def _normalized(value):
 
 
 @pytest.fixture(scope="session")
-def faults(tmp_path_factory) -> Harness:
+def faults(tmp_path_factory, small_project) -> Harness:
     from pipelines.demo_data import generate_demo_warehouse
 
     warehouse = tmp_path_factory.mktemp("faults-warehouse") / "warehouse.duckdb"
     generate_demo_warehouse(warehouse, customers=400, products=60, stores=5, start="2026-03-01", end="2026-08-31",
                             seed=2)
-    return Harness(warehouse)
+    return Harness(warehouse, small_project)
 
 
 def pytest_collection_modifyitems(config, items):

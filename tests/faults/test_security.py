@@ -77,11 +77,9 @@ def test_a_planted_secret_appears_in_no_output_of_a_run(faults, tmp_path):
     """A whole run (every asset and check) with a connection whose password comes from the environment:
     the secret is in none of the workspace files, the Dagster storage (event logs, run records) or the
     console output; nor in the error of a run that uses that connection and fails."""
-    folder = faults.project(tmp_path / "run")
-    text = (folder / "project.yaml").read_text().replace(
-        "connections:\n", "connections:\n  vault: {type: snowflake, account: acme, user: svc, "
-                          "password: \"${HABITUS_TEST_PASSWORD}\"}\n")
-    (folder / "project.yaml").write_text(text)
+    vault = {"type": "snowflake", "account": "acme", "user": "svc", "password": "${HABITUS_TEST_PASSWORD}"}
+    config = {**faults.config, "connections": {**faults.config["connections"], "vault": vault}}
+    folder = faults.project(tmp_path / "run", config)
     env = {"HABITUS_TEST_PASSWORD": SECRET}
     rc, out, _ = faults.run(folder, env=env)
     assert rc == 0, out[-3000:]
@@ -90,9 +88,8 @@ def test_a_planted_secret_appears_in_no_output_of_a_run(faults, tmp_path):
     assert _scan([folder / "ws", folder / "dagster"], SECRET) == []
 
     # the same connection used by a source: the run fails, and its error names no secret
-    failing = faults.project(tmp_path / "fail")
-    broken = text.replace("connection: warehouse, table: purchases", "connection: vault, table: purchases")
-    (failing / "project.yaml").write_text(broken)
+    events, *attributes = config["sources"]
+    failing = faults.project(tmp_path / "fail", {**config, "sources": [{**events, "connection": "vault"}, *attributes]})
     rc, out, _ = faults.run(failing, env=env)
     assert rc != 0 and "purchases" in out
     assert SECRET not in out
