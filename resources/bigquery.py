@@ -27,7 +27,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from resources.errors import WarehouseError
-from resources.remote import (SECRET_KEYS, as_time, conform, connect_error, first_lines, naive_utc, period_counts,
+from resources.remote import (SECRET_KEYS, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
                              query_error, value)
 from resources.sql import create_table_sql, freshness_sql, partition_counts_sql, range_sql, table_expr
 
@@ -75,7 +75,7 @@ def window(time_column: str, typ: pa.DataType, start: datetime | None, end: date
     return exp.and_(*conds) if conds else None
 
 
-class BigQueryWarehouse(dg.ConfigurableResource):
+class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
     name: str = ""
     project: str
     dataset: str | None = None
@@ -198,12 +198,12 @@ class BigQueryWarehouse(dg.ConfigurableResource):
             sql = partition_counts_sql(DIALECT, self._qualified(table), time_column, grain)
             return period_counts(tuple(r.values()) for r in client.query(sql).result())
 
-    def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
-             start: datetime | None = None, end: datetime | None = None,
-             batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
+    def _chunks(self, table, columns, time_column, start, end, batch_rows) -> Iterator:
+        """The source of `Batches`: the described schema, then the result's Arrow batches."""
         with self._session(table) as client:
             bq_table = self._table(client, table)
             schema = self._describe(bq_table, table, columns)
+            yield schema
             typ = self._describe(bq_table, table, [time_column]).field(0).type if time_column else None
             cond = window(time_column, typ, start, end) if time_column else None
             if self.storage_api and bq_table.table_type == "TABLE":
@@ -215,7 +215,7 @@ class BigQueryWarehouse(dg.ConfigurableResource):
                     query = query.where(cond)
                 rows = client.query(query.sql(dialect=DIALECT)).result(page_size=batch_rows)
                 chunks = rows.to_arrow_iterable()
-            yield from conform(chunks, schema, table, batch_rows)
+            yield from chunks
 
     def _read_storage(self, bq_table, names: list[str], cond) -> Iterator[pa.RecordBatch]:
         from google.cloud.bigquery_storage_v1 import types

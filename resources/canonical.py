@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from models.storage import durable_replace
+from resources.batches import Batches, cast_batch
 from resources.errors import WarehouseError
 
 ROW_GROUP_ROWS = 1 << 17
@@ -75,30 +76,13 @@ def canonical_schema(schema: pa.Schema) -> pa.Schema:
 
 
 def canonical_batch(batch: pa.RecordBatch, schema: pa.Schema, table: str = "?") -> pa.RecordBatch:
-    """`batch` (columns by position) cast to the canonical `schema`; a value that would change is an
-    error naming the table and column."""
-    if batch.num_columns != len(schema):
-        raise WarehouseError(f"table {table!r}: {batch.num_columns} columns {batch.schema.names} arrived, "
-                             f"expected {schema.names}")
-    cols = []
+    """`batch` (columns by position) cast to the canonical `schema` (resources/batches.py: a value that
+    would change is an error naming the table and column), its text checked to be UTF-8."""
+    batch = cast_batch(batch, schema, table)
     for i, f in enumerate(schema):
-        col = batch.column(i)
-        if col.type != f.type:
-            try:
-                if pa.types.is_dictionary(col.type):
-                    col = col.dictionary_decode()
-                if pa.types.is_timestamp(col.type) and col.type.tz and col.type.tz != "UTC":
-                    col = col.cast(pa.timestamp(col.type.unit, "UTC"))  # the same instants, labelled UTC
-                col = col.cast(f.type, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-                raise WarehouseError(
-                    f"table {table!r}, column {f.name!r}: a value of type {col.type} does not fit {f.type} "
-                    f"without loss ({str(e).splitlines()[0]}); cast the column in a view (e.g. round "
-                    f"timestamps to microseconds) or leave it out of `columns`") from None
         if pa.types.is_string(f.type):
-            _check_utf8(col, table, f.name)
-        cols.append(col)
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
+            _check_utf8(batch.column(i), table, f.name)
+    return batch
 
 
 def _check_utf8(col: pa.Array, table: str, column: str) -> None:
@@ -124,6 +108,10 @@ def _is_utf8(raw: bytes) -> bool:
 
 def canonical_batches(batches: Iterable[pa.RecordBatch], schema: pa.Schema,
                       table: str = "?") -> Iterator[pa.RecordBatch]:
+    """The non-empty `batches` as canonical batches. A connector's `Batches` are asked for the canonical
+    types before they start, so each driver chunk is cast once, straight to them."""
+    if isinstance(batches, Batches):
+        batches = batches.cast(schema)
     for b in batches:
         if len(b):
             yield canonical_batch(b, schema, table)

@@ -27,7 +27,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from resources.errors import WarehouseError
-from resources.remote import (SECRET_KEYS, as_time, conform, connect_error, first_lines, naive_utc, period_counts,
+from resources.remote import (SECRET_KEYS, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
                              query_error, value)
 from resources.sql import (_literal, count_sql, create_table_sql, freshness_sql, partition_counts_sql, range_sql,
                            select_expr, table_expr)
@@ -109,7 +109,7 @@ def _projection(ch_type: str, name: str) -> exp.Expression:
     return col
 
 
-class ClickHouseWarehouse(dg.ConfigurableResource):
+class ClickHouseWarehouse(ChunkReads, dg.ConfigurableResource):
     name: str = ""
     host: str = "localhost"
     port: int | None = None
@@ -200,18 +200,17 @@ class ClickHouseWarehouse(dg.ConfigurableResource):
         with self._session(table) as client:
             return period_counts(client.query(partition_counts_sql(DIALECT, table, time_column, grain)).result_rows)
 
-    def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
-             start: datetime | None = None, end: datetime | None = None,
-             batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
-        """The ArrowStream result block by block (`max_block_size` = batch_rows), cast to the table's schema."""
+    def _chunks(self, table, columns, time_column, start, end, batch_rows) -> Iterator:
+        """The source of `Batches`: the described schema, then the ArrowStream result block by block
+        (`max_block_size` = batch_rows)."""
         with self._session(table) as client:
             schema, client_types = self._describe(client, table, columns, with_types=True)
+            yield schema
             sql = _precise_times(select_expr(table, [_projection(client_types[f.name], f.name) for f in schema],
                                              time_column, start, end)).sql(dialect=DIALECT)
             settings = {"max_block_size": batch_rows, "preferred_block_size_bytes": 64 << 20}
             with client.query_arrow_stream(sql, settings=settings, use_strings=True) as stream:
-                chunks = (b for part in stream for b in (part.to_batches() if isinstance(part, pa.Table) else [part]))
-                yield from conform(chunks, schema, table, batch_rows)
+                yield from (b for part in stream for b in (part.to_batches() if isinstance(part, pa.Table) else [part]))
 
     # ------------------------------------------------------------------ writing
 

@@ -19,7 +19,6 @@ import contextlib
 import os
 import tempfile
 import uuid
-from datetime import datetime
 from typing import ClassVar, Any, Iterable, Iterator
 
 import dagster as dg
@@ -28,9 +27,8 @@ import sqlglot
 from sqlglot import exp
 
 from resources.errors import WarehouseError
-from resources.remote import (CursorQueries, SECRET_KEYS, conform, connect_error, query_error, value,
-                             value_literal)
-from resources.sql import create_table_sql, delete_sql, limit0_sql, select_sql, table_expr
+from resources.remote import CursorQueries, SECRET_KEYS, connect_error, value, value_literal
+from resources.sql import create_table_sql, delete_sql, limit0_sql, table_expr
 
 DIALECT = "databricks"
 
@@ -66,6 +64,7 @@ def values_sql(table: str, names: list[str], rows: list[tuple]) -> str:
 
 
 class DatabricksWarehouse(CursorQueries, dg.ConfigurableResource):
+    warehouse_kind: ClassVar[str] = "databricks"
     sql_dialect: ClassVar[str] = DIALECT
 
     name: str = ""
@@ -99,22 +98,6 @@ class DatabricksWarehouse(CursorQueries, dg.ConfigurableResource):
         except Exception as e:
             raise connect_error("databricks", self.name, self.server_hostname, e, self._secrets()) from None
 
-    @contextlib.contextmanager
-    def _cursor(self, table: str, staging_dir: str | None = None):
-        con = self._connect(staging_dir)
-        try:
-            cur = con.cursor()
-            try:
-                yield cur
-            except WarehouseError:
-                raise
-            except Exception as e:
-                raise query_error("databricks", self.name, table, e, self._secrets()) from None
-            finally:
-                cur.close()
-        finally:
-            con.close()
-
     # ------------------------------------------------------------------ reading
 
     @staticmethod
@@ -122,21 +105,13 @@ class DatabricksWarehouse(CursorQueries, dg.ConfigurableResource):
         cur.execute(limit0_sql(DIALECT, table, columns))
         return pa.schema([pa.field(d[0], arrow_type(d[0], d[1], d[4], d[5])) for d in cur.description])
 
-    def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
-             start: datetime | None = None, end: datetime | None = None,
-             batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
-        with self._cursor(table) as cur:
-            schema = self._describe(cur, table, columns)
-            cur.execute(select_sql(DIALECT, table, columns, time_column, start, end))
-
-            def chunks():
-                while True:
-                    t = cur.fetchmany_arrow(batch_rows)
-                    if t is None or t.num_rows == 0:
-                        return
-                    yield from t.to_batches()
-
-            yield from conform(chunks(), schema, table, batch_rows)
+    @staticmethod
+    def _fetch(cur, schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        while True:
+            t = cur.fetchmany_arrow(batch_rows)
+            if t is None or t.num_rows == 0:
+                return
+            yield from t.to_batches()
 
     # ------------------------------------------------------------------ writing
 
@@ -164,7 +139,7 @@ class DatabricksWarehouse(CursorQueries, dg.ConfigurableResource):
         import pyarrow.parquet as pq
 
         folder = f"{self.staging_volume.rstrip('/')}/habitus-{uuid.uuid4().hex}"
-        with tempfile.TemporaryDirectory(prefix="habitus-dbx-") as tmp, self._cursor(table, tmp) as cur:
+        with tempfile.TemporaryDirectory(prefix="habitus-dbx-") as tmp, self._cursor(table, staging_dir=tmp) as cur:
             cur.execute(create_table_sql(DIALECT, table, schema))
             remote, rows, writer, path, in_file = [], 0, None, None, 0
 

@@ -28,8 +28,8 @@ from sqlglot import exp
 
 from resources.errors import WarehouseError
 from resources.remote import (CursorQueries, SECRET_KEYS, column_array, connect_error, fetch_rows, first_lines, naive_utc,
-                             query_error, rows_to_batches, value, value_literal)
-from resources.sql import arrow_sql_type, range_sql, select_sql, table_expr
+                             rows_to_batches, value, value_literal)
+from resources.sql import arrow_sql_type, range_sql, table_expr
 
 DIALECT = "hive"
 
@@ -69,7 +69,9 @@ def _partition_literal(v) -> exp.Expression:
 
 
 class HiveWarehouse(CursorQueries, dg.ConfigurableResource):
+    warehouse_kind: ClassVar[str] = "hive"
     sql_dialect: ClassVar[str] = DIALECT
+    default_batch_rows: ClassVar[int] = 1 << 16
 
     name: str = ""
     host: str = "localhost"
@@ -133,21 +135,8 @@ class HiveWarehouse(CursorQueries, dg.ConfigurableResource):
             lambda: get_installed_sasl(host=kw["host"], sasl_auth="PLAIN", service=None, username=user,
                                        password=password), "PLAIN", sock)
 
-    @contextlib.contextmanager
-    def _cursor(self, table: str):
-        con = self._connect()
-        try:
-            cur = con.cursor()
-            try:
-                yield cur
-            except WarehouseError:
-                raise
-            except Exception as e:  # pyhive raises thrift/DB-API errors with the server's message inside
-                raise query_error("hive", self.name, table, RuntimeError(_server_message(e)), self._secrets()) from None
-            finally:
-                cur.close()
-        finally:
-            con.close()
+    def _error_cause(self, exc: BaseException) -> BaseException:
+        return RuntimeError(_server_message(exc))  # pyhive's thrift/DB-API errors hold the server's message
 
     # ------------------------------------------------------------------ reading
 
@@ -175,13 +164,10 @@ class HiveWarehouse(CursorQueries, dg.ConfigurableResource):
             lo, hi = (column_array([v], typ, time_column)[0].as_py() for v in (lo, hi))
             return naive_utc(lo), naive_utc(hi)
 
-    def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
-             start: datetime | None = None, end: datetime | None = None,
-             batch_rows: int = 1 << 16) -> Iterator[pa.RecordBatch]:
-        with self._cursor(table) as cur:
-            schema = self._describe(cur, table, columns)
-            cur.execute(select_sql(DIALECT, table, columns, time_column, start, end))
-            yield from rows_to_batches(fetch_rows(cur, batch_rows), schema, batch_rows)
+    @staticmethod
+    def _fetch(cur, schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """`batch_rows` rows at a time (`fetchmany`), as Arrow batches of the described schema."""
+        return rows_to_batches(fetch_rows(cur, batch_rows), schema, batch_rows)
 
     # ------------------------------------------------------------------ writing
 

@@ -1,5 +1,7 @@
 """What the networked warehouse connectors share: errors that name the connection and never a
-secret, Arrow batches conformed to the schema the table was described with, and batch slicing.
+secret, the values that travel in and out of their SQL, and `CursorQueries`, the part of a
+connector with a DB-API driver that does not depend on the driver. Their batches are cast once
+(resources/batches.py).
 
 Each connector (`snowflake`, `clickhouse`, `databricks`, `synapse`, `hive`, `bigquery`) is a
 `ConfigurableResource` with the interface of `resources.duckdb.DuckDBWarehouse`:
@@ -7,6 +9,7 @@ Each connector (`snowflake`, `clickhouse`, `databricks`, `synapse`, `hive`, `big
 `write(table, batches, schema, replace=(column, value)) -> rows`.
 """
 
+import contextlib
 import re
 from datetime import datetime
 from typing import ClassVar, Iterable, Iterator
@@ -14,7 +17,9 @@ from typing import ClassVar, Iterable, Iterator
 import dagster as dg
 import pyarrow as pa
 
+from resources.batches import Batches
 from resources.errors import WarehouseError
+from resources.sql import freshness_sql, partition_counts_sql, range_sql, select_sql, utc_naive
 
 # Connection parameters whose values are never printed and are passed as dagster EnvVars.
 SECRET_KEYS = frozenset({"password", "token", "access_token", "private_key", "private_key_passphrase",
@@ -62,40 +67,6 @@ def connect_error(kind: str, name: str, where: str, exc: BaseException, secrets:
 def query_error(kind: str, name: str, table: str, exc: BaseException, secrets: Iterable) -> WarehouseError:
     return WarehouseError(f"table {table!r} in {kind} connection {name or '?'!r}: "
                           f"{redact(first_lines(exc), secrets)}")
-
-
-def conform(batches: Iterable[pa.RecordBatch], schema: pa.Schema, table: str = "?",
-            batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
-    """Each batch with exactly `schema` (names and types, by position) and at most `batch_rows` rows.
-
-    Drivers may send a narrower or wider type per chunk (a decimal where a value outgrew int64, a
-    timestamp in another unit): each column is cast safely, and a value that does not fit is an
-    error naming the table and column, never a silent truncation."""
-    for b in batches:
-        if len(b) == 0:
-            continue
-        if not b.schema.equals(schema, check_metadata=True):
-            if b.num_columns != len(schema):
-                raise WarehouseError(f"table {table!r}: the driver returned {b.num_columns} columns "
-                                     f"{b.schema.names}, expected {schema.names}")
-            cols = []
-            for i, f in enumerate(schema):
-                col = b.column(i)
-                if col.type != f.type:
-                    try:
-                        col = col.cast(f.type, safe=True)
-                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                        raise WarehouseError(
-                            f"table {table!r}, column {f.name!r}: values of type {col.type} do not fit the "
-                            f"column's type {f.type} ({first_lines(e, 1)}); cast the column in a view or "
-                            f"override its type") from None
-                cols.append(col)
-            b = pa.RecordBatch.from_arrays(cols, schema=schema)
-        if batch_rows and len(b) > batch_rows:
-            for start in range(0, len(b), batch_rows):
-                yield b.slice(start, batch_rows)
-        else:
-            yield b
 
 
 def rows_to_batches(rows: Iterable[tuple], schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -151,10 +122,6 @@ def naive_utc(v):
 def as_time(v):
     """A time from a driver as a naive UTC datetime: text (HiveServer2 sends times as text) is
     parsed, dates become midnight, None stays None."""
-    from datetime import datetime
-
-    from resources.sql import utc_naive
-
     if isinstance(v, str):
         v = datetime.fromisoformat(v.strip())
     return utc_naive(v)
@@ -190,13 +157,69 @@ def value_literal(v, timestamp_type: str = "TIMESTAMP", aware_timestamp_type: st
     return exp.Literal.string(str(v))
 
 
-class CursorQueries:
-    """`schema`, `time_range` and the new-data sensor's two questions for a connector with a DB-API
-    cursor: the connector gives `sql_dialect`, `_cursor(table)` (a context yielding a cursor whose
-    errors name the table) and `_describe(cursor, table, columns)`. One query each, run in the
-    warehouse."""
+class ChunkReads:
+    """`read` for a connector whose `_chunks(table, columns, time_column, start, end, batch_rows)` is a
+    generator holding the connection: it yields the described schema, then the driver's Arrow batches."""
 
+    default_batch_rows: ClassVar[int] = 1 << 17
+
+    def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
+             start: datetime | None = None, end: datetime | None = None,
+             batch_rows: int | None = None) -> Batches:
+        """The columns of `table` whose `time_column` is in [start, end), projection and filter in the
+        warehouse's SQL, as Arrow batches of the table's described schema (`default_batch_rows` rows
+        at most unless `batch_rows` says otherwise)."""
+        batch_rows = batch_rows or self.default_batch_rows
+        return Batches(self._chunks(table, columns, time_column, start, end, batch_rows), table, batch_rows)
+
+
+class CursorQueries(ChunkReads):
+    """What the connectors with a DB-API driver (Databricks, Hive, Snowflake, Synapse) share: a
+    connection and a cursor for each call, both closed after it, and the driver's errors translated
+    into a `WarehouseError` naming the connection and the table, never a secret; `schema`,
+    `time_range`, `read` and the new-data sensor's two questions, each one query run in the warehouse.
+
+    A connector gives what differs: `warehouse_kind` (its name in messages), `sql_dialect`,
+    `default_batch_rows` (see `ChunkReads`), `_connect(**options)`, `_secrets()`,
+    `_describe(cursor, table, columns)` (the table's schema), `_fetch(cursor, schema, batch_rows)` (the
+    result's Arrow batches) and, where the defaults do not fit, `_query_errors()` (the driver's errors that are translated: all by
+    default) and `_error_cause(exc)` (the part of such an error worth showing)."""
+
+    warehouse_kind: ClassVar[str]
     sql_dialect: ClassVar[str]
+
+    def _query_errors(self) -> tuple[type[BaseException], ...]:
+        return (Exception,)
+
+    def _error_cause(self, exc: BaseException) -> BaseException:
+        return exc
+
+    @contextlib.contextmanager
+    def _session(self, table: str, **options):
+        """(connection, cursor), closed afterwards; the driver's errors name the connection and `table`.
+        `options` go to `_connect`."""
+        con = self._connect(**options)
+        try:
+            cur = con.cursor()
+            try:
+                yield con, cur
+            except WarehouseError:
+                raise
+            except Exception as e:
+                if not isinstance(e, self._query_errors()):
+                    raise
+                raise query_error(self.warehouse_kind, self.name, table, self._error_cause(e),
+                                  self._secrets()) from None
+            finally:
+                cur.close()
+        finally:
+            con.close()
+
+    @contextlib.contextmanager
+    def _cursor(self, table: str, **options):
+        """The cursor of `_session`."""
+        with self._session(table, **options) as (_, cur):
+            yield cur
 
     def schema(self, table: str) -> pa.Schema:
         with self._cursor(table) as cur:
@@ -204,8 +227,6 @@ class CursorQueries:
 
     def time_range(self, table: str, time_column: str) -> tuple[datetime | None, datetime | None]:
         """(min, max) of the time column; time-zone-aware values as naive UTC."""
-        from resources.sql import range_sql
-
         with self._cursor(table) as cur:
             cur.execute(range_sql(self.sql_dialect, table, time_column))
             lo, hi = cur.fetchone()
@@ -213,8 +234,6 @@ class CursorQueries:
 
     def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
         """Rows and the newest time (naive UTC): what a new-data sensor asks on every tick."""
-        from resources.sql import freshness_sql
-
         with self._cursor(table) as cur:
             cur.execute(freshness_sql(self.sql_dialect, table, time_column))
             rows, newest = cur.fetchone()
@@ -222,8 +241,14 @@ class CursorQueries:
 
     def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
         """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY in the warehouse."""
-        from resources.sql import partition_counts_sql
-
         with self._cursor(table) as cur:
             cur.execute(partition_counts_sql(self.sql_dialect, table, time_column, grain))
             return period_counts(cur.fetchall())
+
+    def _chunks(self, table, columns, time_column, start, end, batch_rows) -> Iterator:
+        """The source of `Batches`: the described schema, then the driver's batches."""
+        with self._cursor(table) as cur:
+            schema = self._describe(cur, table, columns)
+            yield schema
+            cur.execute(select_sql(self.sql_dialect, table, columns, time_column, start, end))
+            yield from self._fetch(cur, schema, batch_rows)

@@ -16,15 +16,14 @@ import contextlib
 import os
 import tempfile
 import uuid
-from datetime import datetime
 from typing import ClassVar, Any, Iterable, Iterator
 
 import dagster as dg
 import pyarrow as pa
 
 from resources.errors import WarehouseError
-from resources.remote import CursorQueries, SECRET_KEYS, conform, connect_error, query_error, value
-from resources.sql import create_table_sql, delete_sql, limit0_sql, select_sql, table_expr
+from resources.remote import CursorQueries, SECRET_KEYS, connect_error, value
+from resources.sql import create_table_sql, delete_sql, limit0_sql, table_expr
 
 DIALECT = "snowflake"
 
@@ -36,7 +35,7 @@ def arrow_type(name: str, type_code_name: str, precision: int | None, scale: int
         if scale:
             return pa.decimal128(precision or 38, scale)
         # NUMBER(p, 0), including the default NUMBER(38, 0) of INTEGER columns: ids fit int64;
-        # a value that does not is reported by `conform`, never truncated.
+        # a value that does not is reported by the cast (resources/batches.py), never truncated.
         return pa.int64()
     if t in ("REAL", "FLOAT", "DOUBLE"):
         return pa.float64()
@@ -61,6 +60,7 @@ def arrow_type(name: str, type_code_name: str, precision: int | None, scale: int
 class SnowflakeWarehouse(CursorQueries, dg.ConfigurableResource):
     """Snowflake; `schema_name` is the config's `schema`, `options` any other connector parameter."""
 
+    warehouse_kind: ClassVar[str] = "snowflake"
     sql_dialect: ClassVar[str] = DIALECT
 
     name: str = ""
@@ -104,21 +104,10 @@ class SnowflakeWarehouse(CursorQueries, dg.ConfigurableResource):
         except Exception as e:  # the connector raises several classes; all mean "no connection"
             raise connect_error("snowflake", self.name, self._where(), e, self._secrets()) from None
 
-    @contextlib.contextmanager
-    def _cursor(self, table: str):
+    def _query_errors(self) -> tuple[type[BaseException], ...]:
         import snowflake.connector.errors as sf_errors
 
-        con = self._connect()
-        try:
-            cur = con.cursor()
-            try:
-                yield cur
-            except sf_errors.Error as e:
-                raise query_error("snowflake", self.name, table, e, self._secrets()) from None
-            finally:
-                cur.close()
-        finally:
-            con.close()
+        return (sf_errors.Error,)
 
     # ------------------------------------------------------------------ reading
 
@@ -130,16 +119,10 @@ class SnowflakeWarehouse(CursorQueries, dg.ConfigurableResource):
         return pa.schema([pa.field(d.name, arrow_type(d.name, FIELD_ID_TO_NAME[d.type_code], d.precision, d.scale))
                           for d in cur.description])
 
-    def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
-             start: datetime | None = None, end: datetime | None = None,
-             batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
-        """The result's Arrow chunks as they arrive (Snowflake serves a large result as many chunks),
-        sliced to `batch_rows` and cast to the table's described schema."""
-        with self._cursor(table) as cur:
-            schema = self._describe(cur, table, columns)
-            cur.execute(select_sql(DIALECT, table, columns, time_column, start, end))
-            chunks = (b for t in cur.fetch_arrow_batches() for b in t.to_batches())
-            yield from conform(chunks, schema, table, batch_rows)
+    @staticmethod
+    def _fetch(cur, schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """The result's Arrow chunks as they arrive (Snowflake serves a large result as many chunks)."""
+        return (b for t in cur.fetch_arrow_batches() for b in t.to_batches())
 
     # ------------------------------------------------------------------ writing
 

@@ -17,19 +17,16 @@ ActiveDirectoryServicePrincipal, ActiveDirectoryMsi, ActiveDirectoryDefault, ...
 added to the connection string as given.
 """
 
-import contextlib
 import uuid
-from datetime import datetime
-from typing import Any, Iterable, Iterator
+from typing import Any, ClassVar, Iterable, Iterator
 
 import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
 from resources.errors import WarehouseError
-from resources.remote import SECRET_KEYS, as_time, period_counts, conform, connect_error, naive_utc, query_error, value
-from resources.sql import (create_table_sql, delete_sql, freshness_sql, partition_counts_sql, range_sql, select_sql,
-                           table_expr)
+from resources.remote import CursorQueries, SECRET_KEYS, connect_error, value
+from resources.sql import create_table_sql, delete_sql, table_expr
 
 DIALECT = "tsql"
 
@@ -75,7 +72,11 @@ def _cs_value(v) -> str:
     return "{" + v.replace("}", "}}") + "}" if any(ch in v for ch in ";{}= ") or v != v.strip() else v
 
 
-class SynapseWarehouse(dg.ConfigurableResource):
+class SynapseWarehouse(CursorQueries, dg.ConfigurableResource):
+    warehouse_kind: ClassVar[str] = "synapse"
+    sql_dialect: ClassVar[str] = DIALECT
+    default_batch_rows: ClassVar[int] = 1 << 16
+
     name: str = ""
     server: str
     port: int = 1433
@@ -110,22 +111,6 @@ class SynapseWarehouse(dg.ConfigurableResource):
         except Exception as e:
             raise connect_error("synapse", self.name, f"{self.server}:{self.port}", e, self._secrets()) from None
 
-    @contextlib.contextmanager
-    def _cursor(self, table: str):
-        con = self._connect()
-        try:
-            cur = con.cursor()
-            try:
-                yield con, cur
-            except WarehouseError:
-                raise
-            except Exception as e:
-                raise query_error("synapse", self.name, table, e, self._secrets()) from None
-            finally:
-                cur.close()
-        finally:
-            con.close()
-
     # ------------------------------------------------------------------ reading
 
     @staticmethod
@@ -141,37 +126,10 @@ class SynapseWarehouse(dg.ConfigurableResource):
             raise WarehouseError(f"table {table!r}: column(s) {missing} not found; it has {list(types)}")
         return pa.schema([pa.field(c, types[c]) for c in names])
 
-    def schema(self, table: str) -> pa.Schema:
-        with self._cursor(table) as (_, cur):
-            return self._describe(cur, table, None)
-
-    def time_range(self, table: str, time_column: str) -> tuple[datetime | None, datetime | None]:
-        with self._cursor(table) as (_, cur):
-            cur.execute(range_sql(DIALECT, table, time_column))
-            lo, hi = cur.fetchone()
-            return naive_utc(lo), naive_utc(hi)
-
-    def freshness(self, table: str, time_column: str) -> tuple[int, datetime | None]:
-        """Rows and the newest time (naive UTC): what a new-data sensor asks on every tick."""
-        with self._cursor(table) as (_, cur):
-            cur.execute(freshness_sql(DIALECT, table, time_column))
-            rows, newest = cur.fetchone()
-            return int(rows), as_time(newest)
-
-    def partition_counts(self, table: str, time_column: str, grain: str) -> dict[datetime, tuple[int, datetime]]:
-        """{start of each month or day (UTC): (rows, newest time)}: one GROUP BY in Synapse."""
-        with self._cursor(table) as (_, cur):
-            cur.execute(partition_counts_sql(DIALECT, table, time_column, grain))
-            return period_counts(cur.fetchall())
-
-    def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
-             start: datetime | None = None, end: datetime | None = None,
-             batch_rows: int = 1 << 16) -> Iterator[pa.RecordBatch]:
-        with self._cursor(table) as (_, cur):
-            schema = self._describe(cur, table, columns)
-            cur.execute(select_sql(DIALECT, table, columns, time_column, start, end))
-            with cur.arrow_reader(batch_size=batch_rows) as reader:
-                yield from conform(reader, schema, table, batch_rows)
+    @staticmethod
+    def _fetch(cur, schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        with cur.arrow_reader(batch_size=batch_rows) as reader:
+            yield from reader
 
     # ------------------------------------------------------------------ writing
 
@@ -183,7 +141,7 @@ class SynapseWarehouse(dg.ConfigurableResource):
         t = table_expr(table)
         stage = ".".join(p for p in (t.catalog, t.db, f"_habitus_stage_{uuid.uuid4().hex[:12]}") if p)
         stage_sql, target_sql = table_expr(stage).sql(dialect=DIALECT), t.sql(dialect=DIALECT)
-        with self._cursor(table) as (con, cur):
+        with self._session(table) as (con, cur):
             cur.execute(create_table_sql(DIALECT, table, schema))
             cur.execute(create_table_sql(DIALECT, stage, schema, if_not_exists=False))
             con.commit()

@@ -13,40 +13,9 @@ import pytest
 from pipelines.config import WarehouseConnection
 from pipelines.definitions import connection_resource
 from resources.errors import WarehouseError
-from resources.remote import conform, connect_error, naive_utc, redact, rows_to_batches, value
+from resources.remote import connect_error, naive_utc, redact, rows_to_batches, value
 
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(10, 2)), ("ts", pa.timestamp("us"))])
-
-
-def _batch(ids, amounts, ts, types=(pa.int8(), pa.decimal128(10, 2), pa.timestamp("ns"))):
-    return pa.record_batch([pa.array(ids, types[0]), pa.array(amounts, types[1]), pa.array(ts, types[2])],
-                           names=["ID", "amount", "ts"])
-
-
-def test_conform_casts_narrow_chunks_and_slices():
-    t = datetime(2026, 3, 1)
-    batches = [_batch([1, 2, 3], [Decimal("1.50"), None, Decimal("2.25")], [t, t, None]),
-               pa.record_batch([pa.array([], pa.int64()), pa.array([], pa.decimal128(10, 2)),
-                                pa.array([], pa.timestamp("us"))], schema=SCHEMA),
-               _batch(list(range(5)), [None] * 5, [t] * 5, (pa.int64(), pa.decimal128(10, 2), pa.timestamp("us")))]
-    out = list(conform(iter(batches), SCHEMA, "t", batch_rows=2))
-    assert [len(b) for b in out] == [2, 1, 2, 2, 1]  # empty batches dropped, big ones sliced
-    assert all(b.schema.equals(SCHEMA, check_metadata=True) for b in out)
-    assert pa.Table.from_batches(out).column("amount").to_pylist()[:3] == [Decimal("1.50"), None, Decimal("2.25")]
-
-
-def test_conform_refuses_lossy_values_naming_the_column():
-    big = pa.record_batch([pa.array([2**70], pa.decimal128(38, 0))], names=["product_id"])
-    with pytest.raises(WarehouseError, match=r"table 'shop.events', column 'product_id'.*int64"):
-        list(conform([big], pa.schema([("product_id", pa.int64())]), "shop.events"))
-    sub_us = pa.record_batch([pa.array([1_000_000_001], pa.timestamp("ns"))], names=["ts"])
-    with pytest.raises(WarehouseError, match="'ts'"):
-        list(conform([sub_us], pa.schema([("ts", pa.timestamp("us"))]), "t"))
-
-
-def test_conform_refuses_a_wrong_column_count():
-    with pytest.raises(WarehouseError, match="2 columns"):
-        list(conform([pa.record_batch([[1], [2]], names=["a", "b"])], pa.schema([("a", pa.int64())]), "t"))
 
 
 def test_rows_to_batches():
