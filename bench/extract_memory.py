@@ -269,6 +269,20 @@ def _program(name: str, venv: str | None = None) -> str | None:
     return shutil.which(name)
 
 
+def loaded_sources(wanted: list[str], servers: dict, skipped: list, load, served=("s3", "snowflake")):
+    """(source, spec) for each wanted source, its table loaded by `load(source)`; a source in `served`
+    whose server did not start is passed over, one whose package is missing is left out with why."""
+    for kind in wanted:
+        if kind in served and kind not in servers:
+            continue
+        try:
+            spec = load(kind)
+        except ImportError as e:
+            skipped.append(f"{kind} ({e.name} not installed)")
+            continue
+        yield kind, spec
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=200_000, help="rows at 1x")
@@ -289,14 +303,7 @@ def main(argv=None) -> int:
         servers = start_s3_and_snowflake(wanted, procs, skipped)
         print(f"{'source':<11} {'mode':<13} {'rows':>10} {'seconds':>8} {'rows/s':>11} {'peak RSS MB':>11} "
               f"{'Arrow MB':>8}")
-        for kind in wanted:
-            if kind in ("s3", "snowflake") and kind not in servers:
-                continue
-            try:
-                spec = _load(kind, folder, files, servers)
-            except ImportError as e:
-                skipped.append(f"{kind} ({e.name} not installed)")
-                continue
+        for kind, spec in loaded_sources(wanted, servers, skipped, lambda k: _load(k, folder, files, servers)):
             for table in files:
                 for mode in ("stream", "driver-whole"):
                     r = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(spec), table, mode],

@@ -177,14 +177,8 @@ def main(argv=None) -> int:
                 else:
                     servers[kind] = spec
         log(f"{'source':<11} {'mode':<8} {'rows':>10} {'seconds':>8} {'rows/s':>11} {'peak MB':>8}")
-        for kind in wanted:
-            if kind in ("s3", "snowflake", "bigquery", "hive") and kind not in servers:
-                continue
-            try:
-                spec = _load(kind, folder, data, servers)
-            except ImportError as e:
-                skipped.append(f"{kind} ({e.name} not installed)")
-                continue
+        for kind, spec in em.loaded_sources(wanted, servers, skipped, lambda k: _load(k, folder, data, servers),
+                                            served=("s3", "snowflake", "bigquery", "hive")):
             for mode in ("driver", "read", "extract"):
                 r = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(spec), mode],
                                    capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
