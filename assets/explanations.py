@@ -9,14 +9,11 @@ import time
 
 import dagster as dg
 
-from assets.cache import CACHE_KEY, current_cache
 from assets.plots import importance_chart
-from assets.predictions import as_of_time, write_day
-from assets.scenarios import scenario_key
+from assets.predictions import as_of_time, scoring_asset, scoring_inputs, write_day
 from assets.serving import CHECKPOINT_NOTE, load_serving
 from assets.sources import connection_key
-from resources.executor import TrainingExecutor
-from resources.workspace import Workspace, locked
+from resources.workspace import locked
 
 
 def explanations_key(name: str) -> dg.AssetKey:
@@ -32,23 +29,17 @@ def importance_markdown(importance: list[tuple[str, str, float]], rows: int = 15
 def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg.AssetsDefinition:
     settings = scenario.explain
     sink = project.predictions.sink if settings.write_back else None
-    resource_keys = {"workspace", "executor"} | ({connection_key(sink.connection)} if sink else set())
 
-    @dg.asset(key=explanations_key(name), deps=[scenario_key(name), CACHE_KEY], partitions_def=partitions_def,
-              required_resource_keys=resource_keys, group_name="predictions", kinds={"parquet", "captum"},
-              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=31),
-              description=f"Each entity's top {settings.top} reasons for its {scenario.task} score(s) of scenario "
-                          f"{name!r} (Integrated Gradients, grouped by source, column and value)")
+    @scoring_asset(explanations_key(name), name, partitions_def, sink, {"parquet", "captum"},
+                   f"Each entity's top {settings.top} reasons for its {scenario.task} score(s) of scenario {name!r} "
+                   f"(Integrated Gradients, grouped by source, column and value)")
     @locked(f"explanations/{name}")
     def _explanations(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         from models.explain import Summary, column_sources, explain_cutoff, input_groups, vocab_reader
         from models.predict import load_model
 
         started = time.time()
-        workspace: Workspace = context.resources.workspace
-        executor: TrainingExecutor = context.resources.executor
-        device = executor.setup()
-        cache = current_cache(workspace)
+        workspace, executor, device, cache = scoring_inputs(context)
         state, config, passed = load_serving(workspace, cache, name, "explaining")
         model, spec, task = load_model(state, config)  # fp32: gradients (predictions may score in int8)
         label_names = config.get("label_values") or None

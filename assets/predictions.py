@@ -19,11 +19,30 @@ from assets.cache import CACHE_KEY, current_cache
 from assets.scenarios import scenario_key
 from assets.serving import CHECKPOINT_NOTE, load_serving
 from assets.sources import connection_key
+from models.cache import Cache
 from models.predict import load_model, predict
 from models.quantize import for_inference
 from models.tasks import task as task_of
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
+
+
+def scoring_asset(key: dg.AssetKey, name: str, partitions_def, sink, kinds: set[str], description: str):
+    """The decorator of a daily asset computed from scenario `name`'s serving checkpoint (predictions,
+    explanations): after the scenario and the cache, up to 31 days a run (a year: 12 runs), with the
+    sink's connection when it writes back."""
+    resource_keys = {"workspace", "executor"} | ({connection_key(sink.connection)} if sink else set())
+    return dg.asset(key=key, deps=[scenario_key(name), CACHE_KEY], partitions_def=partitions_def,
+                    required_resource_keys=resource_keys, group_name="predictions", kinds=kinds,
+                    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=31), description=description)
+
+
+def scoring_inputs(context) -> tuple[Workspace, TrainingExecutor, str, Cache]:
+    """What a scoring asset starts from: the workspace, the executor, its device (set up) and the cache
+    in use."""
+    workspace: Workspace = context.resources.workspace
+    executor: TrainingExecutor = context.resources.executor
+    return workspace, executor, executor.setup(), current_cache(workspace)
 
 
 def as_of_time(day: str) -> datetime:
@@ -106,20 +125,13 @@ def predictions_key(name: str) -> dg.AssetKey:
 
 def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefinition:
     sink = project.predictions.sink
-    resource_keys = {"workspace", "executor"} | ({connection_key(sink.connection)} if sink else set())
 
-    @dg.asset(key=predictions_key(name), deps=[scenario_key(name), CACHE_KEY], partitions_def=partitions_def,
-              required_resource_keys=resource_keys, group_name="predictions", kinds={"parquet"},
-              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=31),  # a year: 12 runs
-              description=f"Daily scores of scenario {name!r} from its newest checkpoint that beat "
-                          f"its baselines")
+    @scoring_asset(predictions_key(name), name, partitions_def, sink, {"parquet"},
+                   f"Daily scores of scenario {name!r} from its newest checkpoint that beat its baselines")
     @locked(f"predictions/{name}")
     def _predictions(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         started = time.time()
-        workspace: Workspace = context.resources.workspace
-        executor: TrainingExecutor = context.resources.executor
-        device = executor.setup()
-        cache = current_cache(workspace)
+        workspace, executor, device, cache = scoring_inputs(context)
         state, config, passed = load_serving(workspace, cache, name, "predicting")
         if not passed:
             context.log.warning(f"no checkpoint of scenario {name!r} has beaten its baselines yet; scoring with the "
