@@ -71,13 +71,6 @@ def _error(result) -> str:
     return "\n".join(parts)
 
 
-def _sql(path, *statements):
-    con = duckdb.connect(str(path))
-    for s in statements:
-        con.sql(s)
-    con.close()
-
-
 def test_text_that_is_not_utf8_stops_extraction_naming_table_column_and_value(tmp_path):
     folder = tmp_path / "parquet"
     folder.mkdir()
@@ -96,8 +89,8 @@ def test_text_that_is_not_utf8_stops_extraction_naming_table_column_and_value(tm
     assert not list((tmp_path / "ws" / "sources" / "purchases").glob("*.parquet"))  # nothing half-written
 
 
-def test_an_empty_partition_is_an_empty_file_and_loses_no_row(warehouse, tmp_path):
-    _sql(warehouse, "DELETE FROM purchases WHERE ts >= TIMESTAMP '2026-04-01' AND ts < TIMESTAMP '2026-05-01'")
+def test_an_empty_partition_is_an_empty_file_and_loses_no_row(warehouse, tmp_path, duckdb_sql):
+    duckdb_sql(warehouse, "DELETE FROM purchases WHERE ts >= TIMESTAMP '2026-04-01' AND ts < TIMESTAMP '2026-05-01'")
     project = _project(tmp_path, {"type": "duckdb", "path": str(warehouse)})
     assert all(r.success for r in _extract(project))
     april = tmp_path / "ws" / "sources" / "purchases" / "2026-04-01.parquet"
@@ -111,34 +104,35 @@ def test_an_empty_partition_is_an_empty_file_and_loses_no_row(warehouse, tmp_pat
     assert current_cache(build_resources(project)["workspace"]).manifest["n_events"] == want
 
 
-def test_an_empty_events_table_stops_the_cache_with_a_clear_message(warehouse, tmp_path):
-    _sql(warehouse, "DELETE FROM purchases")
+def test_an_empty_events_table_stops_the_cache_with_a_clear_message(warehouse, tmp_path, duckdb_sql):
+    duckdb_sql(warehouse, "DELETE FROM purchases")
     project = _project(tmp_path, {"type": "duckdb", "path": str(warehouse)})
     assert all(r.success for r in _extract(project))
     result = _run(project, [CACHE])
     assert not result.success and "hold no rows" in _error(result)
 
 
-def test_an_empty_attribute_table_is_a_blocking_error(warehouse, tmp_path):
-    _sql(warehouse, "DELETE FROM products")
+def _blocking_join_coverage(warehouse, tmp_path) -> dg.AssetCheckEvaluation:
+    """Extract, then run the cache and the foundation model: the join_coverage check, which must fail
+    with ERROR and keep the foundation model from training."""
     project = _project(tmp_path, {"type": "duckdb", "path": str(warehouse)})
     _extract(project)
     result = _run(project, [CACHE, dg.AssetKey("foundation_model")])
     check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "join_coverage")
     assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
-    assert "products has no rows with a product_id" in check.description
     assert result.asset_materializations_for_node("foundation_model") == []
+    return check
 
 
-def test_entity_ids_of_another_type_and_format_are_a_blocking_error(warehouse, tmp_path):
+def test_an_empty_attribute_table_is_a_blocking_error(warehouse, tmp_path, duckdb_sql):
+    duckdb_sql(warehouse, "DELETE FROM products")
+    assert "products has no rows with a product_id" in _blocking_join_coverage(warehouse, tmp_path).description
+
+
+def test_entity_ids_of_another_type_and_format_are_a_blocking_error(warehouse, tmp_path, duckdb_sql):
     """Events carry customer ids as text 'c…'; the customers table as integers: no row would match."""
-    _sql(warehouse, "CREATE TABLE c2 AS SELECT row_number() OVER () AS customer_id, segment FROM customers",
-         "DROP TABLE customers", "ALTER TABLE c2 RENAME TO customers")
-    project = _project(tmp_path, {"type": "duckdb", "path": str(warehouse)})
-    _extract(project)
-    result = _run(project, [CACHE, dg.AssetKey("foundation_model")])
-    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "join_coverage")
-    assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
+    duckdb_sql(warehouse, "CREATE TABLE c2 AS SELECT row_number() OVER () AS customer_id, segment FROM customers",
+               "DROP TABLE customers", "ALTER TABLE c2 RENAME TO customers")
+    check = _blocking_join_coverage(warehouse, tmp_path)
     assert "customers: 0.0% of event keys found; events customer_id is string like [" in check.description
     assert "customers.customer_id is int64 like ['1', '10', '100']" in check.description
-    assert result.asset_materializations_for_node("foundation_model") == []
