@@ -6,13 +6,13 @@ warehouse table <sink.table>_<name>_explanations. The materialization carries th
 and the global importance (mean |attribution| by source and column) as a table and a bar chart."""
 
 import time
+from datetime import datetime
 
 import dagster as dg
 
 from assets.plots import importance_chart
-from assets.predictions import as_of_time, scoring_asset, scoring_inputs, write_day
-from assets.serving import CHECKPOINT_NOTE, load_serving
-from assets.sources import connection_key
+from assets.predictions import scoring_asset, scoring_inputs, write_days
+from assets.serving import CHECKPOINT_NOTE
 from resources.workspace import locked
 
 
@@ -39,8 +39,7 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
         from models.predict import load_model
 
         started = time.time()
-        workspace, executor, device, cache = scoring_inputs(context)
-        state, config, passed = load_serving(workspace, cache, name, "explaining")
+        workspace, executor, device, cache, state, config, passed = scoring_inputs(context, name, "explaining")
         model, spec, task = load_model(state, config)  # fp32: gradients (predictions may score in int8)
         label_names = config.get("label_values") or None
         labels = None
@@ -56,21 +55,16 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
         groups = input_groups(spec, vocab_reader(cache), model.trunk, column_sources(project))
         summary = Summary.of(groups)
         fingerprint = config["weights_sha256"][:16]
-        warehouse = getattr(context.resources, connection_key(sink.connection)) if sink is not None else None
         folder = workspace.path / "explanations" / name
-        rows, written_back, files = 0, 0, []
-        for day in context.partition_keys:
-            as_of = as_of_time(day)
-            batches = explain_cutoff(model, cache, spec, task, int(as_of.timestamp()), groups, top=settings.top,
-                                     labels=labels, per_entity=settings.per_entity, label_names=label_names,
-                                     steps=settings.steps, device=device, summary=summary)
-            path = folder / f"{day}.parquet"
-            day_rows, day_written = write_day(cache, batches, path, name, project.entity, fingerprint, as_of,
-                                              warehouse, f"{sink.table}_{name}_explanations" if sink else None)
-            written_back += day_written
-            context.log.info(f"explanations/{name} {day}: {day_rows:,} reasons")
-            rows += day_rows
-            files.append(path)
+
+        def batches_of(day: str, as_of: datetime):
+            return explain_cutoff(model, cache, spec, task, int(as_of.timestamp()), groups, top=settings.top,
+                                  labels=labels, per_entity=settings.per_entity, label_names=label_names,
+                                  steps=settings.steps, device=device, summary=summary)
+
+        rows, written_back, files = write_days(context, "explanations", name, folder, batches_of, cache,
+                                               project.entity, fingerprint, sink,
+                                               f"{sink.table}_{name}_explanations" if sink else None, unit="reasons")
         seconds = time.time() - started
         importance = summary.importance()
         chart = importance_chart(importance, folder / "importance.png",

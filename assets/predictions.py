@@ -37,12 +37,14 @@ def scoring_asset(key: dg.AssetKey, name: str, partitions_def, sink, kinds: set[
                     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=31), description=description)
 
 
-def scoring_inputs(context) -> tuple[Workspace, TrainingExecutor, str, Cache]:
-    """What a scoring asset starts from: the workspace, the executor, its device (set up) and the cache
-    in use."""
+def scoring_inputs(context, name: str, doing: str) -> tuple[Workspace, TrainingExecutor, str, Cache, dict, dict, bool]:
+    """What a scoring asset of scenario `name` starts from: the workspace, the executor, its device (set
+    up), the cache in use, and the checkpoint serving the scenario: its state, its config and whether it
+    passed its check (assets/serving.py; `doing` names the asset's work when the cache no longer fits)."""
     workspace: Workspace = context.resources.workspace
     executor: TrainingExecutor = context.resources.executor
-    return workspace, executor, executor.setup(), current_cache(workspace)
+    device, cache = executor.setup(), current_cache(workspace)
+    return (workspace, executor, device, cache, *load_serving(workspace, cache, name, doing))
 
 
 def as_of_time(day: str) -> datetime:
@@ -90,6 +92,24 @@ def write_day(cache, batches, path: Path, name: str, entity_column: str, fingerp
                                  replace=("as_of", as_of.replace(tzinfo=None)))
 
 
+def write_days(context, asset: str, name: str, folder: Path, batches_of, cache, entity_column: str, fingerprint: str,
+               sink=None, table: str | None = None, unit: str = "rows") -> tuple[int, int, list[Path]]:
+    """Each day of the run's partitions (a backfill: up to 31 in one run): `batches_of(day, as_of)` of
+    scenario `name` written by write_day to `folder`/<day>.parquet and, with a sink, to the `table` of its
+    connection; logged as `<asset>/<name> <day>: <rows> <unit>`. Returns (rows, rows written back, files)."""
+    warehouse = getattr(context.resources, connection_key(sink.connection)) if sink is not None else None
+    rows, written_back, files = 0, 0, []
+    for day in context.partition_keys:
+        as_of = as_of_time(day)
+        path = folder / f"{day}.parquet"
+        day_rows, day_written = write_day(cache, batches_of(day, as_of), path, name, entity_column, fingerprint, as_of,
+                                          warehouse, table)
+        context.log.info(f"{asset}/{name} {day}: {day_rows:,} {unit}")
+        rows, written_back = rows + day_rows, written_back + day_written
+        files.append(path)
+    return rows, written_back, files
+
+
 def without_history(cache, cutoff: int) -> np.ndarray:
     """Entity indices of the cache with no event at or before `cutoff` (entities known only from an
     entity attributes table, or whose first event is later)."""
@@ -131,8 +151,7 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
     @locked(f"predictions/{name}")
     def _predictions(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         started = time.time()
-        workspace, executor, device, cache = scoring_inputs(context)
-        state, config, passed = load_serving(workspace, cache, name, "predicting")
+        workspace, executor, device, cache, state, config, passed = scoring_inputs(context, name, "predicting")
         if not passed:
             context.log.warning(f"no checkpoint of scenario {name!r} has beaten its baselines yet; scoring with the "
                                 f"newest one")
@@ -147,10 +166,8 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
         k = settings.top_k
         if settings.format == "all" and task_of(task).writes_every_label:  # every label, best first
             k = len(config.get("label_values") or ()) or model.head.linear.out_features
-        warehouse = getattr(context.resources, connection_key(sink.connection)) if sink is not None else None
-        rows, written_back, files = 0, 0, []
-        for day in context.partition_keys:  # a backfill scores up to 31 days in one run
-            as_of = as_of_time(day)
+
+        def batches_of(day: str, as_of: datetime):
             cutoff = int(as_of.timestamp())
             if cutoff > cache.time_range[1] + 86_400:
                 context.log.warning(f"scoring as of {as_of.isoformat()}, after the newest event in the cache "
@@ -158,20 +175,16 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
                                     f"extract newer partitions for fresh scores")
             batches = predict(model, cache, spec, task, cutoff, k=k, label_names=config.get("label_values") or None,
                               device=device)
-            if settings.without_history == "flag":
-                batches = flag_without_history(batches, cache, cutoff)
-            path = workspace.predictions(name) / f"{day}.parquet"
-            day_rows, day_written = write_day(cache, batches, path, name, project.entity, fingerprint, as_of,
-                                              warehouse, f"{sink.table}_{name}" if sink else None)
-            written_back += day_written
-            context.log.info(f"predictions/{name} {day}: {day_rows:,} rows")
-            rows += day_rows
-            files.append(path)
+            return flag_without_history(batches, cache, cutoff) if settings.without_history == "flag" else batches
+
+        rows, written_back, files = write_days(context, "predictions", name, workspace.predictions(name), batches_of,
+                                               cache, project.entity, fingerprint, sink,
+                                               f"{sink.table}_{name}" if sink else None)
         seconds = time.time() - started
         return dg.MaterializeResult(metadata={
             "rows": dg.MetadataValue.int(rows),
             "days": dg.MetadataValue.int(len(files)),
-            "as_of": as_of.isoformat(),
+            "as_of": as_of_time(context.partition_keys[-1]).isoformat(),
             "model_fingerprint": fingerprint,
             "checkpoint": CHECKPOINT_NOTE[passed],
             "bytes": dg.MetadataValue.int(sum(f.stat().st_size for f in files)),
