@@ -2,8 +2,9 @@
 
 Each server is started by a fixture on a free loopback port, waited for, and stopped by its PID;
 a server whose program or package is missing here skips its tests with the reason (`make
-test-integration` / .ci/run install them). Tests get the shared checks through the `contract`
-fixture, so nothing imports this file by name.
+test-integration` / .ci/run install them). `<server>_events` fixtures give a connector on each
+server with the events loaded (`Loaded`); test_connector_contract.py runs the shared checks
+(`Contract`, the `contract` fixture) against every one of them, so nothing imports this file by name.
 """
 
 import os
@@ -13,8 +14,11 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any, Callable
 
 import dagster as dg
 import pyarrow as pa
@@ -174,13 +178,15 @@ class Contract:
     SCORES = SCORES
 
     @staticmethod
-    def schema(wh, table="events"):
+    def schema(wh, table="events", decimal_scale: int | None = 2):
+        """`decimal_scale=None` where the server does not keep a decimal's declared scale."""
         s = wh.schema(table)
         assert s.names == events_table().column_names
         assert pa.types.is_integer(s.field("id").type)
         assert pa.types.is_timestamp(s.field("ts").type) and s.field("ts").type.tz is None
         assert pa.types.is_floating(s.field("price").type)
-        assert pa.types.is_decimal(s.field("amount").type) and s.field("amount").type.scale == 2
+        assert pa.types.is_decimal(s.field("amount").type)
+        assert decimal_scale is None or s.field("amount").type.scale == decimal_scale
         assert pa.types.is_string(s.field("note").type) or pa.types.is_large_string(s.field("note").type)
         assert pa.types.is_boolean(s.field("flag").type)
         assert s.field("product_id").type == pa.int64()
@@ -392,8 +398,37 @@ def hive_server(tmp_path_factory):
            # spark-submit finds SPARK_HOME through the `python` of its own virtualenv
            "PATH": f"{Path(program).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     server = Server(cmd, port, home / "server.log", timeout=120, env=env, cwd=home)
+    try:
+        _wait_for_hive_session(port, server, timeout=120)
+    except Exception:
+        server.stop()
+        raise
     yield server
     server.stop()
+
+
+def _wait_for_hive_session(port: int, server: Server, timeout: float) -> None:
+    """The Thrift server listens seconds before it opens sessions; on a loaded machine the first one
+    can take longer than a connector's connect timeout. Wait until one opens (without PyHive the
+    tests skip anyway)."""
+    try:
+        from resources.hive import HiveWarehouse
+        import pyhive  # noqa: F401
+    except ImportError:
+        return
+    from resources.errors import WarehouseError
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            HiveWarehouse(host="127.0.0.1", port=port, username="habitus", auth="NONE",
+                          connect_timeout=30)._connect().close()
+            return
+        except WarehouseError:
+            if time.time() > deadline or server.proc.poll() is not None:
+                raise RuntimeError(f"Spark Thrift server opens no session on 127.0.0.1:{port}; log "
+                                   f"{server.log}:\n{server.log.read_text()[-3000:]}") from None
+            time.sleep(1)
 
 
 @pytest.fixture(scope="session")
@@ -416,3 +451,324 @@ def bq_emulator(tmp_path_factory):
     wait_for_port(grpc_port, server.proc, server.log, 30)
     yield f"http://127.0.0.1:{rest}", f"127.0.0.1:{grpc_port}"
     server.stop()
+
+
+# --------------------------------------------------------------------------- each server, loaded with the events
+
+
+@dataclass
+class Loaded:
+    """A warehouse resource whose `table` holds `events_table()`, and what the contract checks
+    (test_connector_contract.py) must know of its server."""
+
+    wh: Any
+    rows: Callable[[str], list]  # a table's (customer_id, score, as_of) rows as the server holds them
+    table: str = "events"
+    schema_types: dict = field(default_factory=dict)  # exact types the schema check asserts besides the contract's
+    decimal_scale: int | None = 2  # the scale the server reports for the events' decimal(12, 2); None: not kept
+    types: dict = field(default_factory=dict)  # options of Contract.types_survive_extraction
+    drop: Callable[[str], None] | None = None  # removes a table a write check made (a shared server)
+    stages: Callable[[], list[str]] | None = None  # staging tables left on the server, where it can list them
+
+
+def load_events(wh, table: str = "events") -> None:
+    events = events_table()
+    assert wh.write(table, iter(events.to_batches(max_chunksize=50)), events.schema) == N
+
+
+def driver(module: str, extra: str) -> None:
+    """Skips (at run time, not at collection: the default test run deselects these modules) without the driver."""
+    pytest.importorskip(module, reason=f"install the {extra} extra: pip install -e '.[{extra}]'")
+
+
+def _env_or_skip(names: tuple[str, ...], what: str) -> None:
+    if not all(os.environ.get(v) for v in names):
+        pytest.skip(f"no {what}: set {', '.join(names)}")
+
+
+def snowflake_warehouse(server, database, **kw):
+    from resources.snowflake import SnowflakeWarehouse
+
+    return SnowflakeWarehouse(name="wh", account="fakesnow", user="fake", password="snow", database=database,
+                              schema_name="PUBLIC", options={"host": "127.0.0.1", "port": server.port,
+                                                             "protocol": "http"}, **kw)
+
+
+def cursor_rows(wh, sql: str) -> Callable[[str], list]:
+    """A table's rows as `sql` (with {} for the quoted table name) selects them, through the
+    connector's own cursor."""
+    def rows(table):
+        with wh._cursor(table) as cur:
+            cur.execute(sql.format(table))
+            return cur.fetchall()
+    return rows
+
+
+@pytest.fixture(scope="module")
+def snowflake_events(request):
+    """SnowflakeWarehouse through the real snowflake-connector-python against a local fakesnow server."""
+    driver("snowflake.connector", "snowflake")
+    server = request.getfixturevalue("fakesnow_server")
+    database = f"HABITUS_{uuid.uuid4().hex[:8].upper()}"
+    con = snowflake_warehouse(server, None)._connect()
+    con.cursor().execute(f"CREATE DATABASE {database}")
+    con.cursor().execute(f"CREATE SCHEMA {database}.PUBLIC")
+    con.close()
+    wh = snowflake_warehouse(server, database)
+    load_events(wh)
+    # fakesnow sends NULL timestamps as 1970-01-01 (its timestamp_to_sf_struct drops the validity bitmap)
+    return Loaded(wh, cursor_rows(wh, 'SELECT "customer_id", "score", "as_of" FROM "{}"'), types={"null_times": False})
+
+
+def _bigquery_events(request, storage_api: bool) -> Loaded:
+    """BigQueryWarehouse through the real google-cloud-bigquery client (REST) and Storage Read API
+    (gRPC) against bqemulator, reading through the Storage Read API or through a query."""
+    driver("google.cloud.bigquery", "bigquery")
+    from resources.bigquery import BigQueryWarehouse
+
+    rest, grpc = request.getfixturevalue("bq_emulator")
+    dataset = f"habitus_{uuid.uuid4().hex[:8]}"
+    wh = BigQueryWarehouse(name="bq", project="habitus", dataset=dataset, api_endpoint=rest, grpc_endpoint=grpc,
+                           storage_api=storage_api)
+    client = wh._client()
+    client.create_dataset(dataset)
+    client.close()
+    load_events(wh)
+
+    def rows(table):
+        client = wh._client()
+        try:
+            return [tuple(r.values()) for r in client.query(f"SELECT customer_id, score, as_of FROM "
+                                                            f"`{dataset}.{table}`").result()]
+        finally:
+            client.close()
+
+    def stages():
+        client = wh._client()
+        try:
+            return [t.table_id for t in client.list_tables(dataset) if t.table_id.startswith("_habitus_stage")]
+        finally:
+            client.close()
+
+    # ts is a DATETIME; bqemulator reports NUMERIC(12, 2) as NUMERIC (38, 9)
+    return Loaded(wh, rows, schema_types={"id": pa.int64(), "ts": pa.timestamp("us")}, decimal_scale=None,
+                  stages=stages)
+
+
+@pytest.fixture(scope="module")
+def bigquery_storage_events(request):
+    return _bigquery_events(request, storage_api=True)
+
+
+@pytest.fixture(scope="module")
+def bigquery_query_events(request):
+    return _bigquery_events(request, storage_api=False)
+
+
+def clickhouse_server_warehouse(database):
+    from resources.clickhouse import ClickHouseWarehouse
+
+    return ClickHouseWarehouse(name="ch", host=os.environ["CLICKHOUSE_HOST"],
+                               port=int(os.environ.get("CLICKHOUSE_PORT", "8123")),
+                               username=os.environ.get("CLICKHOUSE_USER", "default"),
+                               password=os.environ.get("CLICKHOUSE_PASSWORD"), database=database,
+                               secure=os.environ.get("CLICKHOUSE_SECURE", "") in ("1", "true"))
+
+
+def _clickhouse_events(boot, wh):
+    client = boot._client()
+    client.command(f"CREATE DATABASE `{wh.database}`")
+    client.close()
+    load_events(wh)
+
+    def rows(table):
+        with wh._session(table) as client:
+            return client.query(f"SELECT customer_id, score, as_of FROM `{table}`").result_rows
+
+    yield Loaded(wh, rows, schema_types={"ts": pa.timestamp("us")})  # DateTime64(6): microseconds kept
+    client = boot._client()
+    client.command(f"DROP DATABASE IF EXISTS `{wh.database}`")
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def clickhouse_chdb_events(request):
+    """ClickHouseWarehouse through the real clickhouse-connect client on chDB (ClickHouse 26.x
+    in-process, through clickhouse-connect's chdb interface): every statement the connector sends
+    runs on a current ClickHouse engine."""
+    driver("clickhouse_connect", "clickhouse")
+    from resources.clickhouse import ClickHouseWarehouse
+
+    path = request.getfixturevalue("chdb_path")
+    database = f"habitus_{uuid.uuid4().hex[:8]}"
+    yield from _clickhouse_events(ClickHouseWarehouse(name="ch", interface="chdb", options={"path": path}),
+                                  ClickHouseWarehouse(name="ch", interface="chdb", database=database,
+                                                      options={"path": path}))
+
+
+@pytest.fixture(scope="module")
+def clickhouse_server_events():
+    """The same against a ClickHouse server over HTTP when CLICKHOUSE_HOST is set (CLICKHOUSE_PORT,
+    CLICKHOUSE_USER, CLICKHOUSE_PASSWORD, CLICKHOUSE_SECURE optional)."""
+    driver("clickhouse_connect", "clickhouse")
+    if not os.environ.get("CLICKHOUSE_HOST"):
+        pytest.skip("no ClickHouse server: set CLICKHOUSE_HOST (and CLICKHOUSE_PORT/USER/PASSWORD)")
+    yield from _clickhouse_events(clickhouse_server_warehouse(None),
+                                  clickhouse_server_warehouse(f"habitus_{uuid.uuid4().hex[:8]}"))
+
+
+@pytest.fixture(scope="module")
+def hive_events(request):
+    """HiveWarehouse through PyHive against a real HiveServer2 endpoint (Spark's Thrift server)."""
+    driver("pyhive", "hive")
+    from resources.hive import HiveWarehouse
+
+    server = request.getfixturevalue("hive_server")
+    database = f"habitus_{uuid.uuid4().hex[:8]}"
+    boot = HiveWarehouse(name="lake", host="127.0.0.1", port=server.port, username="habitus", auth="NONE")
+    con = boot._connect()
+    con.cursor().execute(f"CREATE DATABASE `{database}`")
+    con.close()
+    wh = boot.model_copy(update={"database": database})
+    load_events(wh)
+    # Hive has no zone-aware timestamp: an instant comes back as naive UTC
+    return Loaded(wh, cursor_rows(wh, "SELECT customer_id, score, as_of FROM `{}`"), types={"aware": False})
+
+
+def _databricks_events(volume: bool):
+    """DatabricksWarehouse against a real SQL warehouse; runs only when DATABRICKS_SERVER_HOSTNAME,
+    DATABRICKS_HTTP_PATH and DATABRICKS_TOKEN are set (DATABRICKS_CATALOG, DATABRICKS_SCHEMA optional;
+    DATABRICKS_STAGING_VOLUME for the PUT + REPLACE WHERE writes). Everything short of a workspace is
+    in tests/resources/test_databricks.py."""
+    driver("databricks.sql", "databricks")
+    _env_or_skip(("DATABRICKS_SERVER_HOSTNAME", "DATABRICKS_HTTP_PATH", "DATABRICKS_TOKEN"), "Databricks workspace")
+    from resources.databricks import DatabricksWarehouse
+
+    staging = os.environ.get("DATABRICKS_STAGING_VOLUME")
+    if volume and not staging:
+        pytest.skip("set DATABRICKS_STAGING_VOLUME to test the PUT + REPLACE WHERE path")
+    wh = DatabricksWarehouse(name="dbx", server_hostname=os.environ["DATABRICKS_SERVER_HOSTNAME"],
+                             http_path=os.environ["DATABRICKS_HTTP_PATH"], access_token=os.environ["DATABRICKS_TOKEN"],
+                             catalog=os.environ.get("DATABRICKS_CATALOG"), schema_name=os.environ.get("DATABRICKS_SCHEMA"),
+                             staging_volume=staging if volume else None)
+    table = f"habitus_events_{uuid.uuid4().hex[:8]}"
+    load_events(wh, table)
+
+    def drop(t):
+        with wh._cursor(t) as cur:
+            cur.execute(f"DROP TABLE IF EXISTS `{t}`")
+
+    yield Loaded(wh, cursor_rows(wh, "SELECT customer_id, score, as_of FROM `{}`"), table=table, drop=drop)
+    drop(table)
+
+
+@pytest.fixture(scope="module")
+def databricks_values_events():
+    yield from _databricks_events(volume=False)
+
+
+@pytest.fixture(scope="module")
+def databricks_volume_events():
+    yield from _databricks_events(volume=True)
+
+
+@pytest.fixture(scope="module")
+def synapse_events():
+    """SynapseWarehouse against a real Synapse SQL pool or SQL Server; runs only when SYNAPSE_SERVER,
+    SYNAPSE_DATABASE, SYNAPSE_USER and SYNAPSE_PASSWORD are set (SYNAPSE_AUTHENTICATION optional).
+    Everything short of a server is in tests/resources/test_synapse.py."""
+    driver("mssql_python", "synapse")
+    _env_or_skip(("SYNAPSE_SERVER", "SYNAPSE_DATABASE", "SYNAPSE_USER", "SYNAPSE_PASSWORD"), "Synapse / SQL Server")
+    from resources.synapse import SynapseWarehouse
+
+    wh = SynapseWarehouse(name="syn", server=os.environ["SYNAPSE_SERVER"], database=os.environ["SYNAPSE_DATABASE"],
+                          username=os.environ["SYNAPSE_USER"], password=os.environ["SYNAPSE_PASSWORD"],
+                          authentication=os.environ.get("SYNAPSE_AUTHENTICATION"))
+    table = f"habitus_events_{uuid.uuid4().hex[:8]}"
+    load_events(wh, table)
+    yield Loaded(wh, cursor_rows(wh, "SELECT customer_id, score, as_of FROM [{}]"), table=table)
+    with wh._session(table) as (con, cur):
+        cur.execute(f"DROP TABLE [{table}]")
+        con.commit()
+
+
+@pytest.fixture(scope="session")
+def s3_lake(request):
+    """Bucket 'lake' on a local S3 server (moto): events as one file (shop/events.parquet, many row
+    groups) and as a hive-partitioned folder (shop/events_by_month/month=...). Yields the endpoint."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+    from pyarrow.fs import S3FileSystem
+
+    endpoint = request.getfixturevalue("moto_s3")
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    fs = S3FileSystem(endpoint_override=endpoint, scheme="http", region="us-east-1", allow_bucket_creation=True)
+    fs.create_dir("lake")
+    events = events_table()
+    pq.write_table(events, "lake/shop/events.parquet", filesystem=fs, row_group_size=25)
+    by_month = events.append_column("month", pa.array([t.strftime("%Y-%m") for t in events.column("ts").to_pylist()]))
+    ds.write_dataset(by_month, "lake/shop/events_by_month", filesystem=fs, format="parquet",
+                     partitioning=["month"], partitioning_flavor="hive")
+    return endpoint
+
+
+def s3_warehouse(endpoint):
+    from resources.parquet import ParquetWarehouse
+
+    return ParquetWarehouse(path="s3://lake/shop", endpoint=f"http://{endpoint}", region="us-east-1")
+
+
+def read_back(wh) -> Callable[[str], list]:
+    """A table's (customer_id, score, as_of) rows read through the connector itself (a folder of files
+    has no SQL of its own)."""
+    def rows(table):
+        t = pa.Table.from_batches(list(wh.read(table)))
+        return list(zip(t.column("customer_id").to_pylist(), t.column("score").to_pylist(),
+                        t.column("as_of").to_pylist()))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def s3_events(s3_lake):
+    """ParquetWarehouse on object storage: s3:// paths read in streaming mode through pyarrow's S3 filesystem."""
+    wh = s3_warehouse(s3_lake)
+    return Loaded(wh, read_back(wh))
+
+
+@pytest.fixture(scope="module")
+def s3_by_month_events(s3_lake):
+    """The same events as a hive-partitioned folder (a `month` column besides the events' own)."""
+    wh = s3_warehouse(s3_lake)
+    return Loaded(wh, read_back(wh), table="events_by_month")
+
+
+@pytest.fixture(scope="module")
+def duckdb_events(tmp_path_factory):
+    """The embedded default: a DuckDB database file."""
+    from resources.duckdb import DuckDBWarehouse
+
+    wh = DuckDBWarehouse(path=str(tmp_path_factory.mktemp("duckdb") / "wh.duckdb"))
+    load_events(wh)
+
+    def rows(table):
+        import duckdb
+
+        con = duckdb.connect(wh.path, read_only=True)
+        try:
+            return con.sql(f'SELECT customer_id, score, as_of FROM "{table}"').fetchall()
+        finally:
+            con.close()
+
+    return Loaded(wh, rows)
+
+
+@pytest.fixture(scope="module")
+def parquet_events(tmp_path_factory):
+    """Local Parquet files as a warehouse."""
+    from resources.parquet import ParquetWarehouse
+
+    wh = ParquetWarehouse(path=str(tmp_path_factory.mktemp("lake")))
+    load_events(wh)
+    return Loaded(wh, read_back(wh))

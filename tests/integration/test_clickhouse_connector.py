@@ -1,114 +1,35 @@
 """ClickHouseWarehouse through the real clickhouse-connect client. Here on chDB (ClickHouse 26.x
 in-process, through clickhouse-connect's chdb interface), so every statement the connector sends
 runs on a current ClickHouse engine; against a ClickHouse server over HTTP when CLICKHOUSE_HOST is
-set (CLICKHOUSE_PORT, CLICKHOUSE_USER, CLICKHOUSE_PASSWORD, CLICKHOUSE_SECURE optional)."""
+set (CLICKHOUSE_PORT, CLICKHOUSE_USER, CLICKHOUSE_PASSWORD, CLICKHOUSE_SECURE optional): what only
+ClickHouse has. The checks every connector passes are in test_connector_contract.py."""
 
-import os
-import uuid
 from datetime import datetime
 
 import pyarrow as pa
 import pytest
 
-from resources.errors import WarehouseError
-
 pytestmark = pytest.mark.integration
 
 
-def _server_warehouse(database):
-    from resources.clickhouse import ClickHouseWarehouse
-
-    return ClickHouseWarehouse(name="ch", host=os.environ["CLICKHOUSE_HOST"],
-                               port=int(os.environ.get("CLICKHOUSE_PORT", "8123")),
-                               username=os.environ.get("CLICKHOUSE_USER", "default"),
-                               password=os.environ.get("CLICKHOUSE_PASSWORD"), database=database,
-                               secure=os.environ.get("CLICKHOUSE_SECURE", "") in ("1", "true"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _driver():
-    """Skips (at run time, not at collection: the default test run deselects this module) without the driver."""
-    pytest.importorskip("clickhouse_connect", reason="install the clickhouse extra: pip install -e '.[clickhouse]'")
-
-
 @pytest.fixture(scope="module", params=["chdb", "server"])
-def wh(request, contract):
-    from resources.clickhouse import ClickHouseWarehouse
-
-    database = f"habitus_{uuid.uuid4().hex[:8]}"
-    if request.param == "chdb":
-        path = request.getfixturevalue("chdb_path")
-        boot = ClickHouseWarehouse(name="ch", interface="chdb", options={"path": path})
-        wh = ClickHouseWarehouse(name="ch", interface="chdb", database=database, options={"path": path})
-    else:
-        if not os.environ.get("CLICKHOUSE_HOST"):
-            pytest.skip("no ClickHouse server: set CLICKHOUSE_HOST (and CLICKHOUSE_PORT/USER/PASSWORD)")
-        boot, wh = _server_warehouse(None), _server_warehouse(database)
-    client = boot._client()
-    client.command(f"CREATE DATABASE `{database}`")
-    client.close()
-    events = contract.events_table()
-    assert wh.write("events", iter(events.to_batches(max_chunksize=50)), events.schema) == contract.N
-    yield wh
-    client = boot._client()
-    client.command(f"DROP DATABASE IF EXISTS `{database}`")
-    client.close()
+def loaded(request):
+    return request.getfixturevalue(f"clickhouse_{request.param}_events")
 
 
-def _rows(wh, table):
-    with wh._session(table) as client:
-        return client.query(f"SELECT customer_id, score, as_of FROM `{table}`").result_rows
+@pytest.fixture(scope="module")
+def wh(loaded):
+    return loaded.wh
 
 
-def test_schema(wh, contract):
-    s = contract.schema(wh)
-    assert s.field("ts").type == pa.timestamp("us")  # DateTime64(6): microseconds kept
-
-
-def test_time_range(wh, contract):
-    contract.time_range(wh)
-
-
-def test_sensor_queries(wh, contract):
-    contract.sensor_queries(wh)
-
-
-def test_types_survive_extraction(wh, contract, tmp_path):
-    contract.types_survive_extraction(wh, tmp_path)
-
-
-def test_read_projection_and_window(wh, contract):
-    contract.read_window(wh)
-
-
-def test_every_value_survives(wh, contract):
-    contract.read_all_values(wh)
-
-
-def test_small_batches(wh, contract):
-    contract.small_batches(wh)
-
-
-def test_missing_table(wh, contract):
-    contract.missing_table(wh)
-
-
-def test_write_replaces_partition(wh, contract):
-    contract.write_replaces_partition(wh, lambda t: _rows(wh, t))
-
-
-def test_failed_write_keeps_previous_rows(wh, contract):
-    contract.failed_write_keeps_previous_rows(wh, lambda t: _rows(wh, t))
-
-
-def test_write_into_a_table_not_partitioned_by_the_day_swaps_it_whole(wh, contract):
+def test_write_into_a_table_not_partitioned_by_the_day_swaps_it_whole(wh, loaded, contract):
     """A predictions table made by someone else (no PARTITION BY as_of): rebuilt in a staging table
     and swapped in with EXCHANGE TABLES; a failed load leaves it as it was."""
     with wh._session("-") as client:
         client.command('CREATE TABLE "scores_unpartitioned" ("customer_id" String, "score" Float64, '
                        '"as_of" DateTime64(6)) ENGINE = MergeTree ORDER BY "customer_id"')
-    contract.write_replaces_partition(wh, lambda t: _rows(wh, t), table="scores_unpartitioned")
-    contract.failed_write_keeps_previous_rows(wh, lambda t: _rows(wh, t), table="scores_unpartitioned")
+    contract.write_replaces_partition(wh, loaded.rows, table="scores_unpartitioned")
+    contract.failed_write_keeps_previous_rows(wh, loaded.rows, table="scores_unpartitioned")
 
 
 def test_an_unsigned_id_beyond_int64_is_an_error_not_a_wrap(wh, contract, tmp_path):
@@ -147,14 +68,3 @@ def test_empty_table_has_no_time_range(wh):
     with wh._session("x") as client:
         client.command("CREATE TABLE empty_events (ts DateTime64(6), id Int64) ENGINE = MergeTree ORDER BY id")
     assert wh.time_range("empty_events", "ts") == (None, None)
-
-
-def test_bad_connection_names_it_and_hides_the_password(contract):
-    from resources.clickhouse import ClickHouseWarehouse
-
-    secret = "hunter2-secret"
-    wh = ClickHouseWarehouse(name="prod_ch", host="127.0.0.1", port=1, password=secret, connect_timeout=3)
-    with pytest.raises(WarehouseError) as err:
-        wh.schema("events")
-    text = str(err.value)
-    assert "prod_ch" in text and "127.0.0.1:1" in text and "cannot connect" in text and secret not in text

@@ -1,92 +1,17 @@
-"""SnowflakeWarehouse through the real snowflake-connector-python against a local fakesnow server."""
+"""SnowflakeWarehouse through the real snowflake-connector-python against a local fakesnow server: what
+only Snowflake has. The checks every connector passes are in test_connector_contract.py."""
 
-import uuid
 from datetime import datetime
 
 import pyarrow as pa
 import pytest
 
-from resources.errors import WarehouseError
-
 pytestmark = pytest.mark.integration
 
 
-def _warehouse(server, database, **kw):
-    from resources.snowflake import SnowflakeWarehouse
-
-    return SnowflakeWarehouse(name="wh", account="fakesnow", user="fake", password="snow", database=database,
-                              schema_name="PUBLIC", options={"host": "127.0.0.1", "port": server.port,
-                                                             "protocol": "http"}, **kw)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _driver():
-    """Skips (at run time, not at collection: the default test run deselects this module) without the driver."""
-    pytest.importorskip("snowflake.connector", reason="install the snowflake extra: pip install -e '.[snowflake]'")
-
-
 @pytest.fixture(scope="module")
-def wh(fakesnow_server, contract):
-    database = f"HABITUS_{uuid.uuid4().hex[:8].upper()}"
-    boot = _warehouse(fakesnow_server, None)
-    con = boot._connect()
-    con.cursor().execute(f"CREATE DATABASE {database}")
-    con.cursor().execute(f"CREATE SCHEMA {database}.PUBLIC")
-    con.close()
-    wh = _warehouse(fakesnow_server, database)
-    events = contract.events_table()
-    assert wh.write("events", iter(events.to_batches(max_chunksize=50)), events.schema) == contract.N
-    return wh
-
-
-def _rows(wh, table):
-    con = wh._connect()
-    try:
-        cur = con.cursor()
-        cur.execute(f'SELECT "customer_id", "score", "as_of" FROM "{table}"')
-        return cur.fetchall()
-    finally:
-        con.close()
-
-
-def test_schema(wh, contract):
-    contract.schema(wh)
-
-
-def test_time_range(wh, contract):
-    contract.time_range(wh)
-
-
-def test_sensor_queries(wh, contract):
-    contract.sensor_queries(wh)
-
-
-def test_types_survive_extraction(wh, contract, tmp_path):
-    contract.types_survive_extraction(wh, tmp_path, null_times=False)
-
-
-def test_read_projection_and_window(wh, contract):
-    contract.read_window(wh)
-
-
-def test_every_value_survives(wh, contract):
-    contract.read_all_values(wh)
-
-
-def test_small_batches(wh, contract):
-    contract.small_batches(wh)
-
-
-def test_missing_table(wh, contract):
-    contract.missing_table(wh)
-
-
-def test_write_replaces_partition(wh, contract):
-    contract.write_replaces_partition(wh, lambda t: _rows(wh, t))
-
-
-def test_failed_write_keeps_previous_rows(wh, contract):
-    contract.failed_write_keeps_previous_rows(wh, lambda t: _rows(wh, t))
+def wh(snowflake_events):
+    return snowflake_events.wh
 
 
 def test_native_types(wh):
@@ -122,16 +47,3 @@ def test_source_asset_from_project_config(wh, fakesnow_server, contract, tmp_pat
 
     assert isinstance(resource.password, dg.EnvVar) and resource.password.env_var_name == "HABITUS_TEST_SF_PASSWORD"
     assert out.schema.field("amount").type == pa.decimal128(38, 9)  # NUMBER(12,2) in the canonical decimal
-
-
-def test_bad_connection_names_it_and_hides_the_password(fakesnow_server):
-    from resources.snowflake import SnowflakeWarehouse
-
-    secret = "hunter2-secret"
-    wh = SnowflakeWarehouse(name="prod_wh", account="fakesnow", user="fake", password=secret, login_timeout=5,
-                            options={"host": "127.0.0.1", "port": 1, "protocol": "http"})
-    with pytest.raises(WarehouseError) as err:
-        wh.schema("events")
-    text = str(err.value)
-    assert "prod_wh" in text and "127.0.0.1:1" in text and "cannot connect" in text
-    assert secret not in text

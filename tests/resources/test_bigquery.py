@@ -1,5 +1,6 @@
 """Tests for resources.bigquery up to the wire: type mapping and the typed time window. The real
-client against an emulator is tested in tests/integration/test_bigquery_connector.py."""
+client against an emulator is tested in tests/integration/test_connector_contract.py and
+test_bigquery_connector.py."""
 
 from datetime import datetime
 

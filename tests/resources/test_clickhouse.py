@@ -1,5 +1,6 @@
 """Tests for resources.clickhouse up to the wire: type mapping, the SQL it sends, client settings.
-The real client on a ClickHouse engine is tested in tests/integration/test_clickhouse_connector.py."""
+The real client on a ClickHouse engine is tested in tests/integration/test_connector_contract.py and
+test_clickhouse_connector.py."""
 
 from datetime import datetime
 

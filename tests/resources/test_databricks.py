@@ -1,6 +1,6 @@
 """Tests for resources.databricks up to the wire: a stand-in `databricks.sql` module records every
 statement and serves Arrow results, so the SQL per dialect, the batching and the type mapping are
-checked without a workspace. tests/integration/test_databricks_connector.py runs the same resource
+checked without a workspace. tests/integration/test_connector_contract.py runs the same resource
 against a real SQL warehouse when DATABRICKS_* variables are set."""
 
 import sys

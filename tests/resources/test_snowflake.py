@@ -1,5 +1,6 @@
 """Tests for resources.snowflake up to the wire: type mapping and the SQL it sends. The real
-connector against a server is tested in tests/integration/test_snowflake_connector.py."""
+connector against a server is tested in tests/integration/test_connector_contract.py and
+test_snowflake_connector.py."""
 
 import pyarrow as pa
 import pytest

@@ -1,7 +1,7 @@
 """Tests for resources.synapse up to the wire: a stand-in `mssql_python` module records every
 statement, serves INFORMATION_SCHEMA rows and Arrow batches and takes bulk copies, so the T-SQL,
 the batching and the type mapping are checked without a server. tests/integration/
-test_synapse_connector.py runs the same resource against a real server when SYNAPSE_* is set."""
+test_connector_contract.py runs the same resource against a real server when SYNAPSE_* is set."""
 
 import sys
 import types
