@@ -1,7 +1,9 @@
 """Parquet files as a warehouse: `<path>/<table>.parquet` or a folder `<path>/<table>/` (hive-style
 partitions allowed). Projection and time filter are pushed into the dataset scan."""
 
+import contextlib
 import os
+import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -10,6 +12,7 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from models.storage import durable_replace
@@ -131,13 +134,23 @@ class ParquetWarehouse(dg.ConfigurableResource):
         """One file per replaced value: `<path>/<table>/<column>=<value>.parquet`, written whole."""
         name = f"{replace[0]}={_safe(replace[1])}.parquet" if replace else "part.parquet"
         s3 = self._s3()
-        if s3 is not None:  # an S3 object appears whole when its upload completes
+        if s3 is not None:
+            # written under a temporary key, then copied to its name (the copy appears whole): closing a
+            # writer whose batches failed completes its upload, which would replace the day's object with
+            # the rows written before the failure. Dataset reads skip the '.'-prefixed key.
             fs, base, _ = s3
+            final, tmp = f"{base}/{table}/{name}", f"{base}/{table}/.{name}.tmp-{uuid.uuid4().hex}"
             rows = 0
-            with pq.ParquetWriter(f"{base}/{table}/{name}", schema, filesystem=fs) as w:
-                for b in batches:
-                    w.write_batch(b)
-                    rows += len(b)
+            try:
+                with pq.ParquetWriter(tmp, schema, filesystem=fs) as w:
+                    for b in batches:
+                        w.write_batch(b)
+                        rows += len(b)
+                fs.move(tmp, final)
+            finally:
+                with contextlib.suppress(OSError):
+                    if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
+                        fs.delete_file(tmp)
             return rows
         folder = Path(self.path) / table
         folder.mkdir(parents=True, exist_ok=True)

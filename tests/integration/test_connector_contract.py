@@ -33,9 +33,6 @@ NOT_RUN = {
     **{s: dict.fromkeys(["schema", "sensor_queries", "types_survive_extraction", "failed_write_keeps_previous_rows"],
                         _NOT_YET.format("Databricks workspace")) for s in ("databricks-values", "databricks-volume")},
     "synapse": {"types_survive_extraction": _NOT_YET.format("Synapse pool")},
-    # ParquetWarehouse.write on s3:// closes the upload when the batches fail, so the rows written
-    # before the failure replace the day's object: a known gap, not yet fixed
-    "s3": {"failed_write_keeps_previous_rows": "a failed S3 upload replaces the day's object (known gap)"},
     # a hive-partitioned folder: a `month` column besides the events' own, so only the time questions
     "s3-by-month": dict.fromkeys(["schema", "types_survive_extraction", "read_all_values", "small_batches",
                                   "missing_table", "write_replaces_partition", "failed_write_keeps_previous_rows"],
