@@ -12,11 +12,13 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
 from models.specs import FinetuneConfig, FoundationConfig
 from models.tasks import TASKS
+from pipelines.config_base import Strict
+from pipelines.config_operations import KubernetesSettings, ScheduleSettings
 from pipelines.config_file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
 
 DEFAULT_CONFIG = "examples/demo.yaml"
@@ -30,10 +32,6 @@ def parse_duration(text: str) -> timedelta:
         raise ValueError(f"expected a duration such as '14d' or '2w', got {text!r}")
     n, unit = int(m.group(1)), m.group(2)
     return timedelta(days=n * (7 if unit == "w" else 1))
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _to_days(v) -> int:
@@ -52,19 +50,19 @@ Duration = Annotated[int, BeforeValidator(_to_days)]
 # --------------------------------------------------------------------------- connections
 
 
-class DuckDBConnection(_Strict):
+class DuckDBConnection(Strict):
     type: Literal["duckdb"]
     path: str = Field(description="DuckDB database file")
 
 
-class ParquetConnection(_Strict):
+class ParquetConnection(Strict):
     type: Literal["parquet"]
     path: str = Field(description="folder holding <table>.parquet files or <table>/ folders")
     endpoint: str | None = Field(None, description="s3:// paths: an S3-compatible endpoint, 'http://host:port'")
     region: str | None = Field(None, description="s3:// paths: the bucket's region")
 
 
-class WarehouseConnection(_Strict):
+class WarehouseConnection(Strict):
     """Connectors beyond the embedded default; parameters are passed to the driver as given."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
@@ -79,7 +77,7 @@ Connection = Annotated[Union[DuckDBConnection, ParquetConnection, WarehouseConne
 ColumnType = Literal["categorical", "numeric", "timestamp"]
 
 
-class Source(_Strict):
+class Source(Strict):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     role: Literal["events", "entity_attributes", "attributes"]
     connection: str
@@ -111,7 +109,7 @@ _FOUNDATION, _FINETUNE = FoundationConfig(), FinetuneConfig()  # the defaults, d
 SAVE_EVERY_STEPS = 200
 
 
-class FoundationSettings(_Strict):
+class FoundationSettings(Strict):
     horizon: Duration = _FOUNDATION.horizon_days
     cutoff_every: Duration = _FOUNDATION.cutoff_every_days
     hidden: int = Field(_FOUNDATION.hidden, ge=8)
@@ -132,7 +130,7 @@ class FoundationSettings(_Strict):
                                    buckets=self.buckets, seed=self.seed)
 
 
-class CacheSettings(_Strict):
+class CacheSettings(Strict):
     """How the cache build runs (never what it writes: these leave its bytes and fingerprint alone)."""
     duckdb_memory: str = Field(DUCKDB_MEMORY, pattern=r"^\s*\d+(\.\d+)?\s*[KMGT]i?B\s*$",
                                description="DuckDB's memory limit during the build ('2GB'); beyond it, it spills "
@@ -146,30 +144,30 @@ class CacheSettings(_Strict):
                 "part_events": self.part_events}
 
 
-class NoEventTarget(_Strict):
+class NoEventTarget(Strict):
     no_event: str
     within: Duration
     active_within: Duration = 90
 
 
-class AnyEventTarget(_Strict):
+class AnyEventTarget(Strict):
     any_event: str
     by: str
     within: Duration
     top: int = Field(50, ge=1)
 
 
-class SumTarget(_Strict):
+class SumTarget(Strict):
     sum: str = Field(description="<events source>.<numeric column>, or <events source> to count events")
     within: Duration
 
 
-class ItemsTarget(_Strict):
+class ItemsTarget(Strict):
     items: str = Field(description="<events source>.<categorical column>")
     within: Duration
 
 
-class FunctionTarget(_Strict):
+class FunctionTarget(Strict):
     function: str = Field(pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$",
                           description="package.module:function, called with (history, future, entities) Arrow "
                                       "tables; see models/target_functions.py")
@@ -197,7 +195,7 @@ Target = Annotated[
 ]
 
 
-class LoraSettings(_Strict):
+class LoraSettings(Strict):
     rank: int = Field(8, ge=1, description="rank of the adapters on the frozen trunk (models/lora.py)")
     alpha: float = Field(16.0, gt=0)
 
@@ -205,7 +203,7 @@ class LoraSettings(_Strict):
 Precision = Literal["fp32", "int8", "bf16"]
 
 
-class ExecutorSettings(_Strict):
+class ExecutorSettings(Strict):
     """Where training and scoring run (resources/executor.py); the CLI's --device, --processes,
     --precision and --inference-precision override these."""
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$", description="auto, cpu, cuda or cuda:N")
@@ -215,7 +213,7 @@ class ExecutorSettings(_Strict):
     inference_precision: Precision = Field("fp32", description="predictions and embeddings (int8: CPU only)")
 
 
-class ExplainSettings(_Strict):
+class ExplainSettings(Strict):
     """explanations/<scenario>: each entity's top reasons, daily (assets/explanations.py)."""
     top: int = Field(5, ge=1, le=50, description="reasons kept per entity and score")
     steps: int = Field(8, ge=2, le=256, description="integration steps (docs/explanations.md: cost and precision)")
@@ -225,7 +223,7 @@ class ExplainSettings(_Strict):
     write_back: bool = Field(False, description="also write to <predictions.sink.table>_<scenario>_explanations")
 
 
-class Scenario(_Strict):
+class Scenario(Strict):
     task: Literal[tuple(TASKS)]  # the task types (models/tasks/)
     explain: ExplainSettings | None = Field(None, description="write explanations/<scenario> daily ({top: 5})")
     lora: LoraSettings | None = Field(None, description="fine-tune LoRA adapters on the frozen trunk, not all weights")
@@ -252,12 +250,12 @@ class Scenario(_Strict):
         return self
 
 
-class Sink(_Strict):
+class Sink(Strict):
     connection: str
     table: str
 
 
-class PredictionSettings(_Strict):
+class PredictionSettings(Strict):
     scenarios: list[str] = Field(default_factory=list, description="empty = every scenario")
     top_k: int = Field(20, ge=1, description="labels (multilabel) and items (recommendation) kept per entity, best first")
     format: Literal["top_k", "all"] = Field("top_k", description="multilabel: each entity's top_k labels, or all of "
@@ -268,41 +266,7 @@ class PredictionSettings(_Strict):
     sink: Sink | None = None
 
 
-def _cron(v: str) -> str:
-    from dagster._utils.schedules import is_valid_cron_string  # dagster only when a config is validated
-
-    if not isinstance(v, str) or not is_valid_cron_string(v):
-        raise ValueError(f"expected a cron string of 5 fields such as '0 2 1 * *' (minute hour day month weekday), "
-                         f"got {v!r}")
-    return v
-
-
-def _timezone(v: str) -> str:
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-    try:
-        ZoneInfo(v)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"unknown time zone {v!r}; use an IANA name such as 'UTC' or 'Europe/Berlin'") from None
-    return v
-
-
-Cron = Annotated[str, BeforeValidator(_cron)]
-
-
-class ScheduleSettings(_Strict):
-    """When retraining and scoring run (cron strings in `timezone`); each skips when its inputs are unchanged."""
-
-    foundation: Cron = Field("0 2 1 * *", description="retrain the foundation model and its scenarios (monthly)")
-    scenarios: Cron = Field("0 3 * * 1", description="retrain scenarios whose inputs changed (weekly, Mondays)")
-    predictions: Cron = Field("0 5 * * *", description="score the previous day (daily)")
-    timezone: Annotated[str, BeforeValidator(_timezone)] = "UTC"
-    sensor_interval: int = Field(60, ge=5, description="seconds between two checks of a source for new data")
-    running: bool = Field(False, description="start sensors, schedules and the cache automation switched on "
-                                             "(otherwise switch them on in the UI)")
-
-
-class QualitySettings(_Strict):
+class QualitySettings(Strict):
     """How much bad input a run tolerates before its asset checks fail (see docs/reliability.md)."""
 
     max_dropped_share: float = Field(0.01, ge=0, le=1, description="events dropped by the quarantine (null or blank "
@@ -313,29 +277,7 @@ class QualitySettings(_Strict):
                                                              "is flagged (an id or free text used as a category?)")
 
 
-class TrainingPod(_Strict):
-    gpus: int = Field(1, ge=0, description="GPUs (nvidia.com/gpu) of the step's pod; training runs one process "
-                                           "per GPU it gets (torchrun when more than one)")
-    cpu: str | None = Field(None, description="CPU request, a Kubernetes quantity ('8', '500m')")
-    memory: str | None = Field(None, description="memory request, a Kubernetes quantity ('64Gi')")
-
-
-class KubernetesSettings(_Strict):
-    """Every asset runs as its own Kubernetes Job (dagster-k8s's k8s_job_executor); the training
-    assets on pods with GPUs (docs/clusters.md). Needs `pip install 'habitus[k8s]'`."""
-    namespace: str | None = Field(None, description="namespace of the step Jobs; default: the run's")
-    image: str | None = Field(None, description="image of the step pods; default: the run's (the code location's)")
-    workspace_claim: str | None = Field(None, description="a ReadWriteMany PersistentVolumeClaim mounted at the "
-                                                          "workspace path in every step pod (the steps share it)")
-    max_concurrent: int | None = Field(None, ge=1, description="step pods of one run at the same time")
-    env_secrets: list[str] = Field(default_factory=list, description="Secrets whose keys become environment "
-                                                                     "variables of every step pod (credentials)")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the GPU pods need")
-    foundation: TrainingPod = TrainingPod()
-    scenarios: TrainingPod = TrainingPod()
-
-
-class Project(_Strict):
+class Project(Strict):
     workspace: str
     output: str | None = None
     connections: dict[str, Connection]

@@ -1,0 +1,64 @@
+"""The project config's operations sections: when runs happen (`schedules:`) and where their steps
+run on a cluster (`kubernetes:`). Part of the schema of pipelines/config.py."""
+
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field
+
+from pipelines.config_base import Strict
+
+
+def _cron(v: str) -> str:
+    from dagster._utils.schedules import is_valid_cron_string  # dagster only when a config is validated
+
+    if not isinstance(v, str) or not is_valid_cron_string(v):
+        raise ValueError(f"expected a cron string of 5 fields such as '0 2 1 * *' (minute hour day month weekday), "
+                         f"got {v!r}")
+    return v
+
+
+def _timezone(v: str) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(v)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {v!r}; use an IANA name such as 'UTC' or 'Europe/Berlin'") from None
+    return v
+
+
+Cron = Annotated[str, BeforeValidator(_cron)]
+
+
+class ScheduleSettings(Strict):
+    """When retraining and scoring run (cron strings in `timezone`); each skips when its inputs are unchanged."""
+
+    foundation: Cron = Field("0 2 1 * *", description="retrain the foundation model and its scenarios (monthly)")
+    scenarios: Cron = Field("0 3 * * 1", description="retrain scenarios whose inputs changed (weekly, Mondays)")
+    predictions: Cron = Field("0 5 * * *", description="score the previous day (daily)")
+    timezone: Annotated[str, BeforeValidator(_timezone)] = "UTC"
+    sensor_interval: int = Field(60, ge=5, description="seconds between two checks of a source for new data")
+    running: bool = Field(False, description="start sensors, schedules and the cache automation switched on "
+                                             "(otherwise switch them on in the UI)")
+
+
+class TrainingPod(Strict):
+    gpus: int = Field(1, ge=0, description="GPUs (nvidia.com/gpu) of the step's pod; training runs one process "
+                                           "per GPU it gets (torchrun when more than one)")
+    cpu: str | None = Field(None, description="CPU request, a Kubernetes quantity ('8', '500m')")
+    memory: str | None = Field(None, description="memory request, a Kubernetes quantity ('64Gi')")
+
+
+class KubernetesSettings(Strict):
+    """Every asset runs as its own Kubernetes Job (dagster-k8s's k8s_job_executor); the training
+    assets on pods with GPUs (docs/clusters.md). Needs `pip install 'habitus[k8s]'`."""
+    namespace: str | None = Field(None, description="namespace of the step Jobs; default: the run's")
+    image: str | None = Field(None, description="image of the step pods; default: the run's (the code location's)")
+    workspace_claim: str | None = Field(None, description="a ReadWriteMany PersistentVolumeClaim mounted at the "
+                                                          "workspace path in every step pod (the steps share it)")
+    max_concurrent: int | None = Field(None, ge=1, description="step pods of one run at the same time")
+    env_secrets: list[str] = Field(default_factory=list, description="Secrets whose keys become environment "
+                                                                     "variables of every step pod (credentials)")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the GPU pods need")
+    foundation: TrainingPod = TrainingPod()
+    scenarios: TrainingPod = TrainingPod()
