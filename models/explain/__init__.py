@@ -1,0 +1,33 @@
+"""Why the model scored an entity as it did: Integrated Gradients (Captum) over the network's inputs,
+summed into what a person reads.
+
+Every input of the network belongs to one group:
+
+- value     one value of a categorical column (source -> column -> value): its decayed counts and
+            recency in the histogram inputs, and for a label head (multilabel, recommendation) the
+            entity's own history of that label ("brand = Acme: bought 6 times, last 41 days ago");
+- recency / frequency / money   the entity's scalars (days since the last event, events and visits
+            per window, sums and means of each numeric column);
+- attribute one entity attribute (segment, age, signup date), whatever its one-hot or value/missing
+            inputs.
+
+The baseline is "an entity we know nothing about": no history at all (counts, sums and every value's
+history at zero, the days since the first and the last event at the largest value seen in training)
+and the population's average attributes (the trunk's input means). Integrated Gradients then
+splits score - baseline score over the inputs (completeness); what the integration misses is the
+`gap`, reported with every explanation. Scores are in the units predictions report them
+(probabilities, amounts; raw scores for recommended items), from the fp32 network, through the
+same `model(x, history)` call predict makes.
+
+Modules: `inputs` (the group of every input and its name), `integrated` (Integrated Gradients of a
+batch: Explainer), `reasons` (groups summed into ranked, readable reasons) and `summary` (a cut-off
+explained chunk by chunk, and what a run adds up).
+"""
+
+from models.explain.inputs import Groups, column_sources, input_groups, scalar_names, vocab_reader
+from models.explain.integrated import DEFAULT_STEPS, Explained, Explainer
+from models.explain.reasons import column_totals, rendered, top_reasons, value_stats
+from models.explain.summary import Summary, explain_cutoff
+
+__all__ = ["DEFAULT_STEPS", "Explained", "Explainer", "Groups", "Summary", "column_sources", "column_totals",
+           "explain_cutoff", "input_groups", "rendered", "scalar_names", "top_reasons", "value_stats", "vocab_reader"]
