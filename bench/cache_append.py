@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.cache import Cache, CacheSpec, TableInput, build_cache  # noqa: E402
 from pipelines.demo_data import generate_demo_warehouse  # noqa: E402
+from tables import text_table  # noqa: E402
 
 
 def _daily_files(warehouse: Path, out: Path) -> list[str]:
@@ -72,10 +73,9 @@ def main() -> None:
                    "append_seconds": round(append_s, 3), "fresh_build_seconds": round(fresh_s, 3),
                    "fresh_build_events_per_s": round(fresh.manifest["n_events"] / fresh_s),
                    "speedup": round(fresh_s / append_s, 1)}
-    print(f"{'days':>5} {'events':>10} {'appended':>9} {'append s':>9} {'rebuild s':>10} {'rebuild ev/s':>13} {'ratio':>6}")
-    print(f"{figures['days']:>5} {figures['events']:>10,} {figures['appended_events']:>9,} "
-          f"{figures['append_seconds']:>9.2f} {figures['fresh_build_seconds']:>10.2f} "
-          f"{figures['fresh_build_events_per_s']:>13,} {figures['speedup']:>5.1f}x")
+    print(text_table([figures], [("days", "days", ""), ("events", "events", ","), ("appended", "appended_events", ","),
+                                 ("append s", "append_seconds", ".2f"), ("rebuild s", "fresh_build_seconds", ".2f"),
+                                 ("rebuild ev/s", "fresh_build_events_per_s", ","), ("ratio", "speedup", ".1fx")]))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
 

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.ipc as ipc  # noqa: E402
+from tables import text_table  # noqa: E402
 
 CONFIGS = {"demo": ROOT / "examples" / "demo.yaml", "tafeng": ROOT / "examples" / "tafeng.yaml"}
 
@@ -111,12 +112,12 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args(argv)
     rows = [measure(d, args.customers, args.repeats) for d in args.datasets.split(",")]
-    print(f"\n{'dataset':<8} {'events':>10} {'source MB':>10} {'cache MB':>9} {'ratio':>6} {'format 2 shards MB':>19} "
-          f"{'read s':>7} {'format 2 read s':>16} {'read ratio':>10}")
-    for r in rows:
-        print(f"{r['dataset']:<8} {r['events']:>10,} {r['source_bytes'] / 1e6:>10.2f} {r['cache_bytes'] / 1e6:>9.2f} "
-              f"{r['cache_to_source_ratio']:>6.2f} {r['format2_shard_bytes'] / 1e6:>19.2f} {r['read_s']:>7.3f} "
-              f"{r['format2_read_s']:>16.3f} {r['read_time_ratio']:>10.2f}")
+    shown = [{**r, "source_mb": r["source_bytes"] / 1e6, "cache_mb": r["cache_bytes"] / 1e6,
+             "format2_mb": r["format2_shard_bytes"] / 1e6} for r in rows]
+    print("\n" + text_table(shown, [("dataset", "dataset", ""), ("events", "events", ","), ("source MB", "source_mb", ".2f"),
+                                   ("cache MB", "cache_mb", ".2f"), ("ratio", "cache_to_source_ratio", ".2f"),
+                                   ("format 2 shards MB", "format2_mb", ".2f"), ("read s", "read_s", ".3f"),
+                                   ("format 2 read s", "format2_read_s", ".3f"), ("read ratio", "read_time_ratio", ".2f")]))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
