@@ -114,7 +114,7 @@ def test_the_config_takes_multiclass_with_a_label_target():
 
     from pipelines.config import Scenario
 
-    assert "multiclass" in TASKS and TASKS["multiclass"].targets == ("any_event",)
+    assert "multiclass" in TASKS and TASKS["multiclass"].targets == ("any_event", "function")
     sc = Scenario.model_validate({"task": "multiclass", "target": {"any_event": "purchases", "by": "category",
                                                                    "within": "14d", "top": 10}})
     assert sc.task == "multiclass"
