@@ -14,7 +14,7 @@ from models.features import FeatureSpec, chunk_at
 from models.items import SparseRows
 from models.labels import task_inputs
 from models.loop import (Log, TrainResult, batches, by_shard, chunk_plan, epoch_loss, fast_bf16, fused, iso, processes,
-                         processes_info, state_copy, step)
+                         processes_info, seeded, state_copy, step)
 from models.network import Model, NetConfig
 from models.resume import Resumer
 from models.scoring import build_model
@@ -34,11 +34,7 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     entity chunks with DDP in lockstep; validation runs on all of it on every rank; only rank 0 logs."""
     started = time.time()
     dist, dev, log = processes(dist, device, log, resume)
-    rng = np.random.default_rng(cfg.seed)
-    order = rng  # the epochs' data order; several processes draw it alike, their batches each its own
-    if dist.enabled:
-        order, rng = np.random.default_rng(cfg.seed), np.random.default_rng([cfg.seed, dist.rank])
-    torch.manual_seed(cfg.seed)
+    order, rng = seeded(cfg.seed, dist)
     spec = FeatureSpec.from_dict(foundation_info["feature_spec"])
     net = NetConfig(**foundation_info["net"])
     t = task_of(task)

@@ -14,7 +14,7 @@ from models.cache import Cache
 from models.distributed import Dist, Lockstep, shard, sum_over_ranks, wrap
 from models.features import DAY, FeatureSpec, chunk_at, featurize
 from models.loop import (Log, TrainResult, batches, by_shard, chunk_plan, cutoff_grid, days, epoch_loss, iso, processes,
-                         processes_info, step)
+                         processes_info, seeded, step)
 from models.network import Model, NetConfig
 from models.resume import Resumer
 from models.specs import FoundationConfig
@@ -38,11 +38,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     entity chunks with DDP in lockstep (models.distributed); only rank 0 logs."""
     started = time.time()
     dist, dev, log = processes(dist, device, log, resume)
-    rng = np.random.default_rng(cfg.seed)
-    order = rng  # the epochs' data order; several processes draw it alike, their batches each its own
-    if dist.enabled:
-        order, rng = np.random.default_rng(cfg.seed), np.random.default_rng([cfg.seed, dist.rank])
-    torch.manual_seed(cfg.seed)
+    order, rng = seeded(cfg.seed, dist)
     spec = FeatureSpec.from_cache(cache, cfg.buckets, cfg.half_lives)
     cutoffs = cutoff_grid(cache.time_range[0], last_cutoff, cfg.cutoff_every_days, cfg.min_history_days)
     if not cutoffs:

@@ -102,6 +102,16 @@ def processes(dist: Dist | None, device: str, log: Log, resume) -> tuple[Dist, t
     return dist, torch.device(dist.device), log if dist.is_writer else (lambda _: None)
 
 
+def seeded(seed: int, dist: Dist) -> tuple[np.random.Generator, np.random.Generator]:
+    """(the epochs' data order, this process's batch draws), torch seeded too: one process draws both
+    from one generator; several draw the order alike and their batches each its own."""
+    torch.manual_seed(seed)
+    if dist.enabled:
+        return np.random.default_rng(seed), np.random.default_rng([seed, dist.rank])
+    rng = np.random.default_rng(seed)
+    return rng, rng
+
+
 def processes_info(dist: Dist) -> dict:
     return {"processes": dist.world} if dist.enabled else {}
 
