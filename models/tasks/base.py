@@ -287,6 +287,20 @@ def categorical_column(name: str, column: str, cache) -> str:
     return column
 
 
+class ValueLabels:
+    """For tasks whose outputs are the values of a categorical column (multilabel, multiclass): one
+    score per label, named by the column's values (mixed in before Task)."""
+
+    def empty_scores(self, model: Model) -> np.ndarray:
+        return np.zeros((0, model.head.linear.out_features), np.float32)
+
+    def label_names(self, cache, spec, names: list | None) -> np.ndarray:
+        return np.asarray(vocab_names(cache, spec.target) if names is None else names, dtype=object)
+
+    def label_values(self, cache, spec) -> list:
+        return vocab_names(cache, spec.target)
+
+
 def vocab_names(cache, target: TargetSpec) -> list:
     """The values of the target's labels, in label order."""
     vocab = cache.vocab(target.column).column("value").to_pylist()

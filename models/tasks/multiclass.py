@@ -13,14 +13,14 @@ from torch import nn
 
 from models.labels import recent_popularity
 from models.targets import TargetSpec, future_rows, label_positions
-from models.tasks.base import (PerEntity, Task, categorical_column, function_label_lists, function_label_target,
-                               vocab_names)
+from models.tasks.base import (PerEntity, Task, ValueLabels, categorical_column, function_label_lists,
+                               function_label_target)
 
 HABITUAL_SKIP = 1.0  # the head starts leaning to the classes the entity bought, habitually
 EPS = 1e-7
 
 
-class Multiclass(Task):
+class Multiclass(ValueLabels, Task):
     name = "multiclass"
     headline = "accuracy"
     lower_is_better = frozenset({"log_loss"})
@@ -68,15 +68,6 @@ class Multiclass(Task):
 
     def pair_scores(self, out, target):
         return self.transform(out).gather(1, target[:, None])[:, 0]
-
-    def empty_scores(self, model):
-        return np.zeros((0, model.head.linear.out_features), np.float32)
-
-    def label_names(self, cache, spec, names):
-        return np.asarray(vocab_names(cache, spec.target) if names is None else names, dtype=object)
-
-    def label_values(self, cache, spec):
-        return vocab_names(cache, spec.target)
 
     def top(self, model, x, h, k, extra, device):
         from models.scoring import scores

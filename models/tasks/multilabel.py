@@ -11,7 +11,7 @@ from models.labels import history_rows, recent_popularity
 from models.metrics import blockwise_macro_auroc, macro_auroc
 from models.network import Model
 from models.targets import TargetSpec
-from models.tasks.base import Task, categorical_column, function_label_target, vocab_names
+from models.tasks.base import Task, ValueLabels, categorical_column, function_label_target
 from models.tasks.binary import logit_bias
 
 HABITUAL_SKIP = 5.0  # the head starts at "what they bought, habitually" (the habitual channel's weight)
@@ -19,7 +19,7 @@ VAL_OUTPUTS = 1 << 23  # outputs per validation batch of a wide head (32 MB of f
 COLUMN_MULTIPLE = 256
 
 
-class Multilabel(Task):
+class Multilabel(ValueLabels, Task):
     name = "multilabel"
     headline = "macro_auroc"
     uses_label_history = True
@@ -72,15 +72,6 @@ class Multilabel(Task):
 
     def transform(self, out):
         return torch.sigmoid(out)
-
-    def empty_scores(self, model):
-        return np.zeros((0, model.head.linear.out_features), np.float32)
-
-    def label_names(self, cache, spec, names):
-        return np.asarray(vocab_names(cache, spec.target) if names is None else names, dtype=object)
-
-    def label_values(self, cache, spec):
-        return vocab_names(cache, spec.target)
 
     def top(self, model, x, h, k, extra, device):
         from models.predict import top_labels
