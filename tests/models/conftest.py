@@ -115,6 +115,26 @@ def module_sources(tmp_path_factory) -> Sources:
     return Sources(tmp_path_factory.mktemp("sources"))
 
 
+SEGMENT_CUSTOMERS, SEGMENT_SPAN_DAYS, SEGMENT_HORIZON = 240, 112, 14
+
+
+@pytest.fixture(scope="module")
+def segment_foundation(module_sources):
+    """(cache, test cut-off, foundation TrainResult): 240 customers of three segments over 112 days,
+    each buying mostly its own products of 12, and a tiny foundation model whose targets end 14 days
+    (the horizon) before the test cut-off, which leaves 14 days after it."""
+    from models.foundation_training import train_foundation
+    from models.specs import FoundationConfig
+
+    cfg = FoundationConfig(horizon_days=SEGMENT_HORIZON, cutoff_every_days=7, hidden=16, layers=1, epochs=1,
+                           batch_size=16, learning_rate=5e-3, buckets=32, seed=0, cutoffs_per_chunk=1,
+                           chunk_entities=64, min_history_days=28)
+    cache = module_sources.segment_purchases(SEGMENT_CUSTOMERS, SEGMENT_SPAN_DAYS, seed=0)
+    test_cutoff = module_sources.at(SEGMENT_SPAN_DAYS - SEGMENT_HORIZON)
+    foundation = train_foundation(cache, cfg, test_cutoff - SEGMENT_HORIZON * DAY, device="cpu", log=lambda _: None)
+    return cache, test_cutoff, foundation
+
+
 @pytest.fixture
 def frame():
     """`frame(cache)`: the cache's events as flat numpy columns (see `shard_frame`)."""

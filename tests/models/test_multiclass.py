@@ -11,31 +11,23 @@ import pytest
 
 from models.baselines import lightgbm_scores
 from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
-from models.features import DAY, FeatureSpec, chunk_at
+from models.features import FeatureSpec, chunk_at
 from models.finetune import finetune
-from models.foundation_training import train_foundation
 from models.predict import predict
-from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from models.specs import FinetuneConfig, TaskSpec
 from models.targets import TargetSpec, future_rows
 from models.tasks import TASKS, task
 from models.tasks.multiclass import multiclass_metrics
 
-N_CUSTOMERS = 240
-SPAN_DAYS = 112
-HORIZON = 14
-FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=16, layers=1, epochs=1,
-                              batch_size=16, learning_rate=5e-3, buckets=32, seed=0, cutoffs_per_chunk=1,
-                              chunk_entities=64, min_history_days=28)
+N_CUSTOMERS, HORIZON = 240, 14  # (tests/models/conftest.py: segment_foundation)
 FINETUNE = FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=64, seed=0)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def world(module_sources):
-    cache = module_sources.segment_purchases(N_CUSTOMERS, SPAN_DAYS, seed=0)
-    test_cutoff = module_sources.at(SPAN_DAYS - HORIZON)
-    foundation = train_foundation(cache, FOUNDATION, test_cutoff - HORIZON * DAY, device="cpu", log=lambda _: None)
+def world(segment_foundation):
+    cache, test_cutoff, foundation = segment_foundation
     vocab = cache.columns["product_id"]["vocab_size"]
     spec = TaskSpec("multiclass", TargetSpec("any_event", HORIZON, "product_id", tuple(range(1, vocab + 1))))
     return cache, test_cutoff, foundation, spec

@@ -25,30 +25,22 @@ from models.network import Head, Model, NetConfig
 from models.predict import predict, top_labels
 from models.targets import TargetSpec, compute_target, label_positions
 from models.finetune import batch_loss, finetune
-from models.foundation_training import train_foundation
 from models.labels import label_history
 from models.loop import batches
 from models.scoring import build_model, scores
-from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from models.specs import FinetuneConfig, TaskSpec
 from models.tasks.multilabel import baseline_scores
 
-N_CUSTOMERS = 240
-SPAN_DAYS = 112
-HORIZON = 14
-FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=16, layers=1, epochs=1,
-                              batch_size=16, learning_rate=5e-3, buckets=32, seed=0, cutoffs_per_chunk=1,
-                              chunk_entities=64, min_history_days=28)
+N_CUSTOMERS, HORIZON = 240, 14  # (tests/models/conftest.py: segment_foundation)
 FINETUNE = FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=64, seed=0)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def world(module_sources):
+def world(segment_foundation):
     """Customers of three segments, each buying mostly its own products of 12."""
-    cache = module_sources.segment_purchases(N_CUSTOMERS, SPAN_DAYS, seed=0)
-    test_cutoff = module_sources.at(SPAN_DAYS - HORIZON)
-    foundation = train_foundation(cache, FOUNDATION, test_cutoff - HORIZON * DAY, device="cpu", log=lambda _: None)
+    cache, test_cutoff, foundation = segment_foundation
     vocab = cache.columns["product_id"]["vocab_size"]
     task = TaskSpec("multilabel", TargetSpec("any_event", HORIZON, "product_id", tuple(range(1, vocab + 1))))
     return cache, test_cutoff, foundation, task
