@@ -145,7 +145,8 @@ def run(dataset: str, customers: int, only: tuple[str, ...], embeddings: tuple[s
                 gbt = stack.gbt_scores(test)
                 predict_s = time.time() - t0
                 w = stack.validation["blend_weight"]
-                v = {"test": {"gbt": sign * score(task.task, test.y, gbt),
+                v = {**stack.summary(),  # (then its validation scores in the metric's own sign)
+                     "test": {"gbt": sign * score(task.task, test.y, gbt),
                               "blend": None if w is None else sign * score(task.task, test.y,
                                                                            blend(task.task, test.network, gbt, w)),
                               "chosen": sign * score(task.task, test.y, stack.predict(test, gbt)),
@@ -153,8 +154,7 @@ def run(dataset: str, customers: int, only: tuple[str, ...], embeddings: tuple[s
                      "validation": {k: (sign * x if isinstance(x, float) and k not in ("blend_weight",) else x)
                                     for k, x in stack.validation.items() if k != "by_weight"},
                      "by_weight": {k: sign * x for k, x in stack.validation["by_weight"].items()},
-                     "predict_us_per_entity": round(1e6 * predict_s / max(len(test), 1), 1),
-                     **stack.summary()}
+                     "predict_us_per_entity": round(1e6 * predict_s / max(len(test), 1), 1)}
                 row["variants"][emb] = v
                 log(f"{dataset} {name} [{emb}]: test network {row['network']:.4f}, lightgbm {row['lightgbm']:.4f}, "
                     f"gbt {v['test']['gbt']:.4f}, blend {v['test']['blend']} (w {w}), chosen {stack.chosen} "
@@ -198,7 +198,7 @@ def table(result: dict) -> str:
             lines.append(f"{'':<11} {'':<12} {'':<20} {'val':<5} {val['network']:>8.4f} {'':>9} {val['gbt']:>8.4f} "
                          f"{f(val['blend']):>8} {'':>4} {val['chosen']:>8.4f}  (w {v['weight']}; "
                          f"best w on test {t['best_weight_on_test'][0]}: {t['best_weight_on_test'][1]:.4f})")
-    lines.append("(mae: lower is better; the others higher. val: the choice fold of the validation cut-off)")
+    lines.append("(mae: lower is better; the others higher. val: the validation cut-off, each row scored by the trees of the other fold)")
     return "\n".join(lines)
 
 
