@@ -126,9 +126,7 @@ def collect(cache: Cache, spec: FeatureSpec, task, trunk, cutoff: int, *, labels
     of the label positions `labels` (sorted; default all)."""
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
-    dev = torch.device(device)
-    trunk = trunk.to(dev).eval()
-    parts: dict[str, list] = {"entities": [], "hand": [], "embedding": [], "y": [], "network": []}
+    parts = []
     for s, lo, hi in chunk_plan(cache, chunk_entities):
         chunk = chunk_at(cache.shard(s), lo, hi, int(cutoff))
         if chunk.n == 0:
@@ -136,23 +134,36 @@ def collect(cache: Cache, spec: FeatureSpec, task, trunk, cutoff: int, *, labels
         keep = eligible(chunk, task.target)
         if not keep.any():
             continue
-        x = featurize(chunk, spec, entity_table)[keep]
-        parts["entities"].append(chunk.entities[keep].astype(np.int64))
-        parts["hand"].append(hand_features(chunk, spec, task, entity_table, vocab_sizes, labels)[keep])
-        parts["embedding"].append(_forward(trunk, x, dev))
         y = compute_target(chunk, task.target, vocab_sizes.get(task.target.column), cache)[keep]
-        parts["y"].append(y.dense(0, labels) if isinstance(y, SparseRows) else np.asarray(y, np.float32))
-        if model is not None:
-            h = (label_history(chunk, task.target, vocab_sizes[task.target.column], spec.half_lives)[keep]
-                 if task.uses_label_history else None)
-            parts["network"].append(network_scores(model, task, x, h, labels, dev))
-    if not parts["entities"]:
+        y = y.dense(0, labels) if isinstance(y, SparseRows) else np.asarray(y, np.float32)
+        parts.append(chunk_rows(chunk, keep, spec, task, trunk, entity_table, vocab_sizes, labels=labels,
+                                model=model, y=y, device=device))
+    if not parts:
         width = len(labels) if labels is not None else task.outputs
         empty_y = np.zeros((0, width) if task.task == "multilabel" else 0, np.float32)
         return Rows(np.zeros(0, np.int64), np.zeros((0, 0), np.float32), np.zeros((0, trunk.cfg.hidden), np.float32),
                     empty_y, empty_y.copy() if model is not None else None)
-    return Rows(*(np.concatenate(parts[k]) for k in ("entities", "hand", "embedding", "y")),
-                network=np.concatenate(parts["network"]) if model is not None else None)
+    return Rows(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("entities", "hand", "embedding", "y")),
+                network=np.concatenate([p.network for p in parts]) if model is not None else None)
+
+
+@torch.no_grad()
+def chunk_rows(chunk, keep: np.ndarray, spec: FeatureSpec, task, trunk, entity_table, vocab_sizes: dict, *,
+               labels: np.ndarray | None = None, model=None, y: np.ndarray | None = None, x: np.ndarray | None = None,
+               device: str = "cpu") -> Rows:
+    """The stack's rows of one chunk's `keep` rows (what scoring calls chunk by chunk, then
+    Stack.predict): hand features, the foundation `trunk`'s representation and, with `model`, the
+    network's scores. `x`: the chunk's network inputs (featurize) where the caller has them already."""
+    dev = torch.device(device)
+    x = featurize(chunk, spec, entity_table)[keep] if x is None else x[keep]
+    network = None
+    if model is not None:
+        h = (label_history(chunk, task.target, vocab_sizes[task.target.column], spec.half_lives)[keep]
+             if task.uses_label_history else None)
+        network = network_scores(model, task, x, h, labels, dev)
+    return Rows(chunk.entities[keep].astype(np.int64),
+                hand_features(chunk, spec, task, entity_table, vocab_sizes, labels)[keep],
+                _forward(trunk.to(dev).eval(), x, dev), np.zeros(0, np.float32) if y is None else y, network)
 
 
 def _forward(trunk, x: np.ndarray, dev, batch: int = 8192) -> np.ndarray:
