@@ -40,7 +40,8 @@ from models.baselines import _top_labels, lightgbm_scores  # noqa: E402
 from models.cache import Cache, build_cache  # noqa: E402
 from models.evaluate import evaluate, headline, protocol  # noqa: E402
 from models.features import DAY, FeatureSpec  # noqa: E402
-from models.stacking import Rows, StackConfig, blend, collect, fit_stack, score  # noqa: E402
+from models.stacking import StackConfig, blend, fit_stack, score  # noqa: E402
+from models.stacking_rows import Rows, collect  # noqa: E402
 
 from models.finetune import finetune  # noqa: E402
 from models.foundation_training import train_foundation  # noqa: E402

@@ -9,7 +9,8 @@ import torch
 
 from models.features import FeatureSpec
 from models.specs import TaskSpec
-from models.stacking import Reduction, Rows, Stack, StackConfig, blend, choice_fold, collect, fit_stack, score
+from models.stacking import Reduction, Stack, StackConfig, blend, fit_stack, score
+from models.stacking_rows import Rows, choice_fold, collect
 from models.targets import TargetSpec
 
 pytest.importorskip("lightgbm")
