@@ -23,7 +23,6 @@ Exit codes:
 """
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -33,6 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipelines.config import ConfigError, load_project
+from pipelines.instance import dagster_instance
+from pipelines.report import failed_checks_table, failure_line, report
 
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_STAGE_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -42,24 +43,6 @@ MAX_PARTITIONS_PER_RUN = 31  # the scoring assets' backfill policy: a month of d
 
 class StageFailed(RuntimeError):
     """An asset raised: the run of a stage failed (exit code 3)."""
-
-
-DAGSTER_YAML = Path(__file__).resolve().parent.parent / "dagster.yaml"  # the project's instance settings
-
-
-def _instance():
-    """$DAGSTER_HOME's instance (its runs show in the UI), given the project's dagster.yaml when it has
-    none (telemetry off, the run queue); without DAGSTER_HOME an ephemeral one."""
-    import dagster as dg
-
-    home = os.environ.get("DAGSTER_HOME")
-    if home:
-        Path(home).mkdir(parents=True, exist_ok=True)
-        target = Path(home) / "dagster.yaml"
-        if not target.exists() and DAGSTER_YAML.exists():
-            target.write_text(DAGSTER_YAML.read_text())
-        return dg.DagsterInstance.get()
-    return dg.DagsterInstance.ephemeral()
 
 
 def scoring_days(project, day: str | None = None, first: str | None = None, last: str | None = None) -> list[str]:
@@ -119,7 +102,7 @@ def materialize_all(project, *, log=print, days: list[str] | None = None, displa
     from pipelines.progress import STAGE_TAG, PlainDisplay
 
     display = display or PlainDisplay(log)
-    assets, resources, instance = build_assets(project), build_resources(project), _instance()
+    assets, resources, instance = build_assets(project), build_resources(project), dagster_instance()
     checks = build_checks(project)
     steps = {a.node_def.name: a.key.to_user_string() for a in assets}
     timings, failures, warnings, passed = {}, [], [], 0
@@ -149,7 +132,7 @@ def materialize_all(project, *, log=print, days: list[str] | None = None, displa
                 if f["blocking"] and f["severity"] == "error":
                     blocked.append(f)
                 if verbose:
-                    display.line(f"  check failed: {_failure_line(f)}")
+                    display.line(f"  check failed: {failure_line(f)}")
             for entry in instance.all_logs(result.run_id):
                 if entry.dagster_event is None and entry.level >= logging.WARNING and entry.user_message:
                     line = f"{steps.get(entry.step_key, entry.step_key or 'run')}: {entry.user_message}"
@@ -176,7 +159,7 @@ def materialize_all(project, *, log=print, days: list[str] | None = None, displa
     def done(prediction_days):
         return {"timings": timings, "prediction_day": prediction_days[-1] if prediction_days else None,
                 "prediction_days": prediction_days, "checks_passed": passed,
-                "checks_failed": [_failure_line(f) for f in failures], "failures": failures,
+                "checks_failed": [failure_line(f) for f in failures], "failures": failures,
                 "warnings": warnings, "stopped": stopped}
 
     for s in project.events_sources:
@@ -231,65 +214,6 @@ def _error_text(ev) -> str:
         err = err.cause
     text = re.sub(r"^[\w.]+(Error|Exception|Failure)\w*: ", "", err.message.strip())  # "pkg.Class: message"
     return text if err.cls_name == "Failure" else f"{err.cls_name}: {text}"
-
-
-def _failure_line(f: dict) -> str:
-    return f"{f['asset']} {f['check']} ({f['severity']}): {f['reason']}".strip()
-
-
-def failed_checks_table(failures: list[dict]) -> str:
-    """The failed checks, one a line: asset, check, severity (blocking or not) and the reason."""
-    if not failures:
-        return ""
-    width = max(len(f"{f['asset']} {f['check']}") for f in failures)
-    lines = ["failed checks:"]
-    for f in failures:
-        sev = f["severity"].upper() + (", blocking" if f["blocking"] else "")
-        lines.append(f"  {f['asset'] + ' ' + f['check']:<{width}}  {sev:<16} {f['reason']}")
-    return "\n".join(lines)
-
-
-def report(project, prediction_day: str | None = None) -> str:
-    """The table a person reads first: each scenario's hold-out metric next to its baselines."""
-    from assets.check_measures import baseline_margin
-    from resources.workspace import Workspace
-
-    ws = Workspace(root=project.workspace)
-    lines = [f"{'scenario':<18} {'task':<15} {'metric':<12} {'model':>8} {'best baseline':>14}  {'(which)':<18} "
-             f"{'beats':<6} {'entities':>9}"]
-    for name in project.scenarios:
-        cfg_file = ws.scenario(name) / "config.json"
-        if not cfg_file.exists():
-            lines.append(f"{name:<18} (not trained yet)")
-            continue
-        cfg = json.loads(cfg_file.read_text())
-        margin = baseline_margin(cfg)
-        lines.append(f"{name:<18} {cfg['task']['task']:<15} {margin['metric']:<12} {margin['model']:>8.4f} "
-                     f"{margin['baseline']:>14.4f}  {margin['best_baseline'] or '-':<18} "
-                     f"{'yes' if cfg['beats_baselines'] else 'no':<6} {cfg['metrics']['entities']:>9,}")
-    lines.append(f"\nhold-out: test cut-off {_first_protocol(ws, project)}; features before it, targets after it")
-    for name in project.prediction_scenarios:
-        folder = ws.predictions(name)
-        files = sorted(folder.glob("*.parquet")) if folder.exists() else []
-        chosen = [f for f in files if prediction_day and f.stem == prediction_day] or files[-1:]
-        if chosen:
-            import pyarrow.parquet as pq
-
-            lines.append(f"predictions/{name}: {chosen[0]} ({pq.read_metadata(chosen[0]).num_rows:,} rows)")
-    emb = sorted(ws.embeddings.glob("*.parquet")) if ws.embeddings.exists() else []
-    if emb:
-        import pyarrow.parquet as pq
-
-        lines.append(f"embeddings: {emb[-1]} ({pq.read_metadata(emb[-1]).num_rows:,} rows)")
-    return "\n".join(lines)
-
-
-def _first_protocol(ws, project) -> str:
-    for name in project.scenarios:
-        f = ws.scenario(name) / "config.json"
-        if f.exists():
-            return json.loads(f.read_text())["protocol"]["test_cutoff"]
-    return "-"
 
 
 def _project_args(p: argparse.ArgumentParser, *, scoring: bool = False) -> None:

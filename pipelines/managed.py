@@ -68,14 +68,14 @@ class _Runner:
     """dg.materialize of a selection with its own asset checks, as `habitus materialize` runs them."""
 
     def __init__(self, project, log=print, verbose: bool = False):
-        from pipelines.cli import _instance
+        from pipelines.instance import dagster_instance
         from pipelines.definitions import build_assets, build_resources
 
         from assets.checks import build_checks
 
         self.project, self.log = project, log
         self.assets, self.resources = build_assets(project), build_resources(project)
-        self.checks, self.instance = build_checks(project), _instance()
+        self.checks, self.instance = build_checks(project), dagster_instance()
         self.passed, self.failed, self.timings = 0, [], {}
         # a job's log (CloudWatch and the like): the assets' own lines (epochs, uploads, warnings), not
         # Dagster's DEBUG events, unless -v
@@ -216,7 +216,7 @@ def _day(text: str) -> str:
 
 def main(command: str, argv: list[str]) -> int:
     from assets.checks import PROMOTION_GATE
-    from pipelines.cli import report
+    from pipelines.report import report
     from pipelines.config import ConfigError, load_project
 
     p = argparse.ArgumentParser(prog=f"habitus {command}", description=__doc__,

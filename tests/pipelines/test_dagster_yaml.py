@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 from dagster._core.run_coordinator import QueuedRunCoordinator
 
-from pipelines.cli import DAGSTER_YAML, _instance
+from pipelines.instance import DAGSTER_YAML, dagster_instance
 from pipelines.config import load_project
 from pipelines.definitions import build_definitions
 from pipelines.jobs import KIND_TAG
@@ -44,7 +44,7 @@ def test_every_job_tags_its_runs_with_its_kind(tmp_path):
 
 def test_the_cli_gives_a_dagster_home_without_settings_the_projects(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    instance = _instance()
+    instance = dagster_instance()
     try:
         assert (tmp_path / "home" / "dagster.yaml").read_text() == DAGSTER_YAML.read_text()
         assert not instance.telemetry_enabled

@@ -14,7 +14,8 @@ import pytest
 
 from models.checkpoint import load_checkpoint
 from models.features import FeatureSpec
-from pipelines.cli import materialize_all, report
+from pipelines.cli import materialize_all
+from pipelines.report import report
 from pipelines.config import load_project
 from pipelines.definitions import build_definitions
 
