@@ -11,6 +11,7 @@ import dagster as dg
 import pyarrow as pa
 
 from resources.canonical import write_canonical_parquet
+from resources.retries import extraction_retry_policy, retry_transient_only
 from resources.workspace import Workspace, locked
 
 
@@ -66,7 +67,9 @@ def build_source_asset(project, source, partitions_def) -> dg.AssetsDefinition:
         group_name="sources",
         kinds={project.connections[source.connection].type, "parquet"},
         description=f"{source.role} table {source.table!r} from connection {source.connection!r}",
+        retry_policy=extraction_retry_policy(),  # transient warehouse errors only (resources/retries.py)
     )
+    @retry_transient_only
     @locked(f"source/{source.name}")
     def _source(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         started = time.time()

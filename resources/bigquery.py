@@ -26,7 +26,7 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from resources.errors import WarehouseError
+from resources.errors import AUTH, WarehouseError, network_error
 from resources.remote import (SECRET_KEYS, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
                              query_error, value)
 from resources.sql import create_table_sql, freshness_sql, partition_counts_sql, range_sql, table_expr
@@ -75,6 +75,32 @@ def window(time_column: str, typ: pa.DataType, start: datetime | None, end: date
     return exp.and_(*conds) if conds else None
 
 
+# google.api_core's exceptions that may pass when retried (5xx, 429, a deadline, retries that ran out on
+# a dropped connection); BadRequest (bad SQL), NotFound (a missing table or dataset), Unauthorized,
+# Forbidden (except a rate limit) and Conflict are answers that a retry does not change.
+_RETRYABLE = ("ServerError", "InternalServerError", "BadGateway", "ServiceUnavailable", "GatewayTimeout",
+              "TooManyRequests", "DeadlineExceeded", "RetryError", "Aborted", "ResourceExhausted")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether an error of google-cloud-bigquery / the Storage Read API may pass when retried."""
+    from google.api_core import exceptions as gexc
+
+    if isinstance(exc, (gexc.Unauthenticated, gexc.PermissionDenied)):
+        return False
+    if isinstance(exc, gexc.Forbidden):  # 403 is also how BigQuery reports a rate or quota limit
+        return any(e.get("reason") in ("rateLimitExceeded", "backendError") for e in (exc.errors or [])
+                   if isinstance(e, dict))
+    if isinstance(exc, gexc.GoogleAPIError) and not isinstance(exc, gexc.RetryError):
+        # the api_core classes of one HTTP status or gRPC code (ServiceUnavailable is also a ServerError)
+        return any(type(exc).__name__ == n or any(b.__name__ == n for b in type(exc).__mro__) for n in _RETRYABLE)
+    if isinstance(exc, gexc.RetryError):  # the client's retries ran out: on what?
+        return exc.cause is None or transient(exc.cause) or network_error(exc.cause)
+    if AUTH.search(str(exc)) and type(exc).__module__.startswith("google.auth"):
+        return False
+    return network_error(exc)
+
+
 class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
     name: str = ""
     project: str
@@ -96,6 +122,9 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
         if not dataset:
             raise WarehouseError(f"table {table!r}: name it dataset.table or set the connection's `dataset`")
         return t.catalog or value(self.project), dataset, t.name
+
+    def _where(self) -> str:
+        return " and ".join(e for e in (self.api_endpoint, self.grpc_endpoint) if e) or "bigquery.googleapis.com"
 
     def _qualified(self, table: str) -> str:
         return ".".join(self._ref(table))
@@ -145,13 +174,14 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
         try:
             yield client
         except (RetryError, requests.exceptions.ConnectionError) as e:
-            raise connect_error("bigquery", self.name, self.api_endpoint or "bigquery.googleapis.com", e,
-                                self._secrets()) from None
+            raise connect_error("bigquery", self.name, self._where(), e, self._secrets(), transient(e)) from None
         except GoogleAPIError as e:
-            raise query_error("bigquery", self.name, table, RuntimeError(_message(e)), self._secrets()) from None
+            raise query_error("bigquery", self.name, table, RuntimeError(_message(e)), self._secrets(),
+                              where=self._where(), transient=transient(e)) from None
         except Exception as e:
-            if type(e).__module__.startswith(("google.", "grpc")):
-                raise query_error("bigquery", self.name, table, e, self._secrets()) from None
+            if type(e).__module__.startswith(("google.", "grpc")) or network_error(e):
+                raise query_error("bigquery", self.name, table, e, self._secrets(), where=self._where(),
+                                  transient=transient(e)) from None
             raise
         finally:
             client.close()

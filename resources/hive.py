@@ -26,7 +26,7 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from resources.errors import WarehouseError
+from resources.errors import AUTH, WarehouseError, chain, network_error
 from resources.remote import (CursorQueries, SECRET_KEYS, column_array, connect_error, fetch_rows, first_lines, naive_utc,
                              rows_to_batches, value, value_literal)
 from resources.sql import arrow_sql_type, range_sql, table_expr
@@ -53,6 +53,16 @@ def arrow_type(name: str, hive_type: str) -> pa.DataType:
         return pa.decimal128(args[0], args[1] if len(args) > 1 else 0)
     raise WarehouseError(f"column {name!r}: Hive type {hive_type} has no Arrow mapping; leave it out of "
                          f"`columns` or convert it in a view")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a PyHive / Thrift error may pass when retried: the transport failed (Thrift's
+    TTransportException: not open, timed out, end of file; a reset or refused socket), not an answer of
+    the server. Permanent: a refused login (SASL: "Error validating the login"), and every error the
+    server reported in a TStatus (a missing table, a parse or analysis error): the server answered."""
+    if any(AUTH.search(str(e)) for e in chain(exc)):
+        return False
+    return network_error(exc)
 
 
 def _literal(v) -> exp.Expression:
@@ -109,7 +119,7 @@ class HiveWarehouse(CursorQueries, dg.ConfigurableResource):
                                       configuration=kw.get("configuration"), thrift_transport=transport)
                 sock.setTimeout(None)  # connected: a long query may take its time
         except Exception as e:
-            raise connect_error("hive", self.name, f"{self.host}:{self.port}", e, self._secrets()) from None
+            raise connect_error("hive", self.name, self._where(), e, self._secrets(), transient(e)) from None
         with contextlib.suppress(Exception):  # Spark: render and parse timestamps in UTC
             con.cursor().execute("SET spark.sql.session.timeZone=UTC")
         return con
@@ -134,6 +144,12 @@ class HiveWarehouse(CursorQueries, dg.ConfigurableResource):
         return sock, thrift_sasl.TSaslClientTransport(
             lambda: get_installed_sasl(host=kw["host"], sasl_auth="PLAIN", service=None, username=user,
                                        password=password), "PLAIN", sock)
+
+    def _where(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _transient(self, exc: BaseException) -> bool:
+        return transient(exc)
 
     def _error_cause(self, exc: BaseException) -> BaseException:
         return RuntimeError(_server_message(exc))  # pyhive's thrift/DB-API errors hold the server's message

@@ -3,6 +3,7 @@ partitions allowed). Projection and time filter are pushed into the dataset scan
 
 import contextlib
 import os
+import re
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -16,8 +17,28 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from models.storage import durable_replace
-from resources.errors import WarehouseError
+from resources.errors import AUTH, WarehouseError, network_error
 from resources.sql import utc_naive
+
+# pyarrow's S3 errors carry the AWS SDK's error name; these may pass when retried (the transport or a
+# busy or restarting service), the others (access denied, a bad key or signature, no such bucket) do not.
+S3_TRANSIENT = re.compile(r"NETWORK_CONNECTION|SERVICE_UNAVAILABLE|SLOW_DOWN|THROTTLING|INTERNAL_FAILURE|"
+                          r"REQUEST_TIMEOUT|REQUEST_TIME_TOO_SKEWED|curlCode: (?:7|18|28|52|55|56)\b|"
+                          r"Couldn't connect|Connection (?:refused|reset)|Broken pipe|timed out|Unexpected end of stream|"
+                          r"Transferred a partial file|Empty reply", re.IGNORECASE)
+S3_PERMANENT = re.compile(r"ACCESS_DENIED|INVALID_ACCESS_KEY_ID|SIGNATURE_DOES_NOT_MATCH|NO_SUCH_BUCKET|"
+                          r"NO_SUCH_KEY|RESOURCE_NOT_FOUND|INVALID_PARAMETER|HTTP response code: 40[0-9]")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether an error of pyarrow's S3 client (an OSError carrying the AWS SDK's error) may pass when
+    retried: a network failure (curl could not connect, the connection reset or the body cut short) or a
+    5xx / throttling answer. Permanent: access denied, a bad key or signature, a missing bucket or key,
+    any other 4xx; and Parquet that does not parse (ArrowInvalid) is the file's own problem."""
+    text = str(exc)
+    if S3_PERMANENT.search(text) or AUTH.search(text):
+        return False
+    return bool(S3_TRANSIENT.search(text)) or network_error(exc)
 
 
 class ParquetWarehouse(dg.ConfigurableResource):
@@ -47,6 +68,14 @@ class ParquetWarehouse(dg.ConfigurableResource):
             kw.update(endpoint_override=host.rstrip("/"), scheme=scheme or "https")
         return S3FileSystem(**kw), self.path[len("s3://"):].rstrip("/"), endpoint or "AWS"
 
+    def _s3_error(self, table: str, exc: BaseException, doing: str = "") -> WarehouseError:
+        """An S3 failure on `table`, naming the bucket, the endpoint and whether it is transient."""
+        _, base, where = self._s3()
+        what = "the connection failed (transient): " if transient(exc) else ""
+        return WarehouseError(f"table {table!r} at s3://{base} (parquet connection, endpoint {where}){doing}: {what}"
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                              transient=transient(exc))
+
     def _dataset(self, table: str) -> ds.Dataset:
         s3 = self._s3()
         if s3 is not None:
@@ -58,8 +87,7 @@ class ParquetWarehouse(dg.ConfigurableResource):
                     if fs.get_file_info(candidate).type == kind:
                         return ds.dataset(candidate, filesystem=fs, format="parquet", partitioning="hive")
             except OSError as e:
-                raise WarehouseError(f"table {table!r} at s3://{base} (endpoint {where}): "
-                                     f"{str(e).splitlines()[0]}") from None
+                raise self._s3_error(table, e) from None
             raise WarehouseError(f"table {table!r} not found: neither s3://{base}/{table}.parquet nor the prefix "
                                  f"s3://{base}/{table}/ exists (endpoint {where})")
         base = Path(self.path)
@@ -124,10 +152,15 @@ class ParquetWarehouse(dg.ConfigurableResource):
         # One row group at a time, in order: the scanner's read-ahead outruns a slower consumer (the
         # Parquet writer) and its memory then grows with the file; this stays at one row group
         # (bench/extract_memory.py). Row groups whose statistics exclude the window are skipped.
-        for fragment in data.get_fragments(filter=flt):
-            for part in fragment.split_by_row_group(flt, schema=data.schema):
-                yield from part.to_batches(schema=data.schema, columns=columns, filter=flt, batch_size=batch_rows,
-                                           use_threads=False)
+        try:
+            for fragment in data.get_fragments(filter=flt):
+                for part in fragment.split_by_row_group(flt, schema=data.schema):
+                    yield from part.to_batches(schema=data.schema, columns=columns, filter=flt,
+                                               batch_size=batch_rows, use_threads=False)
+        except OSError as e:  # object storage: the endpoint went away or answered an error mid-read
+            if self._s3() is None:
+                raise
+            raise self._s3_error(table, e, " while reading") from None
 
     def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
               replace: tuple[str, object] | None = None) -> int:
@@ -147,6 +180,8 @@ class ParquetWarehouse(dg.ConfigurableResource):
                         w.write_batch(b)
                         rows += len(b)
                 fs.move(tmp, final)
+            except OSError as e:  # the day's object is untouched: only the temporary key was written
+                raise self._s3_error(table, e, f" while writing {name}") from None
             finally:
                 with contextlib.suppress(OSError):
                     if fs.get_file_info(tmp).type != pafs.FileType.NotFound:

@@ -18,7 +18,7 @@ import dagster as dg
 import pyarrow as pa
 
 from resources.batches import Batches
-from resources.errors import WarehouseError
+from resources.errors import WarehouseError, network_error
 from resources.sql import freshness_sql, partition_counts_sql, range_sql, select_sql, utc_naive
 
 # Connection parameters whose values are never printed and are passed as dagster EnvVars.
@@ -57,16 +57,26 @@ def first_lines(exc: BaseException, n: int = 3) -> str:
     return re.sub(r"\s+", " ", text) or type(exc).__name__
 
 
-def connect_error(kind: str, name: str, where: str, exc: BaseException, secrets: Iterable) -> WarehouseError:
-    """A failed connection: which connection, which host, the driver's cause; never a secret."""
+def connect_error(kind: str, name: str, where: str, exc: BaseException, secrets: Iterable,
+                  transient: bool | None = None) -> WarehouseError:
+    """A failed connection: which connection, which host, the driver's cause; never a secret.
+    `transient` (default: the chain holds a refused, reset or timed-out connection, resources/errors.py):
+    the server may answer later (retried); a refused login or an unknown host is permanent."""
+    transient = network_error(exc) if transient is None else transient
     cause = redact(f"{type(exc).__name__}: {first_lines(exc)}", secrets)
     return WarehouseError(f"connection {name or '?'!r} ({kind} at {where}): cannot connect: {cause}. "
-                          f"Check the host, credentials and network access in the project config's `connections`")
+                          f"Check the host, credentials and network access in the project config's `connections`",
+                          transient=transient)
 
 
-def query_error(kind: str, name: str, table: str, exc: BaseException, secrets: Iterable) -> WarehouseError:
-    return WarehouseError(f"table {table!r} in {kind} connection {name or '?'!r}: "
-                          f"{redact(first_lines(exc), secrets)}")
+def query_error(kind: str, name: str, table: str, exc: BaseException, secrets: Iterable, where: str | None = None,
+                transient: bool = False) -> WarehouseError:
+    """A failed statement on `table`; `where` (the host) is named when given, and always for a transient
+    error (the connection dropped or the server was unavailable during the statement)."""
+    at = f" at {where}" if where else ""
+    lost = "the connection failed during the query (transient): " if transient else ""
+    return WarehouseError(f"table {table!r} in {kind} connection {name or '?'!r}{at}: {lost}"
+                          f"{redact(first_lines(exc), secrets)}", transient=transient)
 
 
 def rows_to_batches(rows: Iterable[tuple], schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -183,7 +193,9 @@ class CursorQueries(ChunkReads):
     `default_batch_rows` (see `ChunkReads`), `_connect(**options)`, `_secrets()`,
     `_describe(cursor, table, columns)` (the table's schema), `_fetch(cursor, schema, batch_rows)` (the
     result's Arrow batches) and, where the defaults do not fit, `_query_errors()` (the driver's errors that are translated: all by
-    default) and `_error_cause(exc)` (the part of such an error worth showing)."""
+    default), `_error_cause(exc)` (the part of such an error worth showing), `_where()` (the host named in
+    errors) and `_transient(exc)` (whether the driver's error may pass when retried: by default a failure of
+    the transport, resources/errors.py `network_error`)."""
 
     warehouse_kind: ClassVar[str]
     sql_dialect: ClassVar[str]
@@ -193,6 +205,13 @@ class CursorQueries(ChunkReads):
 
     def _error_cause(self, exc: BaseException) -> BaseException:
         return exc
+
+    def _where(self) -> str | None:
+        host, port = getattr(self, "host", None), getattr(self, "port", None)
+        return f"{value(host)}:{port}" if host and port else (value(host) if host else None)
+
+    def _transient(self, exc: BaseException) -> bool:
+        return network_error(exc)
 
     @contextlib.contextmanager
     def _session(self, table: str, **options):
@@ -208,8 +227,8 @@ class CursorQueries(ChunkReads):
             except Exception as e:
                 if not isinstance(e, self._query_errors()):
                     raise
-                raise query_error(self.warehouse_kind, self.name, table, self._error_cause(e),
-                                  self._secrets()) from None
+                raise query_error(self.warehouse_kind, self.name, table, self._error_cause(e), self._secrets(),
+                                  where=self._where(), transient=self._transient(e)) from None
             finally:
                 cur.close()
         finally:

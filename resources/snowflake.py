@@ -21,7 +21,7 @@ from typing import ClassVar, Any, Iterable, Iterator
 import dagster as dg
 import pyarrow as pa
 
-from resources.errors import WarehouseError
+from resources.errors import AUTH, WarehouseError, network_error
 from resources.remote import CursorQueries, SECRET_KEYS, connect_error, value
 from resources.sql import create_table_sql, delete_sql, limit0_sql, table_expr
 
@@ -55,6 +55,38 @@ def arrow_type(name: str, type_code_name: str, precision: int | None, scale: int
         return pa.timestamp(unit, tz=None if t == "TIMESTAMP_NTZ" else "UTC")
     raise WarehouseError(f"column {name!r}: Snowflake type {type_code_name} has no Arrow mapping; "
                          f"leave it out of `columns` or cast it in a view")
+
+
+# Snowflake's error numbers of a refused login (wrong user or password, key pair, MFA, locked user):
+# permanent, however the driver wraps them.
+AUTH_ERRNOS = frozenset({390100, 390101, 390102, 390103, 390104, 390105, 390144, 390156, 390186, 390191})
+# The session was dropped under the client (a server restart, an idle session expired): a new connection helps.
+SESSION_ERRNOS = frozenset({390111, 390112, 390114})
+_RETRYABLE = ("OperationalError", "ServiceUnavailableError", "GatewayTimeoutError", "BadGatewayError",
+              "OtherHTTPRetryableError", "RequestTimeoutError", "InternalServerError", "TooManyRequests",
+              "RequestExceedMaxRetryError", "InterfaceError")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether an error of snowflake-connector-python may pass when retried: the transport failed
+    (OperationalError 2500xx: cannot reach the backend, connection closed, request failed), the service
+    answered 5xx or 429, or the session vanished (3901xx session errors, or HTTP 401 on a query of a session
+    that had logged in: the server restarted and forgot its token). Permanent: a refused login,
+    ProgrammingError (SQL compilation: bad SQL, missing table or column), and every other answer."""
+    errno = getattr(exc, "errno", None)
+    text = str(getattr(exc, "msg", "") or exc)
+    if errno in SESSION_ERRNOS or (errno == 290401 and "login-request" not in text and "/queries/" in text):
+        # a session token the server no longer knows (it restarted, the session expired): HTTP 401 on a
+        # query of a session that had logged in; a new connection logs in again
+        return True
+    if errno in AUTH_ERRNOS or AUTH.search(text):
+        return False
+    if type(exc).__name__ in ("ProgrammingError", "NonRetryableTlsError"):
+        return False
+    if any(type(e).__module__.startswith("snowflake.connector") and type(e).__name__ in _RETRYABLE
+           for e in (exc, exc.__cause__, exc.__context__) if e is not None):
+        return True
+    return network_error(exc)
 
 
 class SnowflakeWarehouse(CursorQueries, dg.ConfigurableResource):
@@ -102,12 +134,15 @@ class SnowflakeWarehouse(CursorQueries, dg.ConfigurableResource):
         try:
             return snowflake.connector.connect(**self.connect_kwargs())
         except Exception as e:  # the connector raises several classes; all mean "no connection"
-            raise connect_error("snowflake", self.name, self._where(), e, self._secrets()) from None
+            raise connect_error("snowflake", self.name, self._where(), e, self._secrets(), transient(e)) from None
 
     def _query_errors(self) -> tuple[type[BaseException], ...]:
         import snowflake.connector.errors as sf_errors
 
         return (sf_errors.Error,)
+
+    def _transient(self, exc: BaseException) -> bool:
+        return transient(exc)
 
     # ------------------------------------------------------------------ reading
 
