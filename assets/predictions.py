@@ -17,11 +17,13 @@ import pyarrow.parquet as pq
 
 from assets.cache import CACHE_KEY, current_cache
 from assets.scenarios import scenario_key
-from assets.serving import CHECKPOINT_NOTE, load_serving
+from assets.serving import CHECKPOINT_NOTE, load_serving, serving_checkpoint
 from assets.sources import connection_key
 from models.cache import Cache
 from models.predict import load_model, predict
 from models.quantize import for_inference
+from models.storage import DiskFullError, durable_replace, is_disk_full
+from models.stacking_head import load_head
 from models.tasks import task as task_of
 from resources.executor import TrainingExecutor
 from resources.workspace import Workspace, locked
@@ -70,7 +72,11 @@ def write_entity_file(cache, batches, path: Path, entity_column: str, fingerprin
             rows += len(out)
         if writer is not None:
             writer.close()
-            os.replace(tmp, path)
+            durable_replace(tmp, path)  # write -> fsync -> rename -> fsync(folder): a commit (models/storage.py)
+    except OSError as e:
+        if is_disk_full(e):  # the partial copy goes (finally); the day's previous file, if any, is intact
+            raise DiskFullError(path, tmp.stat().st_size if tmp.exists() else 0, None) from e
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -161,6 +167,8 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
             raise dg.Failure(f"scenarios.{name}.inference_precision int8 runs on the CPU only (device {device}); "
                              f"use bf16 on GPUs")
         model = for_inference(model, precision)  # fp32, int8 (CPU) or bf16: the scenario's, else the executor's
+        # the head chosen on validation, saved with the checkpoint (None: an older one, the network alone)
+        head = load_head(serving_checkpoint(workspace, name)[0], config)
         fingerprint = config["weights_sha256"][:16]
         settings = project.predictions
         k = settings.top_k
@@ -174,7 +182,7 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
                                     f"({datetime.fromtimestamp(cache.time_range[1], timezone.utc).isoformat()}): "
                                     f"extract newer partitions for fresh scores")
             batches = predict(model, cache, spec, task, cutoff, k=k, label_names=config.get("label_values") or None,
-                              device=device)
+                              device=device, head=head)
             return flag_without_history(batches, cache, cutoff) if settings.without_history == "flag" else batches
 
         rows, written_back, files = write_days(context, "predictions", name, workspace.predictions(name), batches_of,

@@ -19,6 +19,7 @@ from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
 from models.features import FeatureSpec
 from models.finetune import finetune
 from models.specs import TaskSpec, config_dict
+from models.stacking_head import fit_head, save_head, trunk_of
 from models.tasks import task as task_of
 from models.tasks.base import TargetError
 from resources.executor import TrainingExecutor
@@ -126,15 +127,21 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
                 result = finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
                                   device=device, log=context.log.info, resume=resume)
         spec = FeatureSpec.from_dict(foundation["feature_spec"])
+        head = None
+        if task_of(task).stackable:  # the network, trees over [hand features + foundation PCA], or a blend
+            context.log.info(f"{name}: choosing the head on the validation cut-off (network, LightGBM over hand "
+                             f"features + the foundation's representation, or a blend)")
+            head = fit_head(cache, spec, task, trunk_of(state, foundation["net"]), result.model, plan.train_cutoffs,
+                            plan.val_cutoff, device=device, log=context.log.info)
         context.log.info("fitting the LightGBM baseline on hand-made features (same cut-offs)")
         lgbm = lightgbm_scores(cache, spec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff)
         report = evaluate(result.model, cache, spec, task, plan.test_cutoff, constant=result.info["val_target_mean"],
-                          extra={"lightgbm": lgbm}, device=device)
+                          extra={"lightgbm": lgbm}, device=device, head=head)
         key = headline(task)
         better = beats_baselines(task, report)
         context.log.info(f"{name}: {key} {report['model'].get(key, float('nan')):.4f} on {report['entities']:,} "
-                         f"entities; baselines " + ", ".join(f"{b} {m.get(key, float('nan')):.4f}"
-                                                           for b, m in report["baselines"].items()))
+                         f"entities ({head_note(report, key)}); baselines "
+                         + ", ".join(f"{b} {m.get(key, float('nan')):.4f}" for b, m in report["baselines"].items()))
         label_values = task_of(task).label_values(cache, task)
         path = workspace.scenario(name)
         digest = save_checkpoint(path, result.model, {
@@ -146,7 +153,9 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
                          "train_cutoffs": result.info["train_cutoffs"]},
             "metrics": report, "headline": key, "beats_baselines": better, "finetune": config_dict(cfg), "lora": lora,
             "curves": result.curves, "training": result.info,
-        })
+            "head": {"chosen": "network", "weight": 0.0} if head is None else {"chosen": head.chosen,
+                                                                                 "weight": head.weight},
+        }, extra=None if head is None else lambda folder: {"stack": save_head(folder, head)})
         resume.clear()
         if better:  # predictions use the newest checkpoint that beat its baselines (assets.serving)
             promote(workspace, name)
@@ -157,7 +166,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         charts = {}
         if task_of(task).one_probability:  # a picture of the hold-out; never a reason for the asset to fail
             try:
-                y, p = binary_holdout(result.model, cache, spec, task, plan.test_cutoff, device)
+                y, p = binary_holdout(result.model, cache, spec, task, plan.test_cutoff, device, head)
                 charts["calibration_and_lift"] = dg.MetadataValue.md(calibration_and_lift(
                     y, p, path.parent / f"{name}_lift.png", f"scenario {name}: hold-out ({len(y):,} entities)"))
             except Exception as e:  # noqa: BLE001
@@ -170,6 +179,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
             key: dg.MetadataValue.float(report["model"].get(key, float("nan"))),
             "metrics": dg.MetadataValue.md(metrics_markdown(task, report)),
             "beats_baselines": dg.MetadataValue.bool(better),
+            **head_metadata(key, report),
             "serving": serving_note(workspace, name),
             "holdout_entities": dg.MetadataValue.int(report["entities"]),
             "test_cutoff": _iso(plan.test_cutoff),
@@ -182,12 +192,36 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
     return _scenario
 
 
+def head_note(report: dict, key: str) -> str:
+    """Which head scored: "network alone", or the choice on validation and the network's own figure."""
+    h = report.get("head")
+    if not h:
+        return "network alone"
+    return f"head chosen on validation: {h['chosen']} (trees' weight {h['weight']}); network alone " \
+           f"{report['network'].get(key, float('nan')):.4f}"
+
+
+def head_metadata(key: str, report: dict) -> dict:
+    """The head chosen on validation (models/stacking_head.py) and the network's own headline figure."""
+    h = report.get("head")
+    if not h:
+        return {"head": "network"}
+    out = {"head": h["chosen"], "head_weight": dg.MetadataValue.float(float(h["weight"])),
+           "head_candidates": dg.MetadataValue.json({k: m.get(key) for k, m in h["candidates"].items()}),
+           "head_validation": dg.MetadataValue.json(h["validation"])}
+    value = report["network"].get(key)
+    if isinstance(value, float) and math.isfinite(value):
+        out[f"network {key}"] = dg.MetadataValue.float(value)
+    return out
+
+
 def _iso(ts: int) -> str:
     return np.datetime_as_string(np.datetime64(int(ts), "s")) + "Z"
 
 
-def binary_holdout(model, cache, spec, task, cutoff: int, device: str):
-    """Labels and predicted probabilities of the entities scored on the hold-out (as in evaluate)."""
+def binary_holdout(model, cache, spec, task, cutoff: int, device: str, head=None):
+    """Labels and predicted probabilities of the entities scored on the hold-out (as in evaluate; `head`:
+    the head chosen on validation's)."""
     from models.features import chunk_at
     from models.labels import task_inputs
     from models.loop import chunk_plan
@@ -203,5 +237,9 @@ def binary_holdout(model, cache, spec, task, cutoff: int, device: str):
         keep, y = task_of(task).labels(chunk, task.target, cache)
         x, _ = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
         ys.append(y)
-        ps.append(scores(model, task.task, x[keep], None, device=device))
+        if head is None:
+            ps.append(scores(model, task.task, x[keep], None, device=device))
+        elif keep.any():
+            rows = head.rows(chunk, keep, x, spec, task, entity_table, vocab_sizes, model=model, device=device)
+            ps.append(head.choose(rows.network, head.gbt(rows)))
     return np.concatenate(ys), np.concatenate(ps)

@@ -7,6 +7,7 @@ the weights, so a checkpoint that was altered after training is refused on load.
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors import SafetensorError
@@ -19,13 +20,17 @@ class CheckpointError(ValueError):
     pass
 
 
-def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, config: dict) -> str:
-    """Write the checkpoint folder atomically; returns the weights' fingerprint."""
+def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, config: dict,
+                    extra: Callable[[Path], dict] | None = None) -> str:
+    """Write the checkpoint folder atomically; returns the weights' fingerprint. `extra(folder)`: writes
+    more files into the folder being written (the head chosen on validation: models/stacking_head.py)
+    and returns what config.json records of them."""
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     with atomic_path(path, needed_bytes=sum(v.numel() * v.element_size() for v in state.values())) as tmp:
         tmp.mkdir(parents=True)
         save_file(state, str(tmp / "model.safetensors"))
         digest = file_sha256(tmp / "model.safetensors")
+        config = {**config, **(extra(tmp) if extra is not None else {})}
         (tmp / "config.json").write_text(json.dumps({**config, "weights_sha256": digest}, indent=2, default=str))
     return digest
 

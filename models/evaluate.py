@@ -17,6 +17,7 @@ from models.labels import label_history, task_inputs
 from models.loop import chunk_plan, day_floor
 from models.network import Model
 from models.specs import TaskSpec
+from models.stacking import blend
 from models.tasks import TASKS
 from models.tasks import task as task_of
 
@@ -44,14 +45,19 @@ def protocol(test_cutoff: int, window_days: int, n_train: int, first_ts: int, mi
 
 def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, *,
              constant: float | None = None, extra: dict[str, np.ndarray | LabelScores | None] | None = None,
-             chunk_entities: int = 4096, device: str = "cpu") -> dict:
+             chunk_entities: int = 4096, device: str = "cpu", head=None) -> dict:
     """Metrics of the model and of each baseline on the entities eligible at `cutoff`.
     `extra`: scores of other baselines (e.g. LightGBM) for the same entities in the same order; for
-    multilabel also LabelScores (a subset of the labels), reported on that subset next to the model's."""
+    multilabel also LabelScores (a subset of the labels), reported on that subset next to the model's.
+    `head`: the head chosen on validation (models/stacking_head.py): the "model" is then the chosen
+    one (multilabel: at the labels it covers, the network's elsewhere), "network" the network alone,
+    and "head" the choice with each candidate's figures here (network, trees, the validation's best
+    blend, the chosen; multilabel: on the covered labels)."""
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     t = task_of(task)
     holdout = t.evaluation(model, cache, spec, task, cutoff, constant=constant, extra=extra, device=device)
+    parts = []  # with a head: per chunk (targets of the covered labels, the network's and the trees' scores)
     for s, lo, hi in chunk_plan(cache, chunk_entities):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
         if chunk.n == 0:
@@ -59,7 +65,34 @@ def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cuto
         keep, y = t.labels(chunk, task.target, cache)
         x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
         holdout.add(chunk, keep, x, h, y)
-    return holdout.report()
+        if head is not None and keep.any():
+            rows = head.rows(chunk, keep, x, spec, task, entity_table, vocab_sizes, model=model, device=device)
+            parts.append((y.dense(0, head.labels) if hasattr(y, "dense") else np.asarray(y, np.float32),
+                          rows.network, head.stack.gbt_scores(rows)))
+    if head is None or not parts:
+        return holdout.report()
+    return with_head(holdout, t, head, parts)
+
+
+def with_head(holdout, t, head, parts: list) -> dict:
+    """The hold-out's report with the chosen head as the "model" (evaluate's `head`)."""
+    y, network, gbt = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    chosen = head.choose(network, gbt)
+    inner = head.stack.validation.get("blend_weight")
+    candidates = {"network": network, "gbt": gbt, "chosen": chosen}
+    if inner is not None:
+        candidates[f"blend {inner}"] = blend(head.stack.task, network, gbt, inner)
+    report = holdout.report(chosen if head.labels is None and t.name != "multilabel"
+                            else LabelScores(_covered(head.labels, y), chosen))
+    report["head"] = {"chosen": head.chosen, "weight": head.weight, "labels": None if head.labels is None
+                      else len(head.labels), "candidates": {k: t.metrics(y, v) for k, v in candidates.items()},
+                      "validation": {k: v for k, v in head.stack.validation.items() if k in
+                                     ("network", "gbt", "blend", "blend_weight", "chosen", "choice_rows")}}
+    return report
+
+
+def _covered(labels, y: np.ndarray) -> np.ndarray:
+    return np.arange(y.shape[1]) if labels is None else np.asarray(labels, np.int64)
 
 
 def task_metrics(task: str, y: np.ndarray, score: np.ndarray) -> dict[str, float]:

@@ -28,8 +28,13 @@ def load_model(state: dict, config: dict) -> tuple[Model, FeatureSpec, TaskSpec]
 
 
 def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, *, k: int = 20,
-            label_names: list | None = None, chunk_entities: int = 8192, device: str = "cpu") -> Iterator[pa.RecordBatch]:
-    """Record batches of (entity index, score) or (entity index, top-k labels, top-k scores)."""
+            label_names: list | None = None, chunk_entities: int = 8192, device: str = "cpu",
+            head=None) -> Iterator[pa.RecordBatch]:
+    """Record batches of (entity index, score) or (entity index, top-k labels, top-k scores).
+    `head`: the checkpoint's head chosen on validation (models.stacking_head.load_head; None: the
+    network alone, as a checkpoint without one scores)."""
+    if head is not None and head.weight == 0:  # the network was chosen: the trees are never read
+        head = None
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     t = task_of(task)
@@ -43,7 +48,13 @@ def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutof
         x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
         if extra is None:  # what the task's scores share at the cut-off (items: the catalog's popularity)
             extra = t.chunk_extra(cache, task.target, cutoff)
-        columns = t.predictions(model, x[keep], None if h is None else h[keep], k, names, extra, device)
+        chosen = None
+        if head is not None:  # binary, regression: the chosen scores; labels: the top-k reads the blend
+            rows = head.rows(chunk, keep, x, spec, task, entity_table, vocab_sizes,
+                             model=None if names is not None else model, device=device)
+            gbt = head.gbt(rows)
+            chosen = head.adjust_logits(gbt) if names is not None else head.choose(rows.network, gbt)
+        columns = t.predictions(model, x[keep], None if h is None else h[keep], k, names, extra, device, head=chosen)
         yield pa.record_batch({"entity_index": pa.array(chunk.entities[keep].astype(np.int64)), **columns})
 
 
@@ -52,19 +63,22 @@ LABEL_BLOCK = 1_024  # rows scored over every label at a time: 1,024 x 16,000 la
 
 @torch.no_grad()
 def top_labels(model: Model, x: np.ndarray, h, k: int, *, device: str = "cpu",
-               block: int = LABEL_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+               block: int = LABEL_BLOCK, adjust=None) -> tuple[np.ndarray, np.ndarray]:
     """The k most probable labels of every row of a multilabel model, best first, as (label
     positions [rows, k], probabilities [rows, k]). Rows are scored a block at a time, so a wide label
     set (16,000 products) never holds a chunk's [rows, labels] scores at once; the k best logits are
     the k best probabilities (the sigmoid is monotonic), so only those k go through it. What
     scores() + metrics.top_k gave over the whole chunk, up to float rounding (a block's matrix
-    products may round differently from a chunk's) and the order among exactly equal scores."""
+    products may round differently from a chunk's) and the order among exactly equal scores.
+    `adjust(rows, logits) -> logits`: the head chosen on validation, applied to each block's logits."""
     dev = next(model.parameters()).device if device == "auto" else torch.device(device)
     kk = min(k, model.head.linear.out_features)
     best, best_scores = [np.zeros((0, kk), np.int64)], [np.zeros((0, kk), np.float32)]
     for i in range(0, len(x), block):
         rows = np.arange(i, min(i + block, len(x)))
         logits = model(torch.from_numpy(x[i:i + block]).to(dev), history_rows(h, rows, dev)).float()
+        if adjust is not None:
+            logits = adjust(rows, logits[:, None] if logits.dim() == 1 else logits)
         top, index = torch.topk(logits[:, None] if logits.dim() == 1 else logits, kk, dim=1)
         best.append(index.cpu().numpy())
         best_scores.append(torch.sigmoid(top).cpu().numpy())

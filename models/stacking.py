@@ -29,7 +29,7 @@ foundation's inputs, so what the foundation model adds is measured, not hidden.
 
 Multilabel heads: one small model per label (as the baseline, on `multilabel_rows` training rows),
 on the `max_labels` labels with the most training positives; every other label keeps the network's
-score (a 16,000-product head: trees for 200 of them). The labels' models share one binned dataset.
+score (a 16,000-product head: trees for 50 of them, so it stays fast to fit and to score). The labels' models share one binned dataset.
 A Stack saves as plain values (`state()` / `Stack.from_state`): LightGBM boosters as their text
 dumps, the embedding's reduction as arrays, and the choice with every candidate's validation score
 (`summary()`).
@@ -66,7 +66,7 @@ class StackConfig:
     # of two forecasts when the validation rows cannot tell the weights apart
     choice_rule: str = "one_se"
     se_blocks: int = 10
-    max_labels: int = 200  # multilabel: labels with trees (the rest keep the network's score)
+    max_labels: int = 50  # multilabel: labels with trees (the rest keep the network's score)
     multilabel_rows: int = MULTILABEL_ROWS  # training rows per label's model
     # the baseline's LightGBM parameters (models.baselines.lightgbm_scores), so the two differ by their inputs
     n_estimators: int = 400
@@ -131,11 +131,13 @@ class Reduction:
             return emb[:, :0]
         if self.kind == "trunk":
             return emb
-        z = emb - self.mean
+        # in float64, then float32: a float32 product rounds by how many rows it has (its BLAS kernel), and
+        # one float's last bit can move an entity across a tree's split (scored in chunks or all at once)
+        z = emb.astype(np.float64) - self.mean
         if self.kind == "pca":
-            return z @ self.matrix
-        w = self.matrix if column is None else self.matrix[:, column:column + 1]
-        return z @ w[:-1] + w[-1]
+            return (z @ self.matrix.astype(np.float64)).astype(np.float32)
+        w = (self.matrix if column is None else self.matrix[:, column:column + 1]).astype(np.float64)
+        return (z @ w[:-1] + w[-1]).astype(np.float32)
 
     def state(self) -> dict:
         return {"kind": self.kind, "mean": None if self.mean is None else self.mean.tolist(),
@@ -280,11 +282,14 @@ def fit_stack(task: str, train: Rows, val: Rows, cfg: StackConfig | None = None,
     stack = Stack(task, cfg, reduction, boosters, constants, labels, 0.0)
     picked = val.take(chosen_rows)
     gbt = oof[chosen_rows]
-    grid = {w: score(task, picked.y, blend(task, picked.network, gbt, w)) for w in cfg.weights}
-    best_w = max(grid, key=lambda w: (np.nan_to_num(grid[w], nan=-np.inf), -abs(w)))  # ties: the network
+    # every weight's validation score, the candidates' ends (0, 1) always; the choice among cfg.weights
+    grid = {w: score(task, picked.y, blend(task, picked.network, gbt, w))
+            for w in sorted({float(w) for w in cfg.weights} | {0.0, 1.0})}
+    allowed = {w: grid[float(w)] for w in cfg.weights}
+    best_w = max(allowed, key=lambda w: (np.nan_to_num(allowed[w], nan=-np.inf), -abs(w)))  # ties: the network
     se = None
     if cfg.choice_rule == "one_se":
-        best_w, se = _one_se(task, picked, gbt, grid, best_w, cfg)
+        best_w, se = _one_se(task, picked, gbt, allowed, best_w, cfg)
     elif cfg.choice_rule != "best":
         raise ValueError(f"StackConfig.choice_rule must be 'best' or 'one_se', got {cfg.choice_rule!r}")
     inner = {w: v for w, v in grid.items() if 0 < w < 1}

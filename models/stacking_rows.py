@@ -14,7 +14,7 @@ from models.items import SparseRows, batch_history
 from models.labels import label_history
 from models.loop import chunk_plan
 from models.scoring import scores
-from models.targets import compute_target, eligible
+from models.tasks import task as task_of
 
 
 @dataclass
@@ -48,10 +48,9 @@ def collect(cache: Cache, spec: FeatureSpec, task, trunk, cutoff: int, *, labels
         chunk = chunk_at(cache.shard(s), lo, hi, int(cutoff))
         if chunk.n == 0:
             continue
-        keep = eligible(chunk, task.target)
+        keep, y = task_of(task).labels(chunk, task.target, cache)  # (as models.evaluate reads them)
         if not keep.any():
             continue
-        y = compute_target(chunk, task.target, vocab_sizes.get(task.target.column), cache)[keep]
         y = y.dense(0, labels) if isinstance(y, SparseRows) else np.asarray(y, np.float32)
         parts.append(chunk_rows(chunk, keep, spec, task, trunk, entity_table, vocab_sizes, labels=labels,
                                 model=model, y=y, device=device))

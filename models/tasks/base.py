@@ -31,6 +31,9 @@ class Task:
     one_probability = False  # one probability per entity (the hold-out calibration chart)
     find_unused_parameters = False  # DDP: some parameters may sit a batch out
     bench_epochs: int | None = None  # bench/quality.py: fine-tuning epochs, where the default does not fit
+    # the head is chosen on the validation cut-off among the network, LightGBM over [hand features +
+    # the foundation trunk's PCA] and their blend (models/stacking.py, models/stacking_head.py)
+    stackable = False
 
     # ------------------------------------------------------------------ the target
 
@@ -131,15 +134,20 @@ class Task:
         """The k best labels of every row, best first: (label positions, scores)."""
         raise NotImplementedError(self.name)
 
-    def predictions(self, model: Model, x: np.ndarray, h, k: int, names, extra: tuple, device: str) -> dict:
-        """The prediction columns of these rows (after entity_index)."""
+    def predictions(self, model: Model, x: np.ndarray, h, k: int, names, extra: tuple, device: str,
+                    head=None) -> dict:
+        """The prediction columns of these rows (after entity_index). `head`: the head chosen on validation
+        (models/stacking_head.py) of these rows: their scores (one per entity), or for label tasks a
+        `fn(rows, logits) -> logits` that the top-k reads the logits through."""
         import pyarrow as pa
 
         from models.scoring import scores
 
         if names is None:
-            return {"score": pa.array(scores(model, self.name, x, h, device=device).astype(np.float32))}
-        best, best_scores = self.top(model, x, h, k, extra, device)
+            s = scores(model, self.name, x, h, device=device) if head is None else head
+            return {"score": pa.array(np.asarray(s, np.float32))}
+        best, best_scores = (self.top(model, x, h, k, extra, device) if head is None
+                             else self.top(model, x, h, k, extra, device, adjust=head))
         n, kk = best.shape
         offsets = pa.array(np.arange(0, n * kk + 1, kk, dtype=np.int32))
         return {"labels": pa.ListArray.from_arrays(offsets, pa.array(names[best.ravel()].astype(str))),
@@ -200,10 +208,16 @@ class PerEntity:
         for k, v in b.items():
             self.base.setdefault(k, []).append(np.asarray(v)[keep])
 
-    def report(self) -> dict:
+    def report(self, chosen: np.ndarray | None = None) -> dict:
+        """`chosen`: the scores of the head chosen on validation (models/stacking_head.py), in the rows'
+        order: they are the "model"'s, and the network's own figures are reported as "network"."""
         t = self.task
         y = np.concatenate(self.ys) if self.ys else np.zeros(0)
         model_scores = np.concatenate(self.preds) if self.preds else np.zeros(0)
+        network = None
+        if chosen is not None:
+            assert len(chosen) == len(y), f"the chosen head: {len(chosen)} scores for {len(y)} entities"
+            network, model_scores = t.metrics(y, model_scores), np.asarray(chosen)
         baselines = {k: np.concatenate(v) for k, v in self.base.items()}
         baselines.update(t.fixed_baselines(self.spec, self.constant, len(y)))
         for name, values in self.extra.items():
@@ -211,7 +225,7 @@ class PerEntity:
                 assert len(values) == len(y), f"baseline {name}: {len(values)} scores for {len(y)} entities"
                 baselines[name] = values
         return {"model": t.metrics(y, model_scores), "baselines": {k: t.metrics(y, v) for k, v in baselines.items()},
-                "entities": int(len(y)), **t.summary(y)}
+                "entities": int(len(y)), **t.summary(y), **({} if network is None else {"network": network})}
 
 
 # ---------------------------------------------------------------------- helpers of the task modules

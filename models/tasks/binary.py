@@ -12,6 +12,7 @@ from models.tasks.base import Task, function_target
 class Binary(Task):
     name = "binary"
     headline = "auroc"
+    stackable = True
     one_probability = True
 
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:

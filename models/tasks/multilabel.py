@@ -22,6 +22,7 @@ COLUMN_MULTIPLE = 256
 class Multilabel(ValueLabels, Task):
     name = "multilabel"
     headline = "macro_auroc"
+    stackable = True
     uses_label_history = True
     label_outputs = True
     writes_every_label = True
@@ -73,10 +74,10 @@ class Multilabel(ValueLabels, Task):
     def transform(self, out):
         return torch.sigmoid(out)
 
-    def top(self, model, x, h, k, extra, device):
+    def top(self, model, x, h, k, extra, device, adjust=None):
         from models.predict import top_labels
 
-        return top_labels(model, x, h, k, device=device)
+        return top_labels(model, x, h, k, device=device, adjust=adjust)
 
     def metrics(self, y, score):
         return {"macro_auroc": macro_auroc(y, score)}
@@ -130,7 +131,9 @@ class Blockwise:
         self.trunks.append(_trunk(self.model, x[keep], self.dev))
         self.hists.append(_sparse(h[keep]))
 
-    def report(self) -> dict:
+    def report(self, chosen=None) -> dict:
+        """`chosen`: LabelScores of the head chosen on validation (models/stacking_head.py) at the labels it
+        covers: the "model" reads them there and the network elsewhere; the network alone is "network"."""
         from models.baselines import LabelScores
 
         model, dev, ys = self.model, self.dev, self.ys
@@ -146,8 +149,14 @@ class Blockwise:
             logits = model.head.sampled(h, history, torch.from_numpy(cols).to(dev), empty, empty)[0]
             return torch.sigmoid(logits).float().cpu().numpy()
 
+        network = model_scores
+        if chosen is not None:
+            assert len(chosen.scores) == n, f"the chosen head: {len(chosen.scores)} scores for {n} entities"
+            model_scores = _overridden(network, chosen)
         scorers = {"model": model_scores, "past frequency": lambda cols: hist.dense(self.channel, cols),
                    "popularity": lambda cols: np.broadcast_to(self.popularity[cols], (n, len(cols)))}
+        if chosen is not None:
+            scorers["network"] = network
         subsets = {}
         for name, values in self.extra.items():
             if isinstance(values, LabelScores):  # e.g. LightGBM on the most frequent labels of a wide head
@@ -157,6 +166,7 @@ class Blockwise:
                 scorers[name] = lambda cols, v=values: v[:, cols]
         aucs, measured = blockwise_macro_auroc(y, scorers)
         report = {"model": {"macro_auroc": aucs.pop("model")},
+                  **({} if chosen is None else {"network": {"macro_auroc": aucs.pop("network")}}),
                   "baselines": {k: {"macro_auroc": v} for k, v in aucs.items()}, "entities": n,
                   "positive_rate": len(y.cols) / (n * y.n_cols) if n and y.n_cols else float("nan"),
                   "labels_measured": measured}
@@ -168,6 +178,19 @@ class Blockwise:
             report["baselines"][f"{name} (top {len(sub.labels)} labels)"] = {
                 "macro_auroc": pair[name], "model_macro_auroc": pair["model"], "labels_measured": k}
         return report
+
+
+def _overridden(scorer, chosen):
+    """A blockwise scorer: `scorer`'s columns, those of `chosen` (LabelScores, labels sorted) replaced."""
+    labels = np.asarray(chosen.labels, np.int64)
+
+    def fn(cols):
+        out = np.array(scorer(cols), np.float32, copy=True)
+        pos = np.searchsorted(labels, cols).clip(0, max(len(labels) - 1, 0))
+        hit = labels[pos] == cols if len(labels) else np.zeros(len(cols), bool)
+        out[:, hit] = chosen.scores[:, pos[hit]]
+        return out
+    return fn
 
 
 @torch.no_grad()

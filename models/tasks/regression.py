@@ -11,6 +11,7 @@ from models.tasks.base import Task, event_column, function_target
 class Regression(Task):
     name = "regression"
     headline = "mae"
+    stackable = True
     lower_is_better = frozenset({"mae", "rmse"})
 
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:
