@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import parse_qs, urlsplit
 
-from models.storage import durable_replace
+from models.storage import durable_replace, is_disk_full
 
 MANIFESTS, UPLOADS = "manifests", ".upload."  # temporary keys sit flat under the prefix: moving or deleting
 # them never leaves an emptied "folder", for which pyarrow's S3 client would write a marker object
@@ -74,18 +74,33 @@ class Output:
     def _key(self, rel: str) -> str:
         return f"{self.base}/{rel}" if self.base else rel
 
-    def _retry(self, what: str, fn):
+    def _retry(self, what: str, fn, needed: int | None = None, key: str | None = None):
         delay = self.backoff_s
         for attempt in range(1, self.retries + 1):
             try:
                 return fn()
             except (OSError, RuntimeError) as e:  # pyarrow raises OSError for network/store errors
+                if is_disk_full(e):  # a full disk (a mounted folder as output) stays full: no retry
+                    raise OutputError(self._full(what, key, needed)) from e
                 if attempt == self.retries:
                     raise OutputError(f"output {self.url}: {what} failed after {attempt} attempts: {e}") from e
                 self.log(f"output {self.url}: {what} failed ({type(e).__name__}: {str(e)[:200]}); retrying in "
                          f"{delay:.1f}s (attempt {attempt + 1} of {self.retries})")
                 time.sleep(delay)
                 delay *= 2
+
+    def _full(self, what: str, key: str | None, needed: int | None) -> str:
+        import shutil
+
+        folder = (key or self.base).rpartition("/")[0] or self.base
+        try:
+            free = f"{shutil.disk_usage(folder).free / 1e6:,.1f} MB free"
+        except OSError:
+            free = "free space unknown"
+        want = f"; it needs {needed / 1e6:,.1f} MB (+20% headroom)" if needed is not None else ""
+        return (f"output {self.url}: {what} failed: the disk holding {folder} is full ({free}{want}). Nothing "
+                f"was committed: the stage's manifest still names its previous files, the partial copy was "
+                f"removed. Free space there and run the stage again: files already uploaded are not sent twice")
 
     def _mkdir(self, key: str) -> None:
         if self._local:
@@ -128,13 +143,25 @@ class Output:
     def _tmp_prefix(self, stage: str) -> str:
         return f"{UPLOADS}{stage.replace('/', '+')}."
 
-    def _put_atomic(self, write, rel: str, token: str, stage: str) -> None:
-        """`write(key)` to a temporary key, then move it to `rel` (a rename on a folder, a copy on a store)."""
+    def _put_atomic(self, write, rel: str, token: str, stage: str, size: int | None = None) -> None:
+        """`write(key)` to a temporary key, then move it to `rel` (a rename on a folder, a copy on a store).
+        `size`: the bytes it takes, named when the disk of a folder output fills up."""
         self._n = getattr(self, "_n", 0) + 1
         tmp, final = self._key(f"{self._tmp_prefix(stage)}{token}.{self._n}"), self._key(rel)
-        self._retry(f"uploading {final}", lambda: write(tmp))
+        try:
+            self._retry(f"uploading {final}", lambda: write(tmp), needed=size, key=final)
+        except OutputError:
+            try:  # a partial temporary copy is never left behind (the next upload would remove it too)
+                if self._size(tmp) is not None:
+                    self.fs.delete_file(tmp)
+            except OSError:
+                pass
+            raise
         self._mkdir(final)
-        self._retry(f"moving {tmp} to {final}", lambda: self.fs.move(tmp, final))
+        # a folder: write -> fsync -> rename -> fsync(folder), a commit that outlives a power cut (models/storage.py);
+        # a store's copy is durable once it returns
+        move = (lambda: durable_replace(tmp, final)) if self._local else (lambda: self.fs.move(tmp, final))
+        self._retry(f"moving {tmp} to {final}", move, key=final)
 
     def _clear_uploads(self, stage: str) -> int:
         """Remove the temporary keys a killed upload of `stage` left; returns how many there were."""
@@ -194,7 +221,7 @@ class Output:
                 entries[rel] = {**prev, **entry}
                 skipped += 1
                 continue
-            self._put_atomic(lambda key, p=path: self._write_file(p, key), rel, token, stage)
+            self._put_atomic(lambda key, p=path: self._write_file(p, key), rel, token, stage, size=st.st_size)
             got = self._retry(f"checking {self._key(rel)}", lambda: self._size(self._key(rel)))
             if got != st.st_size:
                 raise OutputError(f"output {self.url}: {self._key(rel)} holds {got} bytes after its upload, the "
@@ -205,7 +232,7 @@ class Output:
         manifest = {"format": FORMAT, "stage": stage, "committed_at": datetime.now(timezone.utc).isoformat(),
                     **(extra or {}), "files": entries}
         body = json.dumps(manifest, indent=2, sort_keys=True).encode()
-        self._put_atomic(lambda key: self._write_bytes(body, key), stage_file(stage), token, stage)
+        self._put_atomic(lambda key: self._write_bytes(body, key), stage_file(stage), token, stage, size=len(body))
         removed = [rel for rel in had if rel not in entries]
         for rel in removed:  # after the commit: the manifest no longer names them
             key = self._key(rel)

@@ -1,6 +1,7 @@
-"""A disk that fills up: the cache build and a checkpoint save on a small tmpfs made by the test. Each
-fails naming the path and the space needed, leaves nothing half-written (and the previous version
-intact), and the next run, with space freed, gives the same result as on a roomy disk."""
+"""A disk that fills up: the cache build, a checkpoint save, a day of predictions and an upload to `output:`,
+each on a small tmpfs made by the test. Each fails naming the path and the space needed, leaves nothing
+half-written (and the previous version intact), and the next run, with space freed, gives the same result
+as on a roomy disk."""
 
 import contextlib
 import os
@@ -93,3 +94,82 @@ def test_a_checkpoint_save_on_a_full_disk_keeps_the_previous_checkpoint(tmp_path
         after = save_checkpoint(path, big, {"epochs": 2})
         weights, config = load_checkpoint(path)
         assert config["weights_sha256"] == after and torch.equal(weights["weight"], big.weight.detach())
+
+
+def _predictions(cache, n_columns: int = 24):
+    """A day of scores for every entity of `cache`: `n_columns` float columns of seeded noise (incompressible,
+    so the file is as large as a wide multilabel day)."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(7)
+    idx = np.arange(cache.n_entities, dtype=np.int64)
+    for start in range(0, len(idx), 500):
+        part = idx[start:start + 500]
+        yield pa.record_batch({"entity_index": pa.array(part),
+                               **{f"score_{j}": pa.array(rng.random(len(part))) for j in range(n_columns)}})
+
+
+def test_predictions_on_a_full_disk_keep_the_previous_day_and_succeed_once_space_is_freed(spec, tmp_path):
+    """A day's predictions file (assets/predictions.py write_entity_file) on a disk that fills: DiskFullError
+    naming the path and the MB written; no partial file, the day's previous file whole; with space freed the
+    same bytes as on a roomy disk."""
+    from datetime import datetime, timezone
+
+    from assets.predictions import write_entity_file
+
+    cache = Cache(build_cache(spec, tmp_path / "cache", log=lambda _: None))
+    as_of = datetime(2026, 5, 1, tzinfo=timezone.utc)
+    roomy = tmp_path / "roomy" / "2026-04-30.parquet"
+    rows = write_entity_file(cache, _predictions(cache), roomy, "customer_id", "f" * 16, as_of)
+    size = roomy.stat().st_size
+    with small_disk(tmp_path / "small", str(size // 2)) as resize:
+        path = tmp_path / "small" / "predictions" / "churn" / "2026-04-30.parquet"
+        previous = write_entity_file(cache, _predictions(cache, n_columns=1), path, "customer_id", "e" * 16, as_of)
+        before = path.read_bytes()
+        with pytest.raises(DiskFullError) as failed:
+            write_entity_file(cache, _predictions(cache), path, "customer_id", "f" * 16, as_of)
+        message = str(failed.value)
+        assert str(path.parent) in message and "is full" in message and "needs more than" in message, message
+        assert sorted(os.listdir(path.parent)) == [path.name] and path.read_bytes() == before  # the old day, whole
+        assert pq.read_table(path).num_rows == previous
+        resize(str(4 * size + (1 << 20)))
+        assert write_entity_file(cache, _predictions(cache), path, "customer_id", "f" * 16, as_of) == rows
+        assert path.read_bytes() == roomy.read_bytes()
+
+
+def test_an_upload_to_a_full_output_disk_names_the_key_and_resumes_once_space_is_freed(tmp_path):
+    """`output:` a mounted folder that fills during a stage's upload (resources/output.py): OutputError naming
+    the folder and the MB the file needs, at once (a full disk is not retried); no temporary key left, the
+    stage's manifest still the previous one; with space freed the upload completes and restores byte for byte."""
+    from resources.output import Output, OutputError
+
+    root = tmp_path / "ws"
+    files = []
+    for name, mb in (("checkpoints/foundation/config.json", 0), ("checkpoints/foundation/model.safetensors", 3)):
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(os.urandom(mb << 20) if mb else b'{"epochs": 1}')
+        files.append(p)
+    with small_disk(tmp_path / "disk", "2m") as resize:
+        out = Output(str(tmp_path / "disk" / "habitus"), log=lambda _: None, backoff_s=5)
+        first = out.upload("foundation", root, files[:1])  # the small file: a committed manifest
+        assert first["uploaded"] == 1
+        import time
+
+        started = time.monotonic()
+        with pytest.raises(OutputError) as failed:
+            out.upload("foundation", root, files)
+        assert time.monotonic() - started < 5, "a full disk was retried"
+        message = str(failed.value)
+        assert "is full" in message and "needs 3.1 MB" in message and "model.safetensors" in message, message
+        leftovers = [str(p.relative_to(tmp_path / "disk")) for p in (tmp_path / "disk").rglob("*")
+                     if p.is_file() and p.name.startswith(".upload.")]
+        assert leftovers == []
+        assert sorted(out.manifest("foundation")["files"]) == ["checkpoints/foundation/config.json"]
+        resize("16m")
+        again = out.upload("foundation", root, files)
+        assert again == {"uploaded": 1, "skipped": 1, "bytes": 3 << 20, "removed": 0, "cleaned": 0}
+        back = tmp_path / "restored"
+        out.restore(back, ["foundation"])
+        assert all((back / p.relative_to(root)).read_bytes() == p.read_bytes() for p in files)
