@@ -32,8 +32,8 @@ pytestmark = pytest.mark.ui
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 STAGES = {"source/purchases", "source/customers", "source/products", "source/stores", "cache", "foundation_model",
-          "scenario/churn", "scenario/brand_propensity", "scenario/spend", "scenario/next_products",
-          "predictions/churn", "predictions/brand_propensity", "predictions/spend", "predictions/next_products",
+          *(f"{stage}/{name}" for stage in ("scenario", "predictions")
+            for name in ("churn", "brand_propensity", "spend", "next_products", "next_category")),
           "embeddings", "explanations/churn"}
 DATA_START, DATA_END = "2026-09-01", "2026-10-31"  # two months of data: the backfill is two runs of 31 days
 # dagster dev ignores SIGTERM when started from a script; restoring SIGINT's default lets SIGTERM stop it

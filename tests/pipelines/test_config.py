@@ -79,7 +79,7 @@ def test_demo_config_loads():
     assert [s.name for s in project.events_sources] == ["purchases"]
     assert project.foundation.horizon == 14
     assert project.scenarios["churn"].target.within == 28
-    assert project.prediction_scenarios == ["churn", "brand_propensity", "spend", "next_products"]
+    assert project.prediction_scenarios == ["churn", "brand_propensity", "spend", "next_products", "next_category"]
 
 
 def test_minimal_config_loads(tmp_path):
