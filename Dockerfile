@@ -7,12 +7,18 @@
 #                   build installs python3.11 from Ubuntu's universe; a base with neither fails the build
 #                   naming its Python)
 #   Kubernetes:     add --build-arg EXTRAS=k8s (dagster-k8s; docs/clusters.md); EXTRAS=k8s,snowflake, ...
+#   No registry:    docker/build-local-base.sh makes a Debian bookworm base with debootstrap, and
+#                   docker/build-local-image.sh builds this file FROM it with buildah (docs/docker.md):
+#                   BASE=localhost/habitus-base:bookworm, TORCH_SPEC=a local CPU wheel, PIP_CERT=the CA
+#                   bundle of a TLS-intercepting proxy (the build's RUN steps only; not kept in the image)
 ARG BASE=python:3.11-slim
 FROM ${BASE}
 
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG EXTRAS=""
+# unset unless given: pip's CA bundle during the build (e.g. a proxy's CA, bind-mounted into the build)
+ARG PIP_CERT
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 DEBIAN_FRONTEND=noninteractive \
     HABITUS_CONFIG=/app/examples/demo.yaml DAGSTER_HOME=/home/habitus/dagster
 
