@@ -1,7 +1,8 @@
 """Which failures of an extraction are retried, and how.
 
 The source assets carry a Dagster `RetryPolicy` (`extraction_retry_policy`): up to 3 retries of the
-step after about 10 s, 20 s and 40 s (exponential backoff with jitter), so a warehouse that restarts,
+step after 10 s, 30 s and 70 s (Dagster's exponential backoff, (2**n - 1) x the delay, each +- 10 s of
+jitter so that many runs do not come back at once), so a warehouse that restarts,
 a connection that drops in the middle of a partition or a throttled endpoint costs a minute, not a
 failed run. Only transient errors are retried (`retry_transient_only`): a `WarehouseError` whose
 connector classified it as transient (resources/errors.py, each connector's `transient`). Everything
