@@ -5,9 +5,12 @@
     python bench/quality.py --dataset movielens [--tasks churn_10pct,embedding_probe] [--label-share 0.1]
 
 Same protocol as the scenario assets (models.evaluate): training cut-offs every window before a
-validation cut-off, a later test cut-off; features before a cut-off, targets after it. The row
-"habitus (no pretraining)" trains the same network and head from a random trunk, to show what the
-foundation model is worth. Rows `churn_10pct` / `propensity_10pct` (`--label-share`, 0.1 by
+validation cut-off, a later test cut-off; features before a cut-off, targets after it. "habitus"
+is the product's head: the one chosen on the validation cut-off among the fine-tuned network,
+LightGBM over [hand features + the foundation trunk's PCA] and their blend, as the scenario asset
+chooses it (models/stacking_head.py); the row "habitus (network alone)" is the fine-tuned network
+by itself. The row "habitus (no pretraining)" trains the same network and head from a random trunk
+(the network alone), to show what the foundation model is worth. Rows `churn_10pct` / `propensity_10pct` (`--label-share`, 0.1 by
 default, 0 to skip) train the scenario, the network from scratch and LightGBM on the labels of 10%
 of the entities only (bench/label_share.py); the row `embedding_probe` reads churn at the test
 cut-off with a logistic regression from what the `embeddings` asset writes and from plain RFM
@@ -41,6 +44,7 @@ from models.finetune import finetune  # noqa: E402
 from models.foundation_training import train_foundation  # noqa: E402
 from models.labels import top_values  # noqa: E402
 from models.specs import FinetuneConfig, FoundationConfig, TaskSpec  # noqa: E402
+from models.stacking_head import fit_head, trunk_of  # noqa: E402
 from models.tasks import task as task_of  # noqa: E402
 
 TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
@@ -193,18 +197,30 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, fspec: FeatureS
     scratch = finetune(train, state, foundation_info, task, list(plan.train_cutoffs), plan.val_cutoff, fcfg_task,
                        log=quiet, from_scratch=True)
     scratch_s = time.time() - t0
+    # the product's head: chosen on the validation cut-off as the scenario asset chooses it (the network,
+    # LightGBM over [hand features + the foundation trunk's PCA], or a blend; models/stacking_head.py),
+    # from the same (labeled) training and validation rows as the network
+    t0 = time.time()
+    head = fit_head(train, fspec, task, trunk_of(state, foundation_info["net"]), tuned.model, plan.train_cutoffs,
+                    plan.val_cutoff)
+    head_s = time.time() - t0
     with lightgbm_trained_on(train, plan.test_cutoff) if train_cache is not None else contextlib.nullcontext():
         lgbm = lightgbm_scores(cache, fspec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff)
     report = evaluate(tuned.model, cache, fspec, task, plan.test_cutoff,
-                      constant=tuned.info["val_target_mean"], extra={"lightgbm": lgbm})
+                      constant=tuned.info["val_target_mean"], extra={"lightgbm": lgbm}, head=head)
     no_pretrain = evaluate(scratch.model, cache, fspec, task, plan.test_cutoff)["model"]
     metrics = task_of(task).report_metrics(task)
     rows = []
     for metric in metrics:
         baselines = {b: m[metric] for b, m in report["baselines"].items()}
+        if "network" in report:  # the network alone, what "habitus" was before the head was chosen on validation
+            baselines["habitus (network alone)"] = report["network"][metric]
         baselines["habitus (no pretraining)"] = no_pretrain[metric]
         rows.append({"task": name, "metric": metric, "habitus": report["model"][metric],
                      "baselines": baselines, "entities": report["entities"],
+                     "head": "network" if head is None else head.chosen,
+                     "head_weight": 0.0 if head is None else head.weight, "head_s": round(head_s, 1),
+                     **({"head_report": report["head"]} if "head" in report else {}),
                      **({} if train_cache is None else {"labeled_entities": train_cache.n_entities,
                                                         "val_rows": tuned.info["val_rows"]}),
                      "finetune_s": round(tuned_s, 1), "no_pretraining_s": round(scratch_s, 1),
@@ -241,6 +257,9 @@ def table(result: dict) -> str:
         if "labeled_entities" in r:
             lines.append(f"{'':<38}  labels of {r['labeled_entities']} entities only "
                          f"({r['val_rows']} validation rows); scored on all {r['entities']}")
+        if r.get("head") is not None:
+            lines.append(f"{'':<38}  head chosen on validation: {r['head']} (trees' weight {r['head_weight']}; "
+                         f"fitting it {r.get('head_s')}s); network alone and no pretraining: the network's own")
         lines.append(f"{'':<38}  fine-tune {r['finetune_s']}s (epochs averaged {r['soup_epochs']}); "
                      f"no pretraining {r['no_pretraining_s']}s ({r['soup_epochs_no_pretraining']})")
         if r.get("val_loss"):  # how fast each start learns: validation loss after each epoch
