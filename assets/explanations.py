@@ -30,22 +30,36 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
     settings = scenario.explain
     sink = project.predictions.sink if settings.write_back else None
 
-    @scoring_asset(explanations_key(name), name, partitions_def, sink, {"parquet", "captum"},
-                   f"Each entity's top {settings.top} reasons for its {scenario.task} score(s) of scenario {name!r} "
-                   f"(Integrated Gradients, grouped by source, column and value)")
+    chosen = ("every entity" if settings.select == "all" else
+              f"the {settings.share:.0%} highest-scored entities" if settings.select == "top" else
+              f"a random {settings.share:.0%} of the entities")
+
+    @scoring_asset(explanations_key(name), name, partitions_def, sink, {"parquet"},
+                   f"The top {settings.top} reasons of {chosen} for their {scenario.task} score(s) of scenario "
+                   f"{name!r} (Integrated Gradients, grouped by source, column and value)")
     @locked(f"explanations/{name}")
     def _explanations(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         from models.explain import Summary, column_sources, explain_cutoff, input_groups, vocab_reader
         from models.predict import load_model
+        from models.tasks import task as task_of
 
         started = time.time()
         workspace, executor, device, cache, state, config, passed = scoring_inputs(context, name, "explaining")
         model, spec, task = load_model(state, config)  # fp32: gradients (predictions may score in int8)
+        # the head chosen on validation (models/stacking_head.py): its trees are not explained yet, so where
+        # it blends them in, the explanations are the network's and their scores the network's own
+        stack = config.get("stack") or {}
+        serving = stack.get("chosen", "network") if float(stack.get("weight", 0) or 0) > 0 else "network"
+        if serving != "network":
+            context.log.warning(f"explanations/{name}: the serving head is {serving!r} (trees weighted "
+                                f"{float(stack['weight']):.2f}); these explain the network's own score, which "
+                                f"can differ from predictions/{name}'s (docs/explanations.md, 'What is left')")
         label_names = config.get("label_values") or None
         labels = None
         if settings.labels:
-            if task.task != "multilabel":
-                raise dg.Failure(f"scenarios.{name}.explain.labels: only a multilabel scenario has labels to name")
+            if not (task_of(task).writes_every_label and label_names):
+                raise dg.Failure(f"scenarios.{name}.explain.labels: only a multilabel or multiclass scenario has "
+                                 f"labels to name")
             known = [str(v) for v in label_names or []]
             missing = [v for v in settings.labels if v not in known]
             if missing:
@@ -60,7 +74,8 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
         def batches_of(day: str, as_of: datetime):
             return explain_cutoff(model, cache, spec, task, int(as_of.timestamp()), groups, top=settings.top,
                                   labels=labels, per_entity=settings.per_entity, label_names=label_names,
-                                  steps=settings.steps, device=device, summary=summary)
+                                  steps=settings.steps, select=settings.select, share=settings.share, device=device,
+                                  summary=summary)
 
         rows, written_back, files = write_days(context, "explanations", name, folder, batches_of, cache,
                                                project.entity, fingerprint, sink,
@@ -74,6 +89,10 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
             "importance_table": dg.MetadataValue.md(importance_markdown(importance)),
             "rows": dg.MetadataValue.int(rows),
             "entities": dg.MetadataValue.int(summary.entities),
+            "scored_entities": dg.MetadataValue.int(summary.eligible),
+            "selection": f"{settings.select} {settings.share:.0%}" if settings.select != "all" else "all",
+            "mean_steps": dg.MetadataValue.float(round(summary.steps_mean, 2)),
+            "over_tolerance": dg.MetadataValue.int(summary.over_tolerance),
             "explained_scores": dg.MetadataValue.int(summary.pairs),
             "days": dg.MetadataValue.int(len(files)),
             "steps": dg.MetadataValue.int(settings.steps),
@@ -81,6 +100,8 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
             "completeness_gap_max": dg.MetadataValue.float(summary.gap_max),
             "completeness_gap_relative": dg.MetadataValue.float(summary.relative_gap),
             "model_fingerprint": fingerprint,
+            "explained_head": "network",
+            "serving_head": serving if serving == "network" else f"{serving} (trees weighted {float(stack['weight']):.2f})",
             "checkpoint": CHECKPOINT_NOTE[passed],
             "entities_per_second": dg.MetadataValue.float(round(summary.entities / max(seconds, 1e-9), 1)),
             "written_to_warehouse": dg.MetadataValue.int(written_back),

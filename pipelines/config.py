@@ -216,10 +216,15 @@ class ExecutorSettings(Strict):
 class ExplainSettings(Strict):
     """explanations/<scenario>: each entity's top reasons, daily (assets/explanations.py)."""
     top: int = Field(5, ge=1, le=50, description="reasons kept per entity and score")
-    steps: int = Field(8, ge=2, le=256, description="integration steps (docs/explanations.md: cost and precision)")
-    labels: list[str] = Field(default_factory=list, description="multilabel: the labels explained for every entity; "
-                                                                "default: each entity's `per_entity` best")
-    per_entity: int = Field(3, ge=1, le=50, description="multilabel / recommendation: best labels or items explained")
+    steps: int = Field(8, ge=2, le=256, description="integration steps; scores whose completeness gap is over 1% "
+                       "are integrated again at up to 64 (docs/explanations.md: cost and precision)")
+    select: Literal["top", "sample", "all"] = Field("top", description="which scored entities are explained: the "
+                                                   "`share` with the highest scores, a random `share`, or all")
+    share: float = Field(0.1, gt=0, le=1, description="the share of the scored entities explained (select: top | sample)")
+    labels: list[str] = Field(default_factory=list, description="multilabel / multiclass: the labels explained for "
+                                                                "every entity; default: each entity's `per_entity` best")
+    per_entity: int | None = Field(None, ge=1, le=50, description="label heads: best labels, classes or items explained; "
+                                   "default 1 for multiclass (the predicted class), else 3")
     write_back: bool = Field(False, description="also write to <predictions.sink.table>_<scenario>_explanations")
 
 

@@ -27,7 +27,8 @@ explained chunk by chunk, and what a run adds up).
 from models.explain.inputs import Groups, column_sources, input_groups, scalar_names, vocab_reader
 from models.explain.integrated import DEFAULT_STEPS, Explained, Explainer
 from models.explain.reasons import column_totals, rendered, top_reasons, value_stats
-from models.explain.summary import Summary, explain_cutoff
+from models.explain.summary import DEFAULT_SELECT, DEFAULT_SHARE, SELECT, Summary, chosen, default_per_entity, explain_cutoff
 
-__all__ = ["DEFAULT_STEPS", "Explained", "Explainer", "Groups", "Summary", "column_sources", "column_totals",
-           "explain_cutoff", "input_groups", "rendered", "scalar_names", "top_reasons", "value_stats", "vocab_reader"]
+__all__ = ["DEFAULT_SELECT", "DEFAULT_SHARE", "DEFAULT_STEPS", "Explained", "Explainer", "Groups", "SELECT", "Summary",
+           "chosen", "column_sources", "column_totals", "default_per_entity", "explain_cutoff", "input_groups",
+           "rendered", "scalar_names", "top_reasons", "value_stats", "vocab_reader"]

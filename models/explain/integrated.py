@@ -12,7 +12,10 @@ from models.network import ItemHead, Model
 from models.tasks import task as task_of
 
 
-DEFAULT_STEPS = 8  # Gauss-Legendre points: mean gap 0.3% of |score - baseline| at half the cost of 16 (docs/explanations.md)
+DEFAULT_STEPS = 8  # Gauss-Legendre points of the first pass (docs/explanations.md, "Cost")
+MAX_STEPS = 64  # a pair whose gap is over the tolerance is integrated again at twice the steps, up to this
+TOLERANCE = 0.01  # |gap| at most 1% of |score - baseline| ...
+ABS_TOLERANCE = 1e-4  # ... plus 1e-4 x (1 + |baseline score|): float32 rounding
 PAIR_BATCH = 256  # (entity, output) pairs integrated at a time: steps x pairs rows through the network
 
 
@@ -27,6 +30,18 @@ class Explained:
     baseline: np.ndarray  # [m]
     dense: np.ndarray  # [m, groups]
     extra: tuple  # (pair [e], label position [e], attribution [e])
+    steps: np.ndarray | None = None  # [m] the integration steps each pair's attributions took
+
+    def replaced(self, pairs: np.ndarray, again: "Explained") -> "Explained":
+        """These attributions with those of `pairs` (positions) taken from `again` (the same pairs,
+        integrated again)."""
+        dense = self.dense.copy()
+        dense[pairs] = again.dense
+        steps = self.steps.copy()
+        steps[pairs] = again.steps
+        keep = ~np.isin(self.extra[0], pairs)
+        extra = tuple(np.r_[a[keep], b] for a, b in zip(self.extra, (pairs[again.extra[0]], *again.extra[1:])))
+        return Explained(self.rows, self.target, self.score, self.baseline, dense, extra, steps)
 
     @property
     def total(self) -> np.ndarray:
@@ -46,8 +61,10 @@ class Explainer:
     histogram bucket of their own (rare items) are reasons of their own (`Explained.extra`)."""
 
     def __init__(self, model: Model, spec: FeatureSpec, task, groups: Groups, *, steps: int = DEFAULT_STEPS,
-                 device: str = "cpu", item_features: np.ndarray | None = None):
+                 max_steps: int = MAX_STEPS, tolerance: float = TOLERANCE, device: str = "cpu",
+                 item_features: np.ndarray | None = None):
         self.model, self.spec, self.task, self.groups, self.steps = model, spec, task, groups, steps
+        self.max_steps, self.tolerance = max(max_steps, steps), tolerance
         self.dev = torch.device(device)
         self.model.to(self.dev).eval()
         self.items = isinstance(model.head, ItemHead)
@@ -143,26 +160,36 @@ class Explainer:
 
     def explain(self, x: np.ndarray, h: SparseRows | None, rows: np.ndarray, target: np.ndarray | None = None) -> Explained:
         """Attributions of the pairs (entity rows[i] of x and h, output target[i]); target None for
-        one score per entity."""
+        one score per entity. Integrated at `steps`; each pair whose gap is then over the tolerance
+        (`tolerance` x |score - baseline| + ABS_TOLERANCE x (1 + |baseline|)) again at twice the
+        steps, until it holds or `max_steps` is reached (Explained.steps says which)."""
         rows = np.asarray(rows, np.int64)
         target = np.full(len(rows), -1, np.int64) if target is None else np.asarray(target, np.int64)
-        parts = []
         hook = self.ple.register_forward_pre_hook(self._ple_hook) if self.ple is not None else None
         try:
-            for i in range(0, len(rows), PAIR_BATCH):
-                parts.append(self._explain_batch(x, h, rows[i:i + PAIR_BATCH], target[i:i + PAIR_BATCH], i))
+            ex, steps = self._explain_pairs(x, h, rows, target, self.steps), self.steps
+            while steps < self.max_steps:
+                over = np.flatnonzero(np.abs(ex.gap) > self.tolerance * np.abs(ex.score - ex.baseline)
+                                      + ABS_TOLERANCE * (1 + np.abs(ex.baseline)))
+                if not len(over):
+                    break
+                steps = min(2 * steps, self.max_steps)
+                ex = ex.replaced(over, self._explain_pairs(x, h, rows[over], target[over], steps))
         finally:
             if hook is not None:
                 hook.remove()
+        return ex
+
+    def _explain_pairs(self, x, h, rows: np.ndarray, target: np.ndarray, steps: int) -> Explained:
+        parts = [self._explain_batch(x, h, rows[i:i + PAIR_BATCH], target[i:i + PAIR_BATCH], i, steps)
+                 for i in range(0, len(rows), PAIR_BATCH)]
         cat = lambda j, dt: np.concatenate([p[j] for p in parts]).astype(dt) if parts else np.zeros(0, dt)  # noqa: E731
         dense = np.concatenate([p[2] for p in parts]) if parts else np.zeros((0, len(self.groups)), np.float32)
         return Explained(rows, target, cat(0, np.float32), cat(1, np.float32), dense,
-                         (cat(3, np.int64), cat(4, np.int64), cat(5, np.float32)))
+                         (cat(3, np.int64), cat(4, np.int64), cat(5, np.float32)), np.full(len(rows), steps, np.int64))
 
-    def _explain_batch(self, x, h, rows, target, offset: int) -> tuple:
+    def _explain_batch(self, x, h, rows, target, offset: int, steps: int) -> tuple:
         """(score, baseline score, grouped attributions [pairs, groups], extra pair, label, attribution)."""
-        from captum.attr import IntegratedGradients
-
         xb, vb, hr, hc = self._batch(x, h, rows)
         f = self._forward(torch.from_numpy(np.maximum(target, 0)).to(self.dev), hr, hc)
         xbase = self.base.expand_as(xb).contiguous()
@@ -181,8 +208,7 @@ class Explainer:
         if vb is not None:
             inputs.append(vb)
             bases.append(torch.zeros_like(vb))
-        attr = IntegratedGradients(f).attribute(tuple(inputs), baselines=tuple(bases), n_steps=self.steps,
-                                                method="gausslegendre")
+        attr = integrated_gradients(f, inputs, bases, steps)
         ax = attr[0].detach()
         if self.ple is not None:  # each bin's share goes to the scalar it encodes
             ax = ax.index_add(1, self.ple_input, attr[1].detach().to(ax.dtype))
@@ -218,3 +244,21 @@ class Explainer:
         keep = ~((grp >= 0) & mask[entry_rows, np.maximum(grp, 0)])
         kept = SparseRows.from_pairs(entry_rows[keep], hm.cols[keep], hm.values[keep], len(rows), hm.n_cols)
         return xm, kept
+
+
+def integrated_gradients(f, inputs: list[torch.Tensor], bases: list[torch.Tensor], steps: int) -> list[torch.Tensor]:
+    """Integrated Gradients of f's outputs (one per row of inputs[0]) along the straight line from
+    `bases` to `inputs`, by `steps`-point Gauss-Legendre quadrature: what Captum's
+    IntegratedGradients(f).attribute(inputs, baselines=bases, n_steps=steps, method="gausslegendre")
+    returns (tests/models/test_explain.py compares them), without its import or its bookkeeping. f
+    takes each input stacked `steps` times along dim 0, step after step, and returns one output per
+    row of the stacked first input; outputs depend only on their own row (and its history entries)."""
+    nodes, weights = np.polynomial.legendre.leggauss(steps)
+    alphas, weights = (nodes + 1) / 2, weights / 2
+    paths = [torch.cat([b + float(a) * (i - b) for a in alphas]).requires_grad_(True) for i, b in zip(inputs, bases)]
+    with torch.enable_grad():
+        grads = torch.autograd.grad(f(*paths).sum(), paths, allow_unused=True)
+    grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, paths)]
+    w = torch.as_tensor(weights, dtype=inputs[0].dtype, device=inputs[0].device)
+    return [(g.view(steps, *i.shape) * w.view(-1, *([1] * i.dim()))).sum(0) * (i - b)
+            for g, i, b in zip(grads, inputs, bases)]

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from models.explain.inputs import Groups, vocab_reader
-from models.explain.integrated import DEFAULT_STEPS, Explained, Explainer
+from models.explain.integrated import ABS_TOLERANCE, DEFAULT_STEPS, MAX_STEPS, TOLERANCE, Explained, Explainer
 from models.explain.reasons import column_totals, rendered
 from models.features import FeatureSpec, chunk_at
 from models.network import Model
@@ -21,30 +21,41 @@ class Summary:
     keys: list
     abs_sum: np.ndarray
     pairs: int = 0
-    entities: int = 0
+    entities: int = 0  # entities explained
+    eligible: int = 0  # entities scored, of which `select` chose those explained
     gap_abs_sum: float = 0.0
     gap_max: float = 0.0
     moved_abs_sum: float = 0.0
+    steps_sum: int = 0  # integration steps over the pairs (Explained.steps)
+    over_tolerance: int = 0  # pairs whose gap is still over the tolerance at the largest steps
 
     @classmethod
     def of(cls, groups: Groups) -> "Summary":
         keys = list(dict.fromkeys(groups.columns()))
         return cls(keys, np.zeros(len(keys)))
 
-    def add(self, groups: Groups, ex: Explained, label_column: str | None, entities: int) -> None:
+    def add(self, groups: Groups, ex: Explained, label_column: str | None, entities: int, eligible: int = 0) -> None:
         keys, per = column_totals(groups, ex, label_column)
         self.abs_sum += np.abs(per).sum(0)
         self.pairs += len(ex.rows)
         self.entities += entities
+        self.eligible += max(eligible, entities)
         gap = np.abs(ex.gap)
         self.gap_abs_sum += float(gap.sum())
         self.gap_max = max(self.gap_max, float(gap.max(initial=0.0)))
-        self.moved_abs_sum += float(np.abs(ex.score - ex.baseline).sum())
+        moved = np.abs(ex.score - ex.baseline)
+        self.moved_abs_sum += float(moved.sum())
+        self.steps_sum += int(ex.steps.sum()) if ex.steps is not None else 0
+        self.over_tolerance += int((gap > TOLERANCE * moved + ABS_TOLERANCE * (1 + np.abs(ex.baseline))).sum())
 
     def importance(self) -> list[tuple[str, str, float]]:
         """(source, column, mean |attribution|), largest first."""
         mean = self.abs_sum / max(self.pairs, 1)
         return sorted(((s, c, float(v)) for (s, c), v in zip(self.keys, mean)), key=lambda t: -t[2])
+
+    @property
+    def steps_mean(self) -> float:
+        return self.steps_sum / max(self.pairs, 1)
 
     @property
     def gap_mean(self) -> float:
@@ -56,15 +67,45 @@ class Summary:
         return self.gap_abs_sum / max(self.moved_abs_sum, 1e-12)
 
 
+SELECT = ("top", "sample", "all")
+DEFAULT_SELECT, DEFAULT_SHARE = "top", 0.1  # the cost of a daily run: docs/explanations.md ("Cost")
+
+
+def default_per_entity(task) -> int:
+    """Scores explained per entity where the config does not say: the predicted class of a multiclass
+    scenario (its one prediction), the 3 best labels or items of the other label heads."""
+    return 1 if task.task == "multiclass" else 3
+
+
+def chosen(score: np.ndarray, select: str = DEFAULT_SELECT, share: float = DEFAULT_SHARE,
+           rng: np.random.Generator | None = None) -> np.ndarray:
+    """Positions (sorted) of the entities explained among those scored: `top` the ceil(share * n)
+    highest scores, `sample` as many drawn at random (rng), `all` every one."""
+    if select not in SELECT:
+        raise ValueError(f"select must be one of {SELECT}, got {select!r}")
+    n = len(score)
+    if select == "all" or share >= 1 or n == 0:
+        return np.arange(n)
+    k = min(n, max(1, int(np.ceil(share * n - 1e-9))))
+    if select == "top":
+        return np.sort(np.argsort(-np.asarray(score, np.float64), kind="stable")[:k])
+    return np.sort((rng or np.random.default_rng(0)).choice(n, k, replace=False))
+
+
 def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, groups: Groups, *, top: int = 5,
-                   labels: list | None = None, per_entity: int = 3, label_names: list | None = None,
-                   steps: int = DEFAULT_STEPS, device: str = "cpu", chunk_entities: int = 4096,
-                   summary: Summary | None = None):
-    """Record batches of every eligible entity's `top` reasons at `cutoff`, one row per reason:
-    entity_index, label (None for one score), score, baseline_score, rank, kind, source, column,
-    value, contribution, count, days_since_last, entity_value, reason, others, gap (the README's
-    "Explanations" section). Label heads explain the positions `labels` for every entity, else each
-    entity's `per_entity` best labels (or recommended items). `summary` gathers the global figures."""
+                   labels: list | None = None, per_entity: int | None = None, label_names: list | None = None,
+                   steps: int = DEFAULT_STEPS, max_steps: int = MAX_STEPS, device: str = "cpu", chunk_entities: int = 4096,
+                   select: str = DEFAULT_SELECT, share: float = DEFAULT_SHARE, summary: Summary | None = None):
+    """Record batches of the `top` reasons of the entities `select` chooses at `cutoff`, one row per
+    reason: entity_index, label (None for one score), score, baseline_score, rank, kind, source,
+    column, value, contribution, count, days_since_last, entity_value, reason, others, gap (the
+    README's "Explanations" section). Every eligible entity of a block of `chunk_entities` is scored
+    (its best explained score for label heads), then `chosen` picks the `share` of the block to explain
+    (`top`: the highest scores; `sample`: at random, the same draw for the same cut-off; `all`).
+    Label heads explain the positions `labels` for every chosen entity, else each one's `per_entity`
+    best labels (or recommended items; default_per_entity). Pairs whose gap is over the tolerance at
+    `steps` are integrated again at up to `max_steps` (Explainer.explain). `summary` gathers the global
+    figures."""
     import pyarrow as pa
 
     from models.labels import task_inputs
@@ -79,8 +120,10 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
         values = vocab(task.target.column)
         label_names = [values[i - 1] for i in task.target.labels]
     names = np.asarray([str(v) for v in label_names], object) if label_names is not None else None
-    explainer = Explainer(model, spec, task, groups, steps=steps, device=device,
+    explainer = Explainer(model, spec, task, groups, steps=steps, max_steps=max_steps, device=device,
                           item_features=extra[0] if extra else None)
+    per_entity = per_entity or default_per_entity(task)
+    rng = np.random.default_rng(int(cutoff))  # `sample`: the same entities for the same day
     for s, lo, hi in chunk_plan(cache, chunk_entities):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
         keep = np.flatnonzero(t.eligible(chunk, task.target)) if chunk.n else np.zeros(0, np.int64)
@@ -88,17 +131,25 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
             continue
         x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
         target = None
-        rows = keep
         if task.uses_label_history:
             if labels:
-                rows, target = np.repeat(keep, len(labels)), np.tile(np.asarray(labels, np.int64), len(keep))
+                lab = np.asarray(labels, np.int64)
+                best = np.broadcast_to(lab, (len(keep), len(lab)))
+                entity_score = (explainer.score(x, h, np.repeat(keep, len(lab)), best.ravel()).reshape(best.shape)
+                                .max(1) if select == "top" else np.zeros(len(keep)))
             else:
                 with torch.no_grad():
-                    best, _ = t.top(model, x[keep], h[keep], per_entity, extra, device)
-                rows, target = np.repeat(keep, best.shape[1]), best.ravel()
+                    best, top_scores = t.top(model, x[keep], h[keep], per_entity, extra, device)
+                entity_score = top_scores[:, 0]
+            pick = chosen(entity_score, select, share, rng)
+            rows, target = np.repeat(keep[pick], best.shape[1]), np.ascontiguousarray(best[pick]).ravel()
+        else:
+            entity_score = explainer.score(x, h, keep, None) if select == "top" else np.zeros(len(keep))
+            pick = chosen(entity_score, select, share, rng)
+            rows = keep[pick]
         ex = explainer.explain(x, h, rows, target)
         if summary is not None:
-            summary.add(groups, ex, task.target.column, len(keep))
+            summary.add(groups, ex, task.target.column, len(pick), len(keep))
         out = rendered(spec, groups, ex, x, chunk, entity_table, vocab, task, names, top)
         p = out.pop("pair")
         out.pop("row")

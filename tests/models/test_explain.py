@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.explain import Explainer, column_totals, input_groups, rendered, value_stats
+from models.explain import Explainer, chosen, column_totals, explain_cutoff, input_groups, rendered, value_stats
+from models.explain.integrated import integrated_gradients
 from models.features import FeatureSpec, bucketize, chunk_at
 from models.network import NetConfig
 from models.targets import TargetSpec, eligible
@@ -75,10 +76,12 @@ def _tasks(cache, cutoff):
         "multilabel": TaskSpec("multilabel", TargetSpec("any_event", 28, "product_id",
                                                         top_values(cache, "product_id", cutoff, 6))),
         "recommendation": TaskSpec("recommendation", TargetSpec("items", 14, "product_id", items), k=3),
+        "multiclass": TaskSpec("multiclass", TargetSpec("any_event", 14, "product_id",
+                                                        top_values(cache, "product_id", cutoff, 5))),
     }
 
 
-def _explain(cache, cutoff, kind, buckets=256, ple_bins=4, steps=STEPS, labels=(0, 1)):
+def _explain(cache, cutoff, kind, buckets=256, ple_bins=4, steps=STEPS, labels=(0, 1), max_steps=None):
     task = _tasks(cache, cutoff)[kind]
     model, spec = _model(cache, cutoff, task, buckets, ple_bins)
     vocab = lambda c: cache.vocab(c).column("value").to_pylist()  # noqa: E731
@@ -91,11 +94,11 @@ def _explain(cache, cutoff, kind, buckets=256, ple_bins=4, steps=STEPS, labels=(
     target = None
     if task.uses_label_history:  # every entity: two labels (or items)
         rows, target = np.repeat(rows, len(labels)), np.tile(labels, len(rows))
-    explainer = Explainer(model, spec, task, groups, steps=steps, item_features=pop)
+    explainer = Explainer(model, spec, task, groups, steps=steps, max_steps=max_steps or steps, item_features=pop)
     return explainer, explainer.explain(x, h, rows, target), (spec, groups, x, h, chunk, task, vocab)
 
 
-@pytest.mark.parametrize("kind", ["binary", "regression", "multilabel", "recommendation"])
+@pytest.mark.parametrize("kind", ["binary", "regression", "multilabel", "recommendation", "multiclass"])
 def test_attributions_sum_to_score_minus_baseline(world, kind):
     cache, cutoff = world
     _, ex, _ = _explain(cache, cutoff, kind)
@@ -203,3 +206,80 @@ def test_masking_every_group_gives_the_baseline(world):
     np.testing.assert_allclose(explainer.score(xm, hm, np.arange(m), ex.target), ex.baseline, atol=1e-6)
     xm, hm = explainer.masked(x, h, ex.rows, np.zeros((m, len(groups)), bool))
     np.testing.assert_allclose(explainer.score(xm, hm, np.arange(m), ex.target), ex.score, atol=1e-6)
+
+
+def test_integrated_gradients_are_captums(world):
+    """models.explain's own quadrature is Captum's Gauss-Legendre Integrated Gradients, several inputs
+    at once (x and the trunk's piecewise encoding) and at few steps."""
+    from captum.attr import IntegratedGradients
+
+    cache, cutoff = world
+    explainer, ex, (spec, groups, x, h, chunk, task, vocab) = _explain(cache, cutoff, "binary", steps=4)
+    xb = torch.from_numpy(x[ex.rows[:40]])
+    base = torch.from_numpy(groups.baseline).expand_as(xb).contiguous()
+    extra = torch.randn(len(xb), 3)
+    f = lambda z, e: torch.sigmoid(explainer.model(z)) * (1 + torch.tanh(e).sum(1))  # noqa: E731
+    for steps in (3, 8):
+        ours = integrated_gradients(f, [xb, extra], [base, torch.zeros_like(extra)], steps)
+        theirs = IntegratedGradients(f).attribute((xb, extra), baselines=(base, torch.zeros_like(extra)),
+                                                  n_steps=steps, method="gausslegendre")
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), atol=1e-6)
+
+
+def test_pairs_over_the_tolerance_are_integrated_again(world):
+    """At 4 steps these sharp random networks leave gaps of several percent; the second passes (8, 16,
+    ... up to max_steps) bring every pair within the tolerance, and only the pairs that needed it."""
+    cache, cutoff = world
+    _, once, _ = _explain(cache, cutoff, "binary", steps=4, max_steps=4)
+    _, refined, _ = _explain(cache, cutoff, "binary", steps=4, max_steps=64)
+    moved = np.abs(once.score - once.baseline)
+    over = np.abs(once.gap) > TOLERANCE * moved + 1e-4 * (1 + np.abs(once.baseline))
+    assert 0 < over.sum() < len(over) and set(once.steps) == {4}
+    assert np.all(refined.steps[~over] == 4) and np.all(refined.steps[over] > 4)
+    np.testing.assert_allclose(refined.dense[~over], once.dense[~over])
+    assert np.all(np.abs(refined.gap) <= TOLERANCE * moved + 1e-4 * (1 + np.abs(refined.baseline)))
+
+
+def test_chosen_picks_the_top_share_a_sample_or_all():
+    score = np.array([0.5, 0.9, 0.1, 0.7, 0.3, 0.8, 0.2, 0.6, 0.4, 0.0, 0.95])
+    assert list(chosen(score, "top", 0.2)) == [1, 5, 10]  # ceil(0.2 * 11) = 3: 0.95, 0.9, 0.8, in row order
+    assert list(chosen(score, "top", 0.01)) == [10]  # at least one
+    assert list(chosen(score, "all", 0.2)) == list(range(11)) == list(chosen(score, "top", 1.0))
+    a, b = chosen(score, "sample", 0.5, np.random.default_rng(3)), chosen(score, "sample", 0.5, np.random.default_rng(3))
+    assert len(a) == 6 and len(set(a)) == 6 and list(a) == list(b) == sorted(a)
+    with pytest.raises(ValueError):
+        chosen(score, "best", 0.2)
+
+
+@pytest.mark.parametrize("kind", ["binary", "multiclass"])
+def test_explain_cutoff_explains_the_top_scored_share(world, kind):
+    """select: top explains the highest-scored share of the entities; a multiclass scenario explains the
+    predicted class (its highest probability) of each."""
+    cache, cutoff = world
+    task = _tasks(cache, cutoff)[kind]
+    model, spec = _model(cache, cutoff, task)
+    vocab = lambda c: cache.vocab(c).column("value").to_pylist()  # noqa: E731
+    groups = input_groups(spec, vocab, model.trunk, {"product_id": "purchases", "__events__": "purchases"})
+    chunk = chunk_at(cache.shard(0), 0, len(cache.shard(0).entities), cutoff)
+    x, h = task_inputs(chunk, spec, task, cache.entity_table(), _vocab_sizes(cache))
+    keep = np.flatnonzero(eligible(chunk, task.target))
+    explainer = Explainer(model, spec, task, groups, steps=16)
+    if kind == "multiclass":  # every class's probability; the best one is the prediction
+        classes = len(task.target.labels)
+        p = explainer.score(x, h, np.repeat(keep, classes), np.tile(np.arange(classes), len(keep))).reshape(-1, classes)
+        best, top = p.argmax(1), p.max(1)
+    else:
+        top = explainer.score(x, h, keep, None)
+    want = set(chunk.entities[keep[np.argsort(-top)[:int(np.ceil(0.25 * len(keep)))]]])
+    names = [str(v) for v in task.target.labels] if task.target.labels else None
+    batches = list(explain_cutoff(model, cache, spec, task, cutoff, groups, select="top", share=0.25, steps=16,
+                                  label_names=names))
+    got = np.concatenate([b.column("entity_index").to_numpy() for b in batches])
+    assert set(got) == want
+    if kind == "multiclass":
+        label = np.concatenate([b.column("label").to_numpy(zero_copy_only=False) for b in batches])
+        predicted = dict(zip(chunk.entities[keep], np.asarray(names)[best]))
+        assert all(label[got == e][0] == predicted[e] and len(set(label[got == e])) == 1 for e in want)
+        score = np.concatenate([b.column("score").to_numpy() for b in batches])
+        assert np.all(score[np.isin(got, list(want))] > 1.0 / classes)  # the winning class beats a uniform share

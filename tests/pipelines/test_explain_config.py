@@ -31,11 +31,13 @@ def _load(tmp_path, **explain):
 def test_explain_defaults(tmp_path):
     p = _load(tmp_path)
     e = p.scenarios["churn"].explain
-    assert (e.top, e.steps, e.labels, e.per_entity, e.write_back) == (5, 8, [], 3, False)
+    assert (e.top, e.steps, e.select, e.share, e.labels, e.per_entity, e.write_back) == (5, 8, "top", 0.1, [], None,
+                                                                                         False)
     assert p.scenarios["spend"].explain is None
 
 
-@pytest.mark.parametrize("bad", [{"top": 0}, {"steps": 1}, {"per_entity": 0}, {"top": 3, "colour": "red"}])
+@pytest.mark.parametrize("bad", [{"top": 0}, {"steps": 1}, {"per_entity": 0}, {"top": 3, "colour": "red"},
+                                 {"select": "best"}, {"share": 0}, {"share": 1.5}])
 def test_explain_out_of_range_is_refused(tmp_path, bad):
     with pytest.raises(ConfigError) as info:
         _load(tmp_path, **bad)

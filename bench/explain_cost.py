@@ -1,0 +1,163 @@
+"""What a daily explanations run costs next to a scoring run, on every entity of the demo.
+
+    OMP_NUM_THREADS=1 python bench/explain_cost.py [--customers 20000] [--steps 4 6 8 16] [--json out.json]
+
+Generates the demo warehouse (20,000 customers by default, as `make demo`), trains a short
+foundation model and fine-tunes churn (binary) and brand propensity (multilabel, top-50 brands) on it
+(this is about cost, not quality: 1 epoch each by default, the demo's 256-wide trunk), then at the
+test cut-off, every eligible entity of the cache:
+
+- a scoring run: models.predict.predict (features and a forward pass, fp32), twice; the faster
+  counts (the machine is shared);
+- explanations of every entity (explain_cutoff, `select: all`, what the asset does: features, the
+  scores, Integrated Gradients, the rendered reasons) at each fixed number of integration steps,
+  then at DEFAULT_STEPS with the pairs over the tolerance integrated again (up to MAX_STEPS, the
+  default): entities per second, the time against the scoring run's, the mean steps per explained
+  score, the completeness gap (mean |gap|, and over mean |score - baseline|) and the share of scores
+  whose gap is over the tolerance (1% of |score - baseline| + 1e-4);
+- the default (models.explain: `select: top`, `share: 0.1`, DEFAULT_STEPS): the same figures for a
+  daily run as the asset runs it, and `select: sample` at the same share.
+
+Propensity explains each entity's 3 most probable brands (the default for label heads).
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from models.cache import Cache, build_cache  # noqa: E402
+from models.evaluate import protocol  # noqa: E402
+from models.explain import (DEFAULT_SELECT, DEFAULT_SHARE, DEFAULT_STEPS, Summary, explain_cutoff,  # noqa: E402
+                            input_groups)
+from models.explain.integrated import MAX_STEPS  # noqa: E402
+from models.features import DAY, FeatureSpec  # noqa: E402
+from models.finetune import finetune  # noqa: E402
+from models.foundation_training import train_foundation  # noqa: E402
+from models.predict import predict  # noqa: E402
+from models.specs import FinetuneConfig, FoundationConfig  # noqa: E402
+from quality import demo_spec, machine, tasks  # noqa: E402
+from tables import text_table  # noqa: E402
+
+
+def scoring(model, cache, spec, task, cutoff, repeat: int = 2) -> dict:
+    best = None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        n = sum(len(b) for b in predict(model, cache, spec, task, cutoff, k=20))
+        dt = time.perf_counter() - t
+        best = dt if best is None else min(best, dt)
+    return {"entities": n, "seconds": best, "entities_per_s": n / best}
+
+
+def explaining(model, cache, spec, task, cutoff, groups, steps: int, select: str, share: float,
+               max_steps: int = MAX_STEPS) -> dict:
+    summary = Summary.of(groups)
+    t = time.perf_counter()
+    rows = sum(len(b) for b in explain_cutoff(model, cache, spec, task, cutoff, groups, steps=steps, select=select,
+                                              share=share, max_steps=max_steps, summary=summary))
+    dt = time.perf_counter() - t
+    return {"steps": steps, "max_steps": max_steps, "select": select, "share": share, "seconds": dt, "rows": rows,
+            "entities": summary.entities, "eligible": summary.eligible, "scores": summary.pairs,
+            "entities_per_s": summary.entities / dt, "eligible_per_s": summary.eligible / dt,
+            "gap_mean": summary.gap_mean, "gap_max": summary.gap_max, "relative_gap": summary.relative_gap,
+            "steps_mean": summary.steps_mean, "over_tolerance": summary.over_tolerance / max(summary.pairs, 1)}
+
+
+def run(customers: int, steps: list[int], foundation_epochs: int, epochs: int, hidden: int, names: list[str],
+        log=print) -> dict:
+    quiet = lambda _: None  # noqa: E731
+    t_run = time.time()
+    import os
+
+    result = {"machine": machine(), "customers": customers, "load": os.getloadavg(), "hidden": hidden,
+              "epochs": {"foundation": foundation_epochs, "finetune": epochs},
+              "default": {"steps": DEFAULT_STEPS, "select": DEFAULT_SELECT, "share": DEFAULT_SHARE}, "tasks": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        cspec, test_cutoff, params = demo_spec(customers, tmp)
+        cache = Cache(build_cache(cspec, tmp / "cache", log=quiet))
+        sources = {c: t.name for t in cspec.events + cspec.entity_attributes + cspec.attributes for c in t.columns}
+        sources["__events__"] = cspec.events[0].name
+        fcfg = FoundationConfig(epochs=foundation_epochs, hidden=hidden)
+        foundation = train_foundation(cache, fcfg, test_cutoff - fcfg.horizon_days * DAY, log=quiet)
+        log(f"foundation trained ({time.time() - t_run:.0f}s)")
+        spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
+        vocab = lambda c: cache.vocab(c).column("value").to_pylist()  # noqa: E731
+        all_tasks = tasks(cache, test_cutoff, params)
+        for name in names:
+            task = all_tasks[name]
+            plan = protocol(test_cutoff, task.target.window_days, 4, cache.time_range[0])
+            model = finetune(cache, foundation.model.state_dict(), foundation.info, task, list(plan.train_cutoffs),
+                             plan.val_cutoff, FinetuneConfig(epochs=epochs), log=quiet).model.eval()
+            groups = input_groups(spec, vocab, model.trunk, sources)
+            row = {"scoring": scoring(model, cache, spec, task, test_cutoff)}
+            log(f"{name}: scoring {row['scoring']['entities_per_s']:.0f} entities/s")
+            row["all"] = []
+            for s in steps:  # a fixed number of steps (no second pass), then the default's refinement
+                row["all"].append(explaining(model, cache, spec, task, test_cutoff, groups, s, "all", 1.0, s))
+                log(f"{name}: all at {s} steps {row['all'][-1]['entities_per_s']:.1f} entities/s "
+                    f"({time.time() - t_run:.0f}s so far)")
+            row["all"].append(explaining(model, cache, spec, task, test_cutoff, groups, DEFAULT_STEPS, "all", 1.0))
+            row["default"] = explaining(model, cache, spec, task, test_cutoff, groups, DEFAULT_STEPS, DEFAULT_SELECT,
+                                        DEFAULT_SHARE)
+            row["sample"] = explaining(model, cache, spec, task, test_cutoff, groups, DEFAULT_STEPS, "sample",
+                                       DEFAULT_SHARE)
+            row["scoring_after"] = scoring(model, cache, spec, task, test_cutoff, repeat=1)
+            result["tasks"][name] = row
+    result["total_s"] = round(time.time() - t_run, 1)
+    return result
+
+
+def table(result: dict) -> str:
+    d = result["default"]
+    out = [f"demo, {result['customers']:,} customers; {result['machine']}; load average at the start "
+           f"{result['load'][0]:.1f}; trunk {result['hidden']} wide, foundation {result['epochs']['foundation']} "
+           f"epoch(s), fine-tuning {result['epochs']['finetune']}; default: select {d['select']}, share "
+           f"{d['share']}, {d['steps']} steps; whole run {result['total_s']}s"]
+    for name, r in result["tasks"].items():
+        sc = r["scoring"]
+        out.append(f"\n{name}: scoring run {sc['entities']:,} entities in {sc['seconds']:.1f}s = "
+                   f"{sc['entities_per_s']:,.0f} entities/s (again after the explanations: "
+                   f"{r['scoring_after']['entities_per_s']:,.0f}/s)")
+        rows = [{**e, "what": "all" if e["select"] == "all" else f"{e['select']} {e['share']:.0%}",
+                 "ratio": e["seconds"] / sc["seconds"],
+                 "how": f"{e['steps']}" if e["max_steps"] == e["steps"] else f"{e['steps']}..{e['max_steps']}"} for e in r["all"] + [r["default"], r["sample"]]]
+        out.append(text_table(rows, [("entities", "what", ""), ("steps", "how", ""), ("explained", "entities", ","),
+                                     ("scores", "scores", ","), ("seconds", "seconds", ".1f"),
+                                     ("explained/s", "entities_per_s", ",.1f"), ("scored/s", "eligible_per_s", ",.0f"),
+                                     ("time vs scoring", "ratio", ".1fx"), ("mean steps", "steps_mean", ".1f"),
+                                     ("mean |gap|", "gap_mean", ".1e"), ("gap / |moved|", "relative_gap", ".1e"),
+                                     ("over tol.", "over_tolerance", ".1%")]))
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--customers", type=int, default=20_000)
+    parser.add_argument("--steps", type=int, nargs="+", default=[4, 6, 8, 16])
+    parser.add_argument("--tasks", nargs="+", default=["churn", "propensity"], choices=["churn", "propensity"])
+    parser.add_argument("--foundation-epochs", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=1, help="fine-tuning epochs")
+    parser.add_argument("--hidden", type=int, default=256, help="trunk width (the demo's: 256)")
+    parser.add_argument("--json", help="also write the figures as JSON to this path")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    result = run(args.customers, args.steps, args.foundation_epochs, args.epochs, args.hidden, args.tasks,
+                 log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
