@@ -167,6 +167,13 @@ def value_literal(v, timestamp_type: str = "TIMESTAMP", aware_timestamp_type: st
     return exp.Literal.string(str(v))
 
 
+def _close(handle) -> None:
+    """Close a cursor or connection. Closing one whose server went away fails (a broken pipe), and that
+    failure must not replace the error that says what happened; nothing is undone by a failed close."""
+    with contextlib.suppress(Exception):
+        handle.close()
+
+
 class ChunkReads:
     """`read` for a connector whose `_chunks(table, columns, time_column, start, end, batch_rows)` is a
     generator holding the connection: it yields the described schema, then the driver's Arrow batches."""
@@ -230,9 +237,9 @@ class CursorQueries(ChunkReads):
                 raise query_error(self.warehouse_kind, self.name, table, self._error_cause(e), self._secrets(),
                                   where=self._where(), transient=self._transient(e)) from None
             finally:
-                cur.close()
+                _close(cur)
         finally:
-            con.close()
+            _close(con)
 
     @contextlib.contextmanager
     def _cursor(self, table: str, **options):

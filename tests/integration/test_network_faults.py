@@ -159,9 +159,10 @@ def faulty(wh):
 # --------------------------------------------------------------------------- the extraction, as Dagster runs it
 
 
-def source_run(tmp_path, wh, table="events", instance=None):
+def source_run(tmp_path, wh, table="events", instance=None, delay=2, retries=5):
     """The source asset of `table` on connection `wh` (any resource), partitions PARTITIONS in one run,
-    with the RetryPolicy short (HABITUS_EXTRACT_RETRY_DELAY_S=2, 5 retries). Returns (result, files)."""
+    with the RetryPolicy short (HABITUS_EXTRACT_RETRY_DELAY_S=2, 5 retries: 2 s, 6 s, 14 s, 30 s, 62 s).
+    Returns (result, files)."""
     from assets.sources import build_source_asset
     from pipelines.config import load_project
     from pipelines.partitions import events_partitions
@@ -176,7 +177,7 @@ def source_run(tmp_path, wh, table="events", instance=None):
     project = load_project(tmp_path / "project.yaml")
     source = project.source("events")
     old = {k: os.environ.get(k) for k in ("HABITUS_EXTRACT_RETRY_DELAY_S", "HABITUS_EXTRACT_RETRIES")}
-    os.environ.update(HABITUS_EXTRACT_RETRY_DELAY_S="2", HABITUS_EXTRACT_RETRIES="5")
+    os.environ.update(HABITUS_EXTRACT_RETRY_DELAY_S=str(delay), HABITUS_EXTRACT_RETRIES=str(retries))
     try:
         asset = build_source_asset(project, source, events_partitions(source))
     finally:
@@ -213,7 +214,7 @@ def failure_message(result) -> str:
 
 
 def check_retried_extraction(tmp_path, wh, server, host: str, nth=1, after=0, down_s=1.0, after_restart=None,
-                             names="connection 'wh'"):
+                             names="connection 'wh'", delay=2):
     """An undisturbed run, then one whose server is killed at the `after`-th item of read `nth`: the attempt
     fails naming the connection (`names`) and `host`, is retried, and the files equal the undisturbed run's."""
     clean, clean_files = source_run(tmp_path / "clean", wh)
@@ -221,11 +222,11 @@ def check_retried_extraction(tmp_path, wh, server, host: str, nth=1, after=0, do
     want = {k: f.read_bytes() for k, f in clean_files.items()}
     FAULT.arm(server, nth=nth, after=after, down_s=down_s, after_restart=after_restart)
     try:
-        result, files = source_run(tmp_path / "killed", faulty(wh))
+        result, files = source_run(tmp_path / "killed", faulty(wh), delay=delay)
     finally:
         FAULT.disarm()
     assert FAULT.fired == 1, "the fault never fired: the read ended before its trigger"
-    assert FAULT.restarted.wait(180), "the server did not come back"
+    assert FAULT.restarted.wait(600), "the server did not come back"
     messages = retry_messages(result)
     assert result.success, failure_message(result) + "\n" + "\n".join(messages)
     assert messages, "the step succeeded without a retry: the fault did not reach the extraction"
@@ -339,7 +340,7 @@ def kill_and_restart(server: Restartable, down_s: float = 0.5):
         FAULT.fire()
 
     def restore():
-        assert FAULT.restarted.wait(180), "the server did not come back"
+        assert FAULT.restarted.wait(600), "the server did not come back"
 
     return drop, restore
 
@@ -401,7 +402,7 @@ def spark(tmp_path_factory):
            "PATH": f"{Path(program).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
     def session_opens(server):  # the Thrift server listens seconds before it opens sessions
-        deadline = time.time() + 180
+        deadline = time.time() + 400
         while True:
             try:
                 HiveWarehouse(host="127.0.0.1", port=port, username="habitus", auth="NONE",
@@ -412,7 +413,7 @@ def spark(tmp_path_factory):
                     raise
                 time.sleep(1)
 
-    server = Restartable(cmd, port, home / "server.log", timeout=180, env=env, cwd=home, ready=session_opens)
+    server = Restartable(cmd, port, home / "server.log", timeout=400, env=env, cwd=home, ready=session_opens)
     database = f"habitus_{uuid.uuid4().hex[:8]}"
     boot = HiveWarehouse(name="wh", host="127.0.0.1", port=port, username="habitus", auth="NONE", connect_timeout=10)
     con = boot._connect()
@@ -446,8 +447,9 @@ def test_hive_extraction_survives_a_server_restart(spark, tmp_path):
     server, wh, host = spark
     small = type("SmallFetchHive", (SmallFetches, type(wh)), {"__module__": __name__})(
         **{k: getattr(wh, k) for k in type(wh).model_fields})
-    # killed in the middle of partition 2026-03-01's result: after its first fetch of 8 rows
-    check_retried_extraction(tmp_path, small, server, host, nth=0, after=2)
+    # killed in the middle of partition 2026-03-01's result: after its first fetch of 8 rows. Spark's restart
+    # takes 15 s on a quiet machine, minutes on a busy one: retries after 5, 15, 35, 75 and 155 s cover it
+    check_retried_extraction(tmp_path, small, server, host, nth=0, after=2, delay=5)
 
 
 def test_hive_permanent_errors_are_not_retried(spark, tmp_path):

@@ -1,0 +1,323 @@
+"""Runs that collide through the real `dagster-daemon` and its queued run coordinator (the repo's
+dagster.yaml run queue), once on the default SQLite instance storage and once on PostgreSQL
+(deploy/dagster.postgres.yaml, verbatim, against a server started here on loopback).
+
+A tiny project (150 customers, three monthly partitions). Two months are extracted first; then, all at
+once: the new-data sensor is switched on (it requests the partitions this instance has not extracted), a
+backfill of the three months of `extract_purchases` starts, and `train` (the foundation schedule's
+target) is launched by hand. The runs queue (at most 3 extractions and 1 training at once) and wait for
+each other's stage locks; the test waits until the queue has drained and checks: every run went through
+the queue, every extraction succeeded, the training run succeeded or stopped with a clear message, no
+workspace file is half-written or left over, the extracted partitions equal a serial run's byte for byte,
+and a final `habitus materialize` in that workspace gives exactly the outputs of a serial run from scratch.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+ROOT = Path(__file__).resolve().parents[2]
+MONTHS = ("2026-01-01", "2026-02-01", "2026-03-01")
+TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
+
+
+def _faults_harness():
+    """tests/faults/conftest.py's workspace checks (half_written, leftovers, outputs, differences)."""
+    spec = importlib.util.spec_from_file_location("_faults_helpers", ROOT / "tests" / "faults" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Harness
+
+
+Harness = _faults_harness()
+
+
+def project_config() -> dict:
+    source = lambda name, role, columns, **kw: {"name": name, "role": role, "connection": "warehouse", "table": name,
+                                                "columns": columns, **kw}
+    return {
+        "workspace": "ws",
+        "connections": {"warehouse": {"type": "duckdb", "path": "warehouse.duckdb"}},
+        "entity": "customer_id",
+        "sources": [source("purchases", "events", ["product_id", "price"], timestamp="ts", start=MONTHS[0],
+                           end="2026-04-01"),
+                    source("customers", "entity_attributes", ["age"]),
+                    source("products", "attributes", ["brand"], key="product_id")],
+        "foundation": {"horizon": "7d", "cutoff_every": "7d", "hidden": 16, "layers": 1, "epochs": 1},
+        "scenarios": {"churn": {"task": "binary", "target": {"no_event": "purchases", "within": "14d"}, "epochs": 1}},
+        "predictions": {"start": "2026-03-30", "top_k": 3},
+        "schedules": {"sensor_interval": 5},
+    }
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory):
+    from pipelines.demo_data import generate_demo_warehouse
+
+    path = tmp_path_factory.mktemp("daemon-warehouse") / "warehouse.duckdb"
+    generate_demo_warehouse(path, customers=150, products=30, stores=3, start=MONTHS[0], end="2026-03-31", seed=3)
+    return path
+
+
+def env_for(folder: Path, home: Path, extra: dict | None = None) -> dict:
+    env = {**os.environ, "DAGSTER_HOME": str(home), "HABITUS_CONFIG": str(folder / "project.yaml"),
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0", **(extra or {})}
+    return env
+
+
+def project(folder: Path, warehouse: Path) -> Path:
+    folder.mkdir(parents=True)
+    shutil.copy(warehouse, folder / "warehouse.duckdb")
+    (folder / "project.yaml").write_text(yaml.safe_dump(project_config(), sort_keys=False))
+    return folder
+
+
+def habitus(folder: Path, env: dict, *args: str, timeout: float = 600) -> str:
+    proc = subprocess.run([sys.executable, "-c", "import sys; from pipelines.cli import main; sys.exit(main())",
+                           *(args or ("materialize",)), "--config", str(folder / "project.yaml")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def serial(warehouse, tmp_path_factory):
+    """The serial reference: the same project materialized from scratch by one `habitus materialize`."""
+    folder = project(tmp_path_factory.mktemp("daemon-serial") / "p", warehouse)
+    home = folder / "dagster"
+    home.mkdir()
+    habitus(folder, env_for(folder, home))
+    return Harness.outputs(folder / "ws")
+
+
+def extract_first_months(folder: Path) -> None:
+    """Months 1 and 2 extracted in-process (their own throwaway instance: the daemon's does not know them)."""
+    import dagster as dg
+
+    from assets.sources import build_source_asset
+    from pipelines.config import load_project
+    from pipelines.definitions import build_resources
+    from pipelines.partitions import events_partitions
+
+    p = load_project(folder / "project.yaml")
+    source = p.source("purchases")
+    asset = build_source_asset(p, source, events_partitions(source))
+    for month in MONTHS[:2]:
+        assert dg.materialize([asset], resources=build_resources(p), partition_key=month).success
+
+
+# --------------------------------------------------------------------------- instance storages
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A PostgreSQL server (Debian's, run as the postgres user) on a loopback port with a password-protected
+    role: DAGSTER_PG_* as deploy/dagster.postgres.yaml reads them. Skips where PostgreSQL or dagster-postgres
+    is missing (.ci/run installs both)."""
+    pytest.importorskip("dagster_postgres", reason="pip install 'dagster-postgres==0.29.27'")
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    if not initdb or not pg_ctl:
+        pytest.skip("PostgreSQL not installed (apt-get install postgresql)")
+    import pwd
+
+    try:
+        pg = pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.skip("no postgres system user to run the server as")
+    as_pg = (lambda cmd: cmd) if os.getuid() == pg.pw_uid else (lambda cmd: ["runuser", "-u", "postgres", "--", *cmd])
+    base = Path(tempfile.mkdtemp(prefix="habitus-pg-"))  # outside pytest's root-only tmp folders
+    password = "pg-" + os.urandom(6).hex()
+    (base / "pw").write_text(password)
+    os.chown(base, pg.pw_uid, pg.pw_gid)
+    os.chown(base / "pw", pg.pw_uid, pg.pw_gid)
+    port = _free_port()
+    subprocess.run(as_pg([initdb, "-D", str(base / "data"), "-U", "dagster", f"--pwfile={base / 'pw'}",
+                          "-A", "scram-sha-256", "--no-sync"]), check=True, capture_output=True)
+    subprocess.run(as_pg([pg_ctl, "-D", str(base / "data"), "-l", str(base / "server.log"), "-w", "-t", "60", "-o",
+                          f"-p {port} -c listen_addresses=127.0.0.1 -k {base} -c fsync=off", "start"]),
+                   check=True, capture_output=True)
+    env = {"DAGSTER_PG_HOST": "127.0.0.1", "DAGSTER_PG_PORT": str(port), "DAGSTER_PG_USER": "dagster",
+           "DAGSTER_PG_PASSWORD": password, "DAGSTER_PG_DB": "postgres"}
+    try:
+        yield env, base
+    finally:
+        subprocess.run(as_pg([pg_ctl, "-D", str(base / "data"), "-m", "immediate", "-w", "stop"]), capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def instance_home(folder: Path, storage: str, request) -> tuple[Path, dict]:
+    """$DAGSTER_HOME with the repo's dagster.yaml (SQLite) or deploy/dagster.postgres.yaml, and the env it needs."""
+    home = folder / "dagster"
+    home.mkdir()
+    if storage == "sqlite":
+        shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+        return home, {}
+    env, _ = request.getfixturevalue("postgres")
+    shutil.copy(ROOT / "deploy" / "dagster.postgres.yaml", home / "dagster.yaml")
+    # a database of its own per test: the same server, nothing shared with another run of the test
+    db = f"habitus_{os.urandom(4).hex()}"
+    import psycopg2
+
+    con = psycopg2.connect(host=env["DAGSTER_PG_HOST"], port=env["DAGSTER_PG_PORT"], user=env["DAGSTER_PG_USER"],
+                           password=env["DAGSTER_PG_PASSWORD"], dbname="postgres")
+    con.autocommit = True
+    con.cursor().execute(f"CREATE DATABASE {db}")
+    con.close()
+    return home, {**env, "DAGSTER_PG_DB": db}
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+class Daemon:
+    """`dagster-daemon run` on a workspace file, in its own process group, SIGTERM then SIGKILL by PID."""
+
+    def __init__(self, folder: Path, env: dict):
+        self.workspace = folder / "workspace.yaml"
+        self.workspace.write_text(yaml.safe_dump({"load_from": [{"python_module": {
+            "module_name": "pipelines.definitions", "working_directory": str(ROOT)}}]}))
+        self.env, self.log = env, folder / "daemon.log"
+        out = open(self.log, "wb")
+        # a daemon started from a script ignores SIGINT/SIGTERM (COMPONENTS.md); default handlers first
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+             "signal.signal(signal.SIGTERM, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])",
+             str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(self.workspace)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+
+    def cli(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([str(Path(sys.executable).parent / "dagster"), *args, "-w", str(self.workspace)],
+                                cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+
+
+def wait_until_drained(instance, daemon: Daemon, timeout: float = 900, settle: float = 20) -> list:
+    """All runs terminal, the sensor ticked since it was started, and nothing new for `settle` seconds."""
+    deadline, stable_since, last = time.time() + timeout, None, None
+    while time.time() < deadline:
+        assert daemon.proc.poll() is None, f"dagster-daemon exited; log:\n{daemon.log.read_text()[-3000:]}"
+        runs = instance.get_runs()
+        state = sorted((r.run_id, r.status.value) for r in runs)
+        busy = [r for r in runs if r.status.value not in TERMINAL]
+        origin = _sensor_origin(instance)
+        ticks = [t for t in instance.get_ticks(*origin) if t.status.value != "STARTED"] if origin else []
+        if not busy and ticks and runs:
+            if state != last:
+                stable_since, last = time.time(), state
+            elif time.time() - stable_since >= settle:
+                return runs
+        else:
+            stable_since, last = None, None
+        time.sleep(2)
+    raise AssertionError(f"runs did not drain in {timeout}s: {[(r.job_name, r.status.value) for r in instance.get_runs()]}"
+                         f"\ndaemon log:\n{daemon.log.read_text()[-3000:]}")
+
+
+def _sensor_origin(instance):
+    states = [s for s in instance.all_instigator_state() if s.instigator_name == "purchases_new_data"]
+    return (states[0].instigator_origin_id, states[0].selector_id) if states else None
+
+
+def run_log(instance, run) -> list[str]:
+    return [e.user_message or "" for e in instance.all_logs(run.run_id)]
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "postgres"])
+def test_sensor_backfill_and_a_manual_training_run_collide_through_the_daemon(storage, warehouse, serial, tmp_path,
+                                                                              request):
+    from dagster import DagsterInstance
+
+    folder = project(tmp_path / "p", warehouse)
+    home, extra = instance_home(folder, storage, request)
+    env = env_for(folder, home, extra)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the instance opened here reads the same dagster.yaml and variables
+    try:
+        extract_first_months(folder)
+        instance = DagsterInstance.from_config(str(home))
+        assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+        assert ("Postgres" if storage == "postgres" else "Sqlite") in type(instance.run_storage).__name__
+        daemon = Daemon(folder, env)
+        try:
+            started = time.time()
+            # all at once: the sensor on, a backfill of the three months, the training run by hand
+            submitted = [daemon.cli("sensor", "start", "purchases_new_data"),
+                         daemon.cli("job", "backfill", "-j", "extract_purchases", "--partitions", ",".join(MONTHS),
+                                    "--noprompt"),
+                         daemon.cli("job", "launch", "-j", "train")]
+            for proc in submitted:
+                out, _ = proc.communicate(timeout=300)
+                assert proc.returncode == 0, out[-3000:]
+            runs = wait_until_drained(instance, daemon)
+            drained_s = time.time() - started
+        finally:
+            daemon.stop()
+        by_job = {}
+        for r in runs:
+            by_job.setdefault(r.job_name, []).append(r)
+        logs = {r.run_id: run_log(instance, r) for r in runs}
+        report = [(r.job_name, r.status.value, r.tags.get("dagster/partition") or r.tags.get(
+            "dagster/asset_partition_range_start"), r.tags.get("dagster/sensor_name") or r.tags.get("dagster/backfill"))
+                  for r in runs]
+        # every run went through the queue (enqueued, then dequeued by the daemon)
+        for r in runs:
+            kinds = {e.dagster_event.event_type_value for e in instance.all_logs(r.run_id) if e.dagster_event}
+            assert {"RUN_ENQUEUED", "RUN_DEQUEUED"} <= kinds, (r.job_name, sorted(kinds))
+        extractions = by_job.get("extract_purchases", [])
+        assert len(extractions) >= 2, report  # the backfill's, and the sensor's
+        assert any(r.tags.get("dagster/sensor_name") == "purchases_new_data" for r in extractions), report
+        assert all(r.status.value == "SUCCESS" for r in extractions), report
+        (train,) = by_job["train"]
+        if train.status.value != "SUCCESS":  # it may have started before the third month landed, or failed clearly
+            assert any("failed" in m or "Error" in m for m in logs[train.run_id]), logs[train.run_id][-5:]
+        waits = [m for ms in logs.values() for m in ms if "in use by pid" in m]
+        ws = folder / "ws"
+        assert Harness.half_written(ws) == []
+        assert Harness.leftovers(ws) == []
+        sources = {k: v for k, v in Harness.outputs(ws).items() if k.startswith("sources/")}
+        assert sources == {k: v for k, v in serial.items() if k.startswith("sources/")}
+        # after the collisions, one more run in this workspace ends exactly where a serial run from scratch does
+        habitus(folder, env)
+        assert Harness.differences(Harness.outputs(ws), serial) == []
+        print(f"\n{storage}: {len(runs)} runs ({', '.join(f'{j}: {len(rs)}' for j, rs in sorted(by_job.items()))}), "
+              f"train {train.status.value}, {len(waits)} lock waits logged, drained in {drained_s:.0f}s")
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def test_the_postgres_example_queues_runs_as_the_repo_instance_does():
+    example = yaml.safe_load((ROOT / "deploy" / "dagster.postgres.yaml").read_text())
+    repo = yaml.safe_load((ROOT / "dagster.yaml").read_text())
+    assert example["run_queue"] == repo["run_queue"] and example["retention"] == repo["retention"]
+    db = example["storage"]["postgres"]["postgres_db"]
+    assert db["password"] == {"env": "DAGSTER_PG_PASSWORD"}  # never a password in the file
