@@ -29,6 +29,8 @@ FAKESNOW_VENV ?= .venv-fakesnow
 
 $(VENV)/.installed-integration: $(VENV)/.installed-dev
 	$(PY) -m pip install -q -e ".[dev,integration]"
+	# the daemon collision test's Postgres instance storage (tests/integration/test_daemon_collisions.py)
+	$(PY) -m pip install -q "dagster-postgres==0.29.27"
 	touch $@
 
 $(FAKESNOW_VENV)/.installed:

@@ -2,7 +2,8 @@
 dagster.yaml run queue), once on the default SQLite instance storage and once on PostgreSQL
 (deploy/dagster.postgres.yaml, verbatim, against a server started here on loopback).
 
-A tiny project (150 customers, three monthly partitions). Two months are extracted first; then, all at
+A tiny project (150 customers, three monthly partitions). The attribute tables and two months are
+extracted first; then, all at
 once: the new-data sensor is switched on (it requests the partitions this instance has not extracted), a
 backfill of the three months of `extract_purchases` starts, and `train` (the foundation schedule's
 target) is launched by hand. The runs queue (at most 3 extractions and 1 training at once) and wait for
@@ -103,7 +104,8 @@ def serial(warehouse, tmp_path_factory):
 
 
 def extract_first_months(folder: Path) -> None:
-    """Months 1 and 2 extracted in-process (their own throwaway instance: the daemon's does not know them)."""
+    """The attribute tables and months 1 and 2 extracted in-process (a throwaway instance: the daemon's does
+    not know them, so its sensor asks for all three months)."""
     import dagster as dg
 
     from assets.sources import build_source_asset
@@ -112,6 +114,8 @@ def extract_first_months(folder: Path) -> None:
     from pipelines.partitions import events_partitions
 
     p = load_project(folder / "project.yaml")
+    for name in ("customers", "products"):
+        assert dg.materialize([build_source_asset(p, p.source(name), None)], resources=build_resources(p)).success
     source = p.source("purchases")
     asset = build_source_asset(p, source, events_partitions(source))
     for month in MONTHS[:2]:
@@ -135,8 +139,14 @@ def postgres():
     role: DAGSTER_PG_* as deploy/dagster.postgres.yaml reads them. Skips where PostgreSQL or dagster-postgres
     is missing (.ci/run installs both)."""
     pytest.importorskip("dagster_postgres", reason="pip install 'dagster-postgres==0.29.27'")
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
-    if not initdb or not pg_ctl:
+    import glob
+
+    # Debian's postgresql package keeps its programs in /usr/lib/postgresql/<version>/bin, off the PATH
+    bins = [os.path.dirname(p) for p in (shutil.which("initdb"),) if p] + sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
+    found = [b for b in bins if os.path.exists(os.path.join(b, "initdb")) and os.path.exists(os.path.join(b, "pg_ctl"))]
+    initdb, pg_ctl = (os.path.join(found[0], "initdb"), os.path.join(found[0], "pg_ctl")) if found else (None, None)
+    if not initdb:
         pytest.skip("PostgreSQL not installed (apt-get install postgresql)")
     import pwd
 
