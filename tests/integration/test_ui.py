@@ -1,11 +1,14 @@
 """The Dagster UI in a real browser: `dagster dev` on loopback with the demo project on a tiny generated
 warehouse, opened in headless Debian Chromium through Selenium.
 
-It checks that the asset graph shows every stage, materializes a small asset by clicking its
-Materialize button and sees the run succeed, launches a backfill of the events source (the days
-since October: a run per 31 days under its backfill policy), then switches on the new-data sensor,
-appends a day of purchases to the warehouse and sees the sensor's run extract exactly that day.
-Screenshots are saved in the test's tmp dir.
+The instance is the repository's dagster.yaml, as `make ui` uses it. It checks that no onboarding
+pop-up covers the first page, that the asset graph shows every stage, materializes a small asset by
+clicking its Materialize button and sees the run succeed, launches a backfill of the events source
+(the days since October: a run per 31 days under its backfill policy), then switches on the new-data
+sensor, appends a day of purchases to the warehouse and sees the sensor's run extract exactly that
+day; last, two training runs requested at once run one after the other (the run queue's limit of one
+`habitus/kind: training` run). Screenshots are saved in the test's tmp dir and, with
+HABITUS_UI_SCREENSHOTS=<folder>, copied there (the README's UI tour: docs/images).
 Runs in `make test` (marker `ui`); skipped, with the reason, where chromium is not installed
 (.ci/run installs Debian's chromium and chromium-driver).
 """
@@ -63,6 +66,7 @@ class DagsterDev:
                "HABITUS_WORKSPACE": str(root / "ws"), "HABITUS_DEMO_WAREHOUSE": str(root / "warehouse.duckdb"),
                "HABITUS_SENSOR_INTERVAL": "5"}
         Path(env["DAGSTER_HOME"]).mkdir()
+        shutil.copy(ROOT / "dagster.yaml", Path(env["DAGSTER_HOME"]) / "dagster.yaml")  # what `make ui` copies
         dagster = str(Path(sys.executable).parent / "dagster")
         self._out = open(self.log, "wb")
         self.proc = subprocess.Popen(
@@ -101,7 +105,7 @@ class DagsterDev:
     def runs(self, backfill_id: str | None = None) -> list[dict]:
         flt = f'(filter: {{tags: [{{key: "dagster/backfill", value: "{backfill_id}"}}]}})' if backfill_id else ""
         return self.graphql(f"{{ runsOrError{flt} {{ ... on Runs {{ results {{ runId status tags {{ key value }} "
-                            f"assetSelection {{ path }} }} }} }} }}")["runsOrError"]["results"]
+                            f"assetSelection {{ path }} jobName startTime endTime }} }} }} }}")["runsOrError"]["results"]
 
     def sensor_selector(self, name: str) -> dict:
         entry = self.graphql("""{ workspaceOrError { ... on Workspace { locationEntries { name
@@ -109,6 +113,17 @@ class DagsterDev:
             "workspaceOrError"]["locationEntries"][0]
         return {"repositoryLocationName": entry["name"],
                 "repositoryName": entry["locationOrLoadError"]["repositories"][0]["name"], "sensorName": name}
+
+    def launch(self, job: str, assets: list[list[str]]) -> str:
+        """Launch a run of `job` for `assets` (as the UI's launchpad does); returns its run id."""
+        sel = self.sensor_selector("")
+        selector = {"repositoryLocationName": sel["repositoryLocationName"], "repositoryName": sel["repositoryName"],
+                    "jobName": job, "assetSelection": [{"path": a} for a in assets]}
+        out = self.graphql("""mutation($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
+                 ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
+                           {"p": {"selector": selector}})["launchRun"]
+        assert out["__typename"] == "LaunchRunSuccess", out
+        return out["run"]["runId"]
 
     def sensor_ticks(self, selector: dict) -> list[dict]:
         data = self.graphql("""query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
@@ -176,7 +191,7 @@ def browser():
     opts.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-                 "--window-size=1600,1000"):
+                 "--window-size=1920,1400"):
         opts.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     yield driver
@@ -205,8 +220,9 @@ def test_the_ui_shows_every_stage_and_runs_a_materialization_and_a_backfill(dags
     assert set(dagster_dev.wait_loaded()) == STAGES
 
     # the asset graph, every group expanded (Alt+E), shows every stage
-    browser.get(dagster_dev.url)
-    browser.execute_script("localStorage.setItem('communityNux', '1')")  # no newsletter dialog over the graph
+    # no onboarding pop-up (dagster.yaml: nux disabled): the server says so, and after the second the
+    # webapp waits before opening it, no "Join the Dagster community" dialog covers the first page
+    assert dagster_dev.graphql("{ shouldShowNux }")["shouldShowNux"] is False
     browser.get(f"{dagster_dev.url}/asset-groups")
     WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,)).until(
         EC.presence_of_element_located((By.XPATH, "//*[text()='training']")))
@@ -214,9 +230,17 @@ def test_the_ui_shows_every_stage_and_runs_a_materialization_and_a_backfill(dags
     labels = {"customers", "products", "purchases", "stores", "cache", "foundation_model", "churn",
               "brand_propensity", "spend", "next_products", "embeddings", "sources", "training", "scenarios",
               "predictions"}
-    _wait("every asset in the graph", lambda: labels <= set(browser.execute_script("return document.body.innerText")
-                                                             .split()), timeout=60, every=0.5)
+    try:
+        _wait("every asset in the graph", lambda: labels <= set(browser.execute_script(
+            "return document.body.innerText").split()), timeout=60, every=0.5)
+    except AssertionError as e:  # say which are missing
+        seen = set(browser.execute_script("return document.body.innerText").split())
+        browser.save_screenshot(str(tmp_path / "asset_graph_missing.png"))
+        raise AssertionError(f"{e}: missing {sorted(labels - seen)}; page: {sorted(seen)[:80]}") from None
     assert "expanded=" in browser.current_url
+    # the graph has been up for seconds (the webapp opens its pop-up one second after the page): none came
+    assert not browser.find_elements(By.XPATH, "//*[contains(text(), 'Join the Dagster community')]")
+    assert not browser.find_elements(By.CSS_SELECTOR, ".bp5-dialog, .bp4-dialog, [role='dialog']")
     browser.save_screenshot(str(tmp_path / "asset_graph.png"))
 
     # materialize an attribute source with its Materialize button; the run succeeds with its checks
@@ -280,8 +304,31 @@ def test_the_ui_shows_every_stage_and_runs_a_materialization_and_a_backfill(dags
     WebDriverWait(browser, 60).until(EC.presence_of_element_located((By.XPATH, "//*[contains(text(), 'Success')]")))
     browser.save_screenshot(str(tmp_path / "sensor_run.png"))
 
-    for shot in ("asset_graph.png", "materialized.png", "sensor_run.png"):
+    # two training runs requested at once (the `train` job, its cache step: tagged habitus/kind training): the
+    # queue starts one; the other waits, QUEUED, until the first has finished
+    first, second = (dagster_dev.launch("train", [["cache"]]) for _ in range(2))
+    by_id = lambda: {r["runId"]: r for r in dagster_dev.runs() if r["runId"] in (first, second)}  # noqa: E731
+    started = _wait("one training run started", lambda: (lambda rs: rs if any(
+        r["status"] not in ("QUEUED", "NOT_STARTED") for r in rs.values()) else None)(by_id()), timeout=120, every=0.3)
+    running = [i for i, r in started.items() if r["status"] not in ("QUEUED", "NOT_STARTED")]
+    assert len(running) == 1, started
+    waiting = second if running == [first] else first
+    if started[running[0]]["status"] not in done:  # the other one waits in the queue meanwhile
+        assert started[waiting]["status"] == "QUEUED", started
+        browser.get(f"{dagster_dev.url}/runs")
+        _wait("the queued run in the runs list", lambda: "Queued" in browser.execute_script(
+            "return document.body.innerText"), timeout=30, every=0.5)
+        browser.save_screenshot(str(tmp_path / "run_queue.png"))
+    runs = _wait("both training runs to finish", lambda: (lambda rs: rs if len(rs) == 2 and all(
+        r["status"] in done for r in rs.values()) else None)(by_id()), timeout=300, every=1)
+    assert all(r["tags"] and {"key": "habitus/kind", "value": "training"} in r["tags"] for r in runs.values())
+    one, other = runs[running[0]], runs[waiting]
+    assert other["startTime"] >= one["endTime"], (one, other)  # one after the other, never both at once
+
+    shots = ["asset_graph.png", "materialized.png", "sensor_run.png"] + (
+        ["run_queue.png"] if (tmp_path / "run_queue.png").exists() else [])
+    for shot in shots:
         assert (tmp_path / shot).stat().st_size > 20_000
     if os.environ.get("HABITUS_UI_SCREENSHOTS"):  # keep them where a person can look
-        for shot in ("asset_graph.png", "materialized.png", "sensor_run.png"):
+        for shot in shots:
             shutil.copy(tmp_path / shot, Path(os.environ["HABITUS_UI_SCREENSHOTS"]) / shot)
