@@ -44,6 +44,8 @@ class FeatureSpec:
     buckets: int = 256
     half_lives: tuple[float, ...] = HALF_LIVES
     visits: bool = True  # visit features (models trained before they existed have none)
+    # item-graph embeddings (models/item_graph.py: graph_config; None: none, as every model before them)
+    graph: dict | None = None
 
     @property
     def habitual_channel(self) -> int:
@@ -68,6 +70,7 @@ class FeatureSpec:
         d["entity_numeric"] = {k: tuple(v) for k, v in d["entity_numeric"].items()}
         d["half_lives"] = tuple(d["half_lives"])
         d.setdefault("visits", False)  # saved before visit features existed
+        d.setdefault("graph", None)  # saved before item-graph inputs existed
         return cls(**d)
 
     @property
@@ -91,6 +94,7 @@ class FeatureSpec:
         w += visit_width(self.half_lives) if self.visits else 0
         w += len(self.numeric) * (len(self.half_lives) + 1)
         w += sum(bucket_count(v, self.buckets) for v in self.categorical.values()) * self.channels
+        w += self.graph["dim"] if self.graph else 0
         w += sum(bucket_count(v, ENTITY_BUCKETS) for v in self.entity_categorical.values())
         w += 2 * len(self.entity_numeric) + 2 * len(self.entity_timestamp)
         return w
@@ -169,6 +173,10 @@ def featurize(chunk: Chunk, spec: FeatureSpec, entity_table: dict[str, np.ndarra
                              spec.half_lives)
         hist[:, :, :-1] = np.log1p(hist[:, :, :-1])
         matrix.append(hist.reshape(n, -1))
+    if spec.graph:  # between the histograms and the entity's attributes (whose numbers stay last)
+        from models.item_graph import graph_features
+
+        matrix.append(graph_features(chunk, spec.graph))
     matrix.append(entity_features(chunk.entities, chunk.cutoff, spec, entity_table))
     return np.concatenate(matrix, axis=1)
 

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import torch
 
+from models import item_graph
 from models.cache import Cache
 from models.distributed import Dist, Lockstep, shard, sum_over_ranks, wrap
 from models.features import FeatureSpec, chunk_at
@@ -36,6 +37,8 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     dist, dev, log = processes(dist, device, log, resume)
     order, rng = seeded(cfg.seed, dist)
     spec = FeatureSpec.from_dict(foundation_info["feature_spec"])
+    if spec.graph:  # item-graph inputs read the graph of this cache (a labelled subset: the whole cache's)
+        item_graph.register(cache)
     net = NetConfig(**foundation_info["net"])
     t = task_of(task)
     model = build_model(net, task, spec).to(dev)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from models import item_graph
 from models.cache import Cache
 from models.distributed import Dist, Lockstep, shard, sum_over_ranks, wrap
 from models.features import DAY, FeatureSpec, chunk_at, featurize
@@ -40,6 +41,10 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     dist, dev, log = processes(dist, device, log, resume)
     order, rng = seeded(cfg.seed, dist)
     spec = FeatureSpec.from_cache(cache, cfg.buckets, cfg.half_lives)
+    if cfg.graph_dim:  # item-graph inputs: the graph of each cut-off, from this cache's events before it
+        spec.graph = item_graph.graph_config(cache, cfg.graph_dim, cfg.graph_column, cfg.graph_iterations,
+                                             seed=cfg.seed)
+        item_graph.register(cache)
     cutoffs = cutoff_grid(cache.time_range[0], last_cutoff, cfg.cutoff_every_days, cfg.min_history_days)
     if not cutoffs:
         raise ValueError(f"no foundation cut-off fits: the data spans {days(cache.time_range)} days, which leaves no "

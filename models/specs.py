@@ -32,6 +32,12 @@ class FoundationConfig:
     # quantile bins of the piecewise-linear scalar inputs (network.NetConfig.ple_bins; 0: off). Worth
     # +0.003 churn AUROC on Ta-Feng, +0.002 churn / +0.002 propensity on the demo (docs/quality.md)
     ple_bins: int = 16
+    # item embeddings from the entity-item graph as of each cut-off (models/item_graph.py): each
+    # entity's decayed-count-weighted mean of its items' embeddings, `graph_dim` more inputs (0: off).
+    # `graph_column` "": the event column with the largest vocabulary (docs/quality.md, issue 15 item 3)
+    graph_dim: int = 0
+    graph_column: str = ""
+    graph_iterations: int = 2
 
 
 PAIR_WIDTH = 128
