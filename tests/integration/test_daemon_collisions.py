@@ -310,9 +310,12 @@ def test_sensor_backfill_and_a_manual_training_run_collide_through_the_daemon(st
             "dagster/asset_partition_range_start"), r.tags.get("dagster/sensor_name") or r.tags.get("dagster/backfill"))
                   for r in runs]
         # every run went through the queue (enqueued, then dequeued by the daemon)
+        from dagster import DagsterEventType
+
+        queued = {DagsterEventType.RUN_ENQUEUED.value, DagsterEventType.RUN_DEQUEUED.value}  # PIPELINE_(EN|DE)QUEUED
         for r in runs:
             kinds = {e.dagster_event.event_type_value for e in instance.all_logs(r.run_id) if e.dagster_event}
-            assert {"RUN_ENQUEUED", "RUN_DEQUEUED"} <= kinds, (r.job_name, sorted(kinds))
+            assert queued <= kinds, (r.job_name, sorted(kinds))
         extractions = by_job.get("extract_purchases", [])
         assert len(extractions) >= 3, report  # the backfill's two, and the sensor's
         assert any(r.tags.get("dagster/sensor_name") == "purchases_new_data" for r in extractions), report
