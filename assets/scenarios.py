@@ -128,7 +128,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
                                   device=device, log=context.log.info, resume=resume)
         spec = FeatureSpec.from_dict(foundation["feature_spec"])
         head = None
-        if task_of(task).stackable:  # the network, trees over [hand features + foundation PCA], or a blend
+        if task_of(task).stackable and scenario.head == "chosen":  # the network, trees over [hand features + foundation PCA], or a blend
             context.log.info(f"{name}: choosing the head on the validation cut-off (network, LightGBM over hand "
                              f"features + the foundation's representation, or a blend)")
             head = fit_head(cache, spec, task, trunk_of(state, foundation["net"]), result.model, plan.train_cutoffs,

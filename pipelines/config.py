@@ -234,6 +234,10 @@ class Scenario(Strict):
     lora: LoraSettings | None = Field(None, description="fine-tune LoRA adapters on the frozen trunk, not all weights")
     inference_precision: Precision | None = Field(None, description="this scenario's predictions; default: the "
                                                                     "executor's")
+    head: Literal["chosen", "network"] = Field(
+        "chosen", description="chosen: the fine-tuned network, LightGBM over hand features + the foundation's "
+        "representation, or their blend, whichever scores best on the validation cut-off (binary, regression, "
+        "multilabel); network: the network alone (scoring about 1.7x faster)")
     target: Target
     epochs: int = Field(_FINETUNE.epochs, ge=1)
     learning_rate: float = Field(_FINETUNE.learning_rate, gt=0)

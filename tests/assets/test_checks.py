@@ -393,10 +393,9 @@ def test_a_deliberately_bad_scenario_fails_its_check_and_the_passed_checkpoint_k
     good = json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"]
     monkeypatch.undo()
 
-    bad_project = _project(root, warehouse, scenarios={"churn": {**churn, "learning_rate": 1e4}})
-    # the network alone: the head chosen on validation would rescue the diverged network with its trees
-    # (measured: the blend 0.8075 against LightGBM 0.7975, the network 0.5), and this test wants a bad model
-    monkeypatch.setattr(assets.scenarios, "fit_head", lambda *a, **k: None)
+    # the network alone (head: network): the head chosen on validation would rescue the diverged network with
+    # its trees (measured: the blend 0.8075 against LightGBM 0.7975, the network 0.5); this test wants a bad model
+    bad_project = _project(root, warehouse, scenarios={"churn": {**churn, "learning_rate": 1e4, "head": "network"}})
     result = _run(bad_project, [scenario, predictions], instance=instance, partition_key="2026-05-31")
     report = json.loads((ws.scenario("churn") / "config.json").read_text())
     assert report["beats_baselines"] is False and report["weights_sha256"] != good

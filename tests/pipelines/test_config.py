@@ -89,6 +89,7 @@ def test_minimal_config_loads(tmp_path):
     assert project.source("products").key == "product_id"
     assert str(project.source("purchases").start) == "2026-03-01"
     assert set(project.scenarios) == {"churn", "brands", "spend", "next_products"}
+    assert {sc.head for sc in project.scenarios.values()} == {"chosen"}  # the head is chosen on validation
 
 
 def test_the_config_translates_once_into_the_models_settings(tmp_path):
@@ -277,6 +278,7 @@ BAD_CONFIGS = {
     "scenario_name_is_a_path": (lambda c: {**c, "scenarios": {"../x": c["scenarios"]["churn"]}},
                                 ["scenarios", "scenario name '../x'", "letters, digits"]),
     "share_above_one": (lambda c: {**c, "quality": {"max_dropped_share": 1.5}}, ["quality.max_dropped_share", "less than or equal to 1"]),
+    "unknown_head": (_set(["scenarios", "churn", "head"], "trees"), ["scenarios.churn.head", "'chosen'", "'network'"]),
     "save_every_zero": (_set(["foundation", "save_every_steps"], 0), ["foundation.save_every_steps", "greater than or equal to 1"]),
 }
 
