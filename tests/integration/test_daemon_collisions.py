@@ -238,7 +238,7 @@ class Daemon:
                 self.proc.wait(30)
 
 
-def wait_until_drained(instance, daemon: Daemon, timeout: float = 900, settle: float = 20) -> list:
+def wait_until_drained(instance, daemon: Daemon, timeout: float = 2400, settle: float = 20) -> list:
     """All runs terminal, the sensor ticked since it was started, and nothing new for `settle` seconds."""
     deadline, stable_since, last = time.time() + timeout, None, None
     while time.time() < deadline:
