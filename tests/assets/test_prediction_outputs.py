@@ -1,5 +1,8 @@
 """The outputs' options: `predictions.format: all` (every multilabel label, best first) and
-`predictions.without_history: flag` (a row with null scores for each entity without history)."""
+`predictions.without_history: flag` (a row with null scores for each entity without history); and
+the head the scenario assets choose on the validation cut-off (models/stacking_head.py): the
+checkpoint records the choice and carries the stack, the hold-out report has the network alone next
+to the chosen head, and the predictions asset scores with the stack of the serving checkpoint."""
 
 from datetime import datetime
 
@@ -67,3 +70,47 @@ def test_entities_without_history_get_a_flagged_row(scored):
     churn = pq.read_table(root / "ws" / "predictions" / "churn" / f"{DAY}.parquet")
     assert churn.filter(churn.column("has_history")).num_rows <= buyers
     assert written == (churn.num_rows, customers - buyers)  # written back with the flag
+
+
+@pytest.mark.parametrize("name", ["churn", "brands"])
+def test_the_checkpoint_records_the_chosen_head_and_predictions_score_with_it(scored, name):
+    pytest.importorskip("lightgbm")
+    from assets.cache import current_cache
+    from assets.serving import serving_checkpoint
+    from models.checkpoint import load_checkpoint
+    from models.predict import load_model, predict
+    from models.stacking_head import STACK_FILE, TRUNK_FILE, load_head
+    from resources.workspace import Workspace
+
+    workspace = Workspace(root=str(scored[0] / "ws"))
+    newest = workspace.scenario(name)
+    _, config = load_checkpoint(newest)
+    assert (newest / STACK_FILE).exists() and (newest / TRUNK_FILE).exists()
+    assert config["stack"]["chosen"] in ("network", "gbt", "blend")
+    assert config["head"] == {"chosen": config["stack"]["chosen"], "weight": config["stack"]["weight"]}
+    metrics = config["metrics"]
+    assert metrics["head"]["chosen"] == config["stack"]["chosen"] and set(metrics["network"]) == set(metrics["model"])
+    key = config["headline"]
+    assert metrics["head"]["candidates"]["chosen"][key] == pytest.approx(metrics["model"][key], abs=1e-6)
+
+    # what the predictions asset wrote (the rows with history; brands: all 6 labels) is what the serving
+    # checkpoint's stack scores
+    path, _ = serving_checkpoint(workspace, name)
+    state, config = load_checkpoint(path)
+    model, spec, task = load_model(state, config)
+    head = load_head(path, config)
+    cache = current_cache(workspace)
+    cutoff = int((AS_OF - datetime(1970, 1, 1)).total_seconds())
+    column = "score" if name == "churn" else "scores"
+
+    def scores(batches) -> np.ndarray:
+        return np.asarray([x for b in batches for x in b.column(column).to_pylist()], np.float32)
+
+    labels = config.get("label_values")
+    want = scores(predict(model, cache, spec, task, cutoff, k=6, label_names=labels, head=head))
+    alone = scores(predict(model, cache, spec, task, cutoff, k=6, label_names=labels))
+    table = pq.read_table(workspace.predictions(name) / f"{DAY}.parquet")
+    got = scores([table.filter(table.column("has_history"))])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if head.weight > 0:
+        assert not np.allclose(got, alone)

@@ -81,6 +81,16 @@ class Sources:
         return self.build(self.events(self.write_events("purchases", customer, ts, product, [1.0] * len(ts))),
                           shard_events=shard_events)
 
+    def random_purchases(self, events: int, customers: int, span_days: float, seed: int = 0) -> Cache:
+        """`events` purchases of 20 products by `customers` customers at uniform times over `span_days`,
+        gamma-distributed prices: a world with no pattern, for what must hold on any data."""
+        rng = np.random.default_rng(seed)
+        customer = [f"c{i:03d}" for i in rng.integers(0, customers, events)]
+        ts = [self.at(float(d)) for d in rng.uniform(0, span_days, events)]
+        return self.build(self.events(self.write_events(
+            "purchases", customer, ts, [f"p{j}" for j in rng.integers(0, 20, events)],
+            rng.gamma(2.0, 5.0, events).round(2))))
+
 
 def shard_frame(cache: Cache) -> dict[str, np.ndarray]:
     """All events of a cache, shards concatenated, plus the shard index of every row."""

@@ -18,13 +18,8 @@ def _rows(batches) -> tuple[np.ndarray, np.ndarray]:
     return ids, vectors
 
 
-def test_embeddings_end_with_the_standardized_rfm_scalars(sources):
-    rng = np.random.default_rng(0)
-    n = 3000
-    customer = [f"c{i:03d}" for i in rng.integers(0, 150, n)]
-    ts = [sources.at(float(d)) for d in rng.uniform(0, 90, n)]
-    cache = sources.build(sources.events(sources.write_events(
-        "purchases", customer, ts, [f"p{j}" for j in rng.integers(0, 20, n)], rng.gamma(2.0, 5.0, n).round(2))))
+def test_embeddings_end_with_the_standardized_rfm_scalars(sources, frame):
+    cache = sources.random_purchases(3000, 150, 90)
     spec = FeatureSpec.from_cache(cache, buckets=16)
     torch.manual_seed(0)
     trunk = Trunk(NetConfig(spec.width, 32, 1, 0.0)).eval()
@@ -43,9 +38,9 @@ def test_embeddings_end_with_the_standardized_rfm_scalars(sources):
     mean, std = trunk.in_mean[:spec.scalar_width].numpy(), trunk.in_std[:spec.scalar_width].numpy()
     np.testing.assert_allclose(vectors[:, 32:] * std + mean, rfm, atol=1e-4)
     # the first of them: log(1 + events at or before the cut-off), against the raw events
-    names = cache.entity_ids(ids).to_pylist()
-    counts = {c: sum(1 for cc, t in zip(customer, ts) if cc == c and t <= cutoff) for c in set(names)}
-    np.testing.assert_allclose(vectors[:, 32] * std[0] + mean[0], np.log1p([counts[c] for c in names]), atol=1e-4)
+    events = frame(cache)
+    counts = np.bincount(events["entity"][events["ts"] <= cutoff], minlength=cache.n_entities)
+    np.testing.assert_allclose(vectors[:, 32] * std[0] + mean[0], np.log1p(counts[ids]), atol=1e-4)
     assert np.abs(vectors[:, 32:].mean(0)).max() < 1e-3  # centred on the rows the scaling was fitted on
 
     # without the scalars: the trunk's representation alone, as before (float16 by default)

@@ -110,12 +110,7 @@ def test_collect_reads_the_entities_evaluate_scores_in_its_order(sources):
     from models.foundation_training import train_foundation
     from models.specs import FinetuneConfig, FoundationConfig
 
-    rng = np.random.default_rng(0)
-    n = 4000
-    customer = [f"c{i:03d}" for i in rng.integers(0, 300, n)]
-    ts = [sources.at(float(d)) for d in rng.uniform(0, 120, n)]
-    cache = sources.build(sources.events(sources.write_events(
-        "purchases", customer, ts, [f"p{j}" for j in rng.integers(0, 20, n)], rng.gamma(2.0, 5.0, n).round(2))))
+    cache = sources.random_purchases(4000, 300, 120)
     foundation = train_foundation(cache, FoundationConfig(hidden=16, layers=1, epochs=1, buckets=16), sources.at(100),
                                   log=lambda _: None, device="cpu")
     spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
