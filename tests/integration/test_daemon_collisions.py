@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.daemon]
 
 ROOT = Path(__file__).resolve().parents[2]
 MONTHS = ("2026-01-01", "2026-02-01", "2026-03-01")
