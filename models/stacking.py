@@ -360,8 +360,8 @@ def _fit_fold(task: str, train: Rows, stop: Rows, reduction: Reduction, cfg: Sta
             d_st = _data(np.concatenate([stop.hand, reduction.apply(stop.embedding, j)], 1), stop.y[:, j], d_tr)
         else:
             d_tr, d_st = shared
-            d_tr.set_label(y)
-            d_st.set_label(stop.y[:, j])
+            d_tr.set_label(np.ascontiguousarray(y))  # (a column view: LightGBM warns about sliced arrays)
+            d_st.set_label(np.ascontiguousarray(stop.y[:, j]))
         boosters.append(_train(params, d_tr, d_st, cfg.label_n_estimators, cfg.label_early_stopping))
         constants.append(0.0)
     return boosters, constants
@@ -380,7 +380,7 @@ def _data(x: np.ndarray, y: np.ndarray, reference=None):
 
     with warnings.catch_warnings():  # ("Overriding the parameters from Reference Dataset": the same ones)
         warnings.simplefilter("ignore", UserWarning)
-        return lgb.Dataset(np.ascontiguousarray(x, np.float32), label=y, reference=reference,
+        return lgb.Dataset(np.ascontiguousarray(x, np.float32), label=np.ascontiguousarray(y), reference=reference,
                            params={"max_bin": 63, "verbose": -1}, free_raw_data=True).construct()
 
 

@@ -103,7 +103,8 @@ class Multilabel(ValueLabels, Task):
                 out[:, j] = y_sub[0, j]
                 continue
             model = lgb.LGBMClassifier(**small)
-            model.fit(x_sub, y_sub[:, j], eval_set=[(x_val, y_val[:, j])], callbacks=[lgb.early_stopping(15, verbose=False)])
+            label, val_label = np.ascontiguousarray(y_sub[:, j]), np.ascontiguousarray(y_val[:, j])  # (not views)
+            model.fit(x_sub, label, eval_set=[(x_val, val_label)], callbacks=[lgb.early_stopping(15, verbose=False)])
             out[:, j] = model.predict_proba(x_test)[:, 1]
         return out if labels is None else LabelScores(labels, out)
 
