@@ -377,16 +377,9 @@ def chdb_path(tmp_path_factory):
     return str(tmp_path_factory.mktemp("chdb"))
 
 
-@pytest.fixture(scope="session")
-def hive_server(tmp_path_factory):
-    """A HiveServer2 endpoint: Spark's Thrift server (pyspark in .venv-spark, Java 17), local[2], 1 GB."""
-    program = find_program("spark-submit", "HABITUS_SPARK_SUBMIT", ".venv-spark")
-    if program is None:
-        pytest.skip("spark-submit not found: `make .venv-spark/.installed` (pyspark) and a Java 17 runtime")
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java runtime for the Spark Thrift server (apt-get install openjdk-17-jre-headless)")
-    home = tmp_path_factory.mktemp("spark")
-    port = free_port()
+def spark_thrift_command(program: str, home: Path, port: int) -> tuple[list[str], dict]:
+    """(command, environment) of Spark's Thrift server on 127.0.0.1:`port`, local[2], 1 GB, its
+    warehouse, Derby metastore and logs under `home`."""
     cmd = [program, "--class", "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2", "--master", "local[2]",
            "--driver-memory", "1g", "--conf", "spark.ui.enabled=false",
            "--conf", f"spark.sql.warehouse.dir={home / 'warehouse'}",
@@ -397,6 +390,20 @@ def hive_server(tmp_path_factory):
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(home), "SPARK_PID_DIR": str(home),
            # spark-submit finds SPARK_HOME through the `python` of its own virtualenv
            "PATH": f"{Path(program).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return cmd, env
+
+
+@pytest.fixture(scope="session")
+def hive_server(tmp_path_factory):
+    """A HiveServer2 endpoint: Spark's Thrift server (pyspark in .venv-spark, Java 17), local[2], 1 GB."""
+    program = find_program("spark-submit", "HABITUS_SPARK_SUBMIT", ".venv-spark")
+    if program is None:
+        pytest.skip("spark-submit not found: `make .venv-spark/.installed` (pyspark) and a Java 17 runtime")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime for the Spark Thrift server (apt-get install openjdk-17-jre-headless)")
+    home = tmp_path_factory.mktemp("spark")
+    port = free_port()
+    cmd, env = spark_thrift_command(program, home, port)
     server = Server(cmd, port, home / "server.log", timeout=120, env=env, cwd=home)
     try:
         _wait_for_hive_session(port, server, timeout=120)

@@ -397,15 +397,7 @@ def spark(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("spark-faults")
     port = free_port()
-    cmd = [program, "--class", "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2", "--master", "local[2]",
-           "--driver-memory", "1g", "--conf", "spark.ui.enabled=false",
-           "--conf", f"spark.sql.warehouse.dir={home / 'warehouse'}",
-           "--conf", f"spark.driver.extraJavaOptions=-Dderby.system.home={home}",
-           "--conf", "spark.sql.session.timeZone=UTC",
-           "--hiveconf", f"hive.server2.thrift.port={port}", "--hiveconf", "hive.server2.thrift.bind.host=127.0.0.1",
-           "spark-internal"]
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(home), "SPARK_PID_DIR": str(home),
-           "PATH": f"{Path(program).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cmd, env = _h.spark_thrift_command(program, home, port)
 
     def session_opens(server):  # the Thrift server listens seconds before it opens sessions
         deadline = time.time() + 400
