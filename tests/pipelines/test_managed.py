@@ -21,7 +21,7 @@ CHURN = {"task": "binary", "target": {"no_event": "purchases", "within": "14d"},
 
 def _config(small_project, scenarios: dict | None = None, **top) -> dict:
     spend = {"task": "regression", "target": {"sum": "purchases.price", "within": "14d"}, "epochs": 1,
-             "lora": {"rank": 4}, "inference_precision": "int8"}
+             "lora": {"rank": 4}, "inference_precision": "int8", "head": "network"}  # (int8's effect: the network's)
     return small_project.config(
         purchases=["product_id", "store_id", "price"], events={"start": "2026-07-01", "end": "2026-11-01"},
         customers=["age", "segment"], foundation={"cutoff_every": "14d"},
@@ -129,16 +129,19 @@ def _scores(ws: Path, name: str, *, int8: bool) -> list[float]:
     from models.checkpoint import load_checkpoint
     from models.predict import load_model, predict
     from models.quantize import for_inference
+    from models.stacking_head import load_head
     from models.storage import read_json
     from resources.workspace import Workspace
 
     workspace = Workspace(root=str(ws))
     cache = Cache(workspace.cache_root / read_json(workspace.cache_root / "current.json")["folder"])
-    model, spec, task = load_model(*load_checkpoint(serving_checkpoint(workspace, name)[0]))
+    path = serving_checkpoint(workspace, name)[0]
+    state, config = load_checkpoint(path)
+    model, spec, task = load_model(state, config)
     model = for_inference(model, "int8" if int8 else "fp32")
     cutoff = int(datetime(2026, 10, 31, tzinfo=timezone.utc).timestamp())
-    return np.concatenate([b.column("score").to_numpy() for b in predict(model, cache, spec, task, cutoff,
-                                                                         device="cpu")]).tolist()
+    batches = predict(model, cache, spec, task, cutoff, device="cpu", head=load_head(path, config))
+    return np.concatenate([b.column("score").to_numpy() for b in batches]).tolist()
 
 
 def test_a_failed_job_writes_the_failure_file(layout, monkeypatch, tmp_path):
