@@ -146,7 +146,7 @@ def run(dataset: str, customers: int, only: tuple[str, ...], embeddings: tuple[s
                 gbt = stack.gbt_scores(test)
                 predict_s = time.time() - t0
                 w = stack.validation["blend_weight"]
-                v = {**stack.summary(),  # (then its validation scores in the metric's own sign)
+                v = {**stack.summary(), "seconds": stack.seconds,  # (then its validation scores in the metric's own sign)
                      "test": {"gbt": sign * score(task.task, test.y, gbt),
                               "blend": None if w is None else sign * score(task.task, test.y,
                                                                            blend(task.task, test.network, gbt, w)),
@@ -159,7 +159,7 @@ def run(dataset: str, customers: int, only: tuple[str, ...], embeddings: tuple[s
                 row["variants"][emb] = v
                 log(f"{dataset} {name} [{emb}]: test network {row['network']:.4f}, lightgbm {row['lightgbm']:.4f}, "
                     f"gbt {v['test']['gbt']:.4f}, blend {v['test']['blend']} (w {w}), chosen {stack.chosen} "
-                    f"{v['test']['chosen']:.4f}; fit {stack.info['fit_s']}s")
+                    f"{v['test']['chosen']:.4f}; fit {stack.seconds}s")
             out["rows"].append(row)
     out["total_s"] = round(time.time() - t_run, 1)
     return out
@@ -195,7 +195,7 @@ def table(result: dict) -> str:
             lines.append(f"{r['task']:<11} {r['metric']:<12} {emb:<20} {'test':<5} {r['network']:>8.4f} "
                          f"{f(r['lightgbm']):>9} {t['gbt']:>8.4f} {f(t['blend']):>8} "
                          f"{'' if val['blend_weight'] is None else val['blend_weight']:>4} {t['chosen']:>8.4f}  "
-                         f"{v['chosen']:<8} {v['fit_s']:>6} {r['finetune_s']:>6}")
+                         f"{v['chosen']:<8} {v['seconds']:>6} {r['finetune_s']:>6}")
             lines.append(f"{'':<11} {'':<12} {'':<20} {'val':<5} {val['network']:>8.4f} {'':>9} {val['gbt']:>8.4f} "
                          f"{f(val['blend']):>8} {'':>4} {val['chosen']:>8.4f}  (w {v['weight']}; "
                          f"best w on test {t['best_weight_on_test'][0]}: {t['best_weight_on_test'][1]:.4f})")

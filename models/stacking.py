@@ -192,6 +192,7 @@ class Stack:
     weight: float  # w of the trees: 0 = network, 1 = trees
     validation: dict = field(default_factory=dict)  # every candidate's score on the choice fold(s)
     info: dict = field(default_factory=dict)
+    seconds: float | None = None  # the fit's wall-clock time (metadata only; not saved in stack.json)
 
     @property
     def chosen(self) -> str:
@@ -303,7 +304,9 @@ def fit_stack(task: str, train: Rows, val: Rows, cfg: StackConfig | None = None,
                         **({} if se is None else {"standard_errors": se})}
     trees = [b.num_trees() for fold_boosters in boosters for b in fold_boosters if b is not None]
     width = reduction.apply(train.embedding[:1], 0 if task == "multilabel" else None).shape[1]
-    stack.info = {"fit_s": round(fit_s, 1), "trees": int(np.sum(trees)), "models": len(trees),
+    # the fit's wall-clock time is metadata, not part of stack.json: the same data gives the same file
+    stack.seconds = round(fit_s, 1)
+    stack.info = {"trees": int(np.sum(trees)), "models": len(trees),
                   "train_rows": int(len(train)), "hand_width": int(train.hand.shape[1]), "embedding_width": int(width)}
     log(f"stack {task}: chose {stack.chosen} (w {stack.weight}) on {int(chosen_rows.sum())} validation rows: "
         f"network {grid.get(0.0):.4f}, trees {grid.get(1.0):.4f}, best blend {stack.validation['blend']}; "

@@ -131,7 +131,8 @@ def save_head(folder: str | Path, head: HeadStack) -> dict:
     (folder / STACK_FILE).write_text(json.dumps(head.stack.state()))
     save_file({k: v.detach().to("cpu").float().contiguous() for k, v in head.trunk.state_dict().items()},
               str(folder / TRUNK_FILE))
-    return {"files": {name: file_sha256(folder / name) for name in (STACK_FILE, TRUNK_FILE)}, **head.summary()}
+    return {"files": {name: file_sha256(folder / name) for name in (STACK_FILE, TRUNK_FILE)}, **head.summary(),
+            "seconds": head.stack.seconds}
 
 
 def load_head(folder: str | Path, config: dict) -> HeadStack | None:

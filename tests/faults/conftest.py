@@ -23,6 +23,7 @@ import pytest
 from safetensors.torch import load_file
 
 from models.checkpoint import load_checkpoint
+from models.stacking_head import load_head
 from models.storage import file_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,6 +103,8 @@ class Harness:
                     json.loads(path.read_text())
                 elif path.name == "model.safetensors":
                     load_checkpoint(path.parent)  # verifies the SHA-256 recorded in config.json
+                elif path.name == "stack_trunk.safetensors":  # the head chosen on validation (stacking_head)
+                    assert load_head(path.parent, json.loads((path.parent / "config.json").read_text())) is not None
                 elif path.name == "state.safetensors":  # resumable training state (models.resume)
                     body = json.loads((path.parent / "state.json").read_text())
                     assert body["tensors_sha256"] == file_sha256(path), "state does not match its state.json"
