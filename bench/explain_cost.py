@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from models.cache import Cache, build_cache  # noqa: E402

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from models.features import DAY
 from models.launch import foundation_job, read_result, write_job
 from models.specs import FoundationConfig
 from resources.executor import ExecutorError, TrainingExecutor
