@@ -399,19 +399,8 @@ def spark(tmp_path_factory):
     port = free_port()
     cmd, env = _h.spark_thrift_command(program, home, port)
 
-    def session_opens(server):  # the Thrift server listens seconds before it opens sessions
-        deadline = time.time() + 400
-        while True:
-            try:
-                HiveWarehouse(host="127.0.0.1", port=port, username="habitus", auth="NONE",
-                              connect_timeout=30)._connect().close()
-                return
-            except WarehouseError:
-                if time.time() > deadline or server.proc.poll() is not None:
-                    raise
-                time.sleep(1)
-
-    server = Restartable(cmd, port, home / "server.log", timeout=400, env=env, cwd=home, ready=session_opens)
+    server = Restartable(cmd, port, home / "server.log", timeout=400, env=env, cwd=home,
+                         ready=lambda server: _h._wait_for_hive_session(port, server, timeout=400))
     database = f"habitus_{uuid.uuid4().hex[:8]}"
     boot = HiveWarehouse(name="wh", host="127.0.0.1", port=port, username="habitus", auth="NONE", connect_timeout=10)
     con = boot._connect()
