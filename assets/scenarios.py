@@ -15,7 +15,7 @@ from models.checkpoint import load_checkpoint, save_checkpoint
 from models.launch import scenario_job
 from models.resume import Resumer
 from models.storage import combine
-from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
+from models.evaluate import LOWER_IS_BETTER, headline, protocol, score_holdout
 from models.features import FeatureSpec
 from models.finetune import finetune
 from models.specs import TaskSpec, config_dict
@@ -135,8 +135,10 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
                             plan.val_cutoff, device=device, log=context.log.info)
         context.log.info("fitting the LightGBM baseline on hand-made features (same cut-offs)")
         lgbm = lightgbm_scores(cache, spec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff)
-        report = evaluate(result.model, cache, spec, task, plan.test_cutoff, constant=result.info["val_target_mean"],
-                          extra={"lightgbm": lgbm}, device=device, head=head)
+        holdout = score_holdout(result.model, cache, spec, task, plan.test_cutoff,
+                                constant=result.info["val_target_mean"], extra={"lightgbm": lgbm}, device=device,
+                                head=head)
+        report = holdout.report
         key = headline(task)
         better = beats_baselines(task, report)
         context.log.info(f"{name}: {key} {report['model'].get(key, float('nan')):.4f} on {report['entities']:,} "
@@ -166,9 +168,9 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         charts = {}
         if task_of(task).one_probability:  # a picture of the hold-out; never a reason for the asset to fail
             try:
-                y, p = binary_holdout(result.model, cache, spec, task, plan.test_cutoff, device, head)
                 charts["calibration_and_lift"] = dg.MetadataValue.md(calibration_and_lift(
-                    y, p, path.parent / f"{name}_lift.png", f"scenario {name}: hold-out ({len(y):,} entities)"))
+                    holdout.y, holdout.scores, path.parent / f"{name}_lift.png",
+                    f"scenario {name}: hold-out ({len(holdout.y):,} entities)"))
             except Exception as e:  # noqa: BLE001
                 context.log.warning(f"{name}: no calibration/lift chart ({type(e).__name__}: {e})")
         return dg.MaterializeResult(metadata={
@@ -217,29 +219,3 @@ def head_metadata(key: str, report: dict) -> dict:
 
 def _iso(ts: int) -> str:
     return np.datetime_as_string(np.datetime64(int(ts), "s")) + "Z"
-
-
-def binary_holdout(model, cache, spec, task, cutoff: int, device: str, head=None):
-    """Labels and predicted probabilities of the entities scored on the hold-out (as in evaluate; `head`:
-    the head chosen on validation's)."""
-    from models.features import chunk_at
-    from models.labels import task_inputs
-    from models.loop import chunk_plan
-    from models.scoring import scores
-
-    entity_table = cache.entity_table()
-    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
-    ys, ps = [], []
-    for s, lo, hi in chunk_plan(cache, 4096):
-        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
-        if chunk.n == 0:
-            continue
-        keep, y = task_of(task).labels(chunk, task.target, cache)
-        x, _ = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
-        ys.append(y)
-        if head is None:
-            ps.append(scores(model, task.task, x[keep], None, device=device))
-        elif keep.any():
-            rows = head.rows(chunk, keep, x, spec, task, entity_table, vocab_sizes, model=model, device=device)
-            ps.append(head.choose(rows.network, head.gbt(rows)))
-    return np.concatenate(ys), np.concatenate(ps)

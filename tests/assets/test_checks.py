@@ -342,7 +342,9 @@ def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, 
     trained = _run(project, [dg.AssetKey("foundation_model"), scenario], instance=instance)
     assert trained.success
     meta = trained.asset_materializations_for_node("scenario__churn")[0].metadata
-    assert meta["calibration_and_lift"].value.startswith("![scenario churn: hold-out (")  # an inline PNG
+    # an inline PNG of the hold-out the metrics were measured on
+    assert meta["calibration_and_lift"].value.startswith(
+        f"![scenario churn: hold-out ({meta['holdout_entities'].value:,} entities)")
     assert "data:image/png;base64," in meta["calibration_and_lift"].value
     assert meta["serving"].text.startswith("passed checkpoint ")
     good = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"]

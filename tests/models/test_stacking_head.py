@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from models.evaluate import evaluate, protocol
+from models.evaluate import evaluate, holdout_chunks, protocol, score_holdout
 from models.features import FeatureSpec
 from models.predict import load_model, predict
 from models.scoring import scores
@@ -74,7 +74,8 @@ def test_the_chosen_head_is_evaluated_saved_and_predicts_what_was_evaluated(worl
     assert head is not None and head.chosen == "blend" and head.weight == 0.5
     # (chunks as collect's and predict's: a trunk's matrix products round by their batch, which can move a
     # tree's split on an amount by a float's last bit)
-    report = evaluate(model, cache, spec, task, plan.test_cutoff, head=head, chunk_entities=8192)
+    held = score_holdout(model, cache, spec, task, plan.test_cutoff, head=head, chunk_entities=8192)
+    report = held.report
     plain = evaluate(model, cache, spec, task, plan.test_cutoff, chunk_entities=8192)
     metric = "auroc" if name == "binary" else "mae"
     # the network alone is reported as it was; the model is the chosen blend
@@ -86,6 +87,9 @@ def test_the_chosen_head_is_evaluated_saved_and_predicts_what_was_evaluated(worl
     assert report["head"]["chosen"] == "blend" and report["head"]["candidates"]["chosen"][metric] == \
         pytest.approx(report["model"][metric], abs=1e-6)
     assert set(report["head"]["candidates"]) >= {"network", "gbt", "chosen"}
+    # the scores it measured, for the hold-out's charts (assets/scenarios.py): the chosen head's, in collect's order
+    np.testing.assert_allclose(held.y, rows.y, rtol=0, atol=0)
+    np.testing.assert_allclose(held.scores, chosen, rtol=1e-5, atol=1e-6)
 
     path = _save(tmp_path, model, task, foundation, head)
     assert (path / STACK_FILE).exists() and (path / TRUNK_FILE).exists()
@@ -143,7 +147,7 @@ def test_a_wide_multilabel_head_stacks_its_most_frequent_labels_only(world, tmp_
     rows = collect(cache, spec, task, head.trunk, plan.test_cutoff, labels=head.labels, model=model)
     np.testing.assert_array_equal(entities, rows.entities)
     chosen = head.stack.predict(rows)  # [n, 3]: the covered labels' blend
-    _, _, network = _network_all(model, cache, spec, task, plan.test_cutoff)
+    network = _network_all(model, cache, spec, task, plan.test_cutoff)
     vocab = cache.vocab("product_id").column("value").to_pylist()
     position = {vocab[v - 1]: i for i, v in enumerate(names)}
     got = np.zeros((len(entities), every), np.float32)
@@ -157,23 +161,8 @@ def test_a_wide_multilabel_head_stacks_its_most_frequent_labels_only(world, tmp_
 
 def _network_all(model, cache, spec, task, cutoff):
     """The network's scores of every label, in evaluate's order."""
-    from models.features import chunk_at
-    from models.labels import task_inputs
-    from models.loop import chunk_plan
-    from models.tasks import task as task_of
-
-    entity_table = cache.entity_table()
-    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
-    out, ents = [], []
-    for s, lo, hi in chunk_plan(cache, 8192):
-        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
-        if chunk.n == 0:
-            continue
-        keep = task_of(task).eligible(chunk, task.target)
-        x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
-        out.append(scores(model, task.task, x[keep], h[keep]))
-        ents.append(chunk.entities[keep])
-    return None, np.concatenate(ents), np.concatenate(out)
+    return np.concatenate([scores(model, task.task, x[keep], h[keep])
+                           for _, keep, x, h, _ in holdout_chunks(cache, spec, task, cutoff, 8192)])
 
 
 def test_tasks_without_a_stack_get_none(world):
