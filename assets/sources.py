@@ -67,7 +67,8 @@ def build_source_asset(project, source, partitions_def) -> dg.AssetsDefinition:
         group_name="sources",
         kinds={project.connections[source.connection].type, "parquet"},
         description=f"{source.role} table {source.table!r} from connection {source.connection!r}",
-        retry_policy=extraction_retry_policy(),  # transient warehouse errors only (resources/retries.py)
+        # transient warehouse errors only (resources/retries.py), as the config's `retries:` says
+        retry_policy=extraction_retry_policy(**project.extraction_retries(source).model_dump()),
     )
     @retry_transient_only
     @locked(f"source/{source.name}")

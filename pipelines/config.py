@@ -8,6 +8,7 @@ resolve against the config file's folder, so a project folder can be moved as a 
 import dataclasses
 import os
 import re
+import warnings
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Annotated, Literal, Union
@@ -18,7 +19,7 @@ from models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
 from models.specs import FinetuneConfig, FoundationConfig
 from models.tasks import TASKS
 from pipelines.config_base import Strict
-from pipelines.config_operations import KubernetesSettings, ScheduleSettings
+from pipelines.config_operations import KubernetesSettings, RetrySettings, ScheduleSettings
 from pipelines.config_file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
 
 DEFAULT_CONFIG = "examples/demo.yaml"
@@ -89,6 +90,8 @@ class Source(Strict):
     partition: Literal["monthly", "daily"] = "monthly"
     start: date | None = Field(None, description="first partition of an events source")
     end: date | None = Field(None, description="end of the last partition (exclusive), for data that stopped")
+    retries: RetrySettings | None = Field(None, description="this source's extraction retries, key by key over "
+                                                            "the top-level `retries:`")
 
     @model_validator(mode="after")
     def _role_needs(self):
@@ -298,6 +301,8 @@ class Project(Strict):
     predictions: PredictionSettings = PredictionSettings()
     schedules: ScheduleSettings = ScheduleSettings()
     quality: QualitySettings = QualitySettings()
+    retries: RetrySettings = Field(RetrySettings(), description="extraction retries of transient warehouse errors, "
+                                   "for every source (a source's own `retries:` overrides keys of it)")
     test_cutoff: date | None = Field(None, description="hold-out cut-off; default: data end minus the longest window")
     kubernetes: KubernetesSettings | None = Field(None, description="run on a Kubernetes cluster (docs/clusters.md)")
     executor: ExecutorSettings | None = Field(None, description="device, processes and precisions; default: auto, "
@@ -368,6 +373,12 @@ class Project(Strict):
                 return s
         raise KeyError(name)
 
+    def extraction_retries(self, source: Source) -> RetrySettings:
+        """The retries of `source`'s extraction: the top-level `retries:` with the keys its own block sets."""
+        if source.retries is None:
+            return self.retries
+        return self.retries.model_copy(update=source.retries.model_dump(exclude_unset=True))
+
     @property
     def prediction_scenarios(self) -> list[str]:
         return list(self.predictions.scenarios or self.scenarios)
@@ -386,9 +397,21 @@ class Project(Strict):
 # --------------------------------------------------------------------------- loading
 
 
+# Read until 2026-12: the retries are the config's `retries:` now (`${VAR:-3}` there reads a variable).
+_RETIRED_ENV = {"HABITUS_EXTRACT_RETRIES": "max_retries", "HABITUS_EXTRACT_RETRY_DELAY_S": "delay_s"}
+
+
+def _warn_retired_env(path: Path) -> None:
+    for var, key in _RETIRED_ENV.items():
+        if var in os.environ:
+            warnings.warn(f"{var} is set but no longer read: write `retries: {{{key}: ...}}` in {path} (or "
+                          f"`{key}: ${{{var}:-...}}` there to keep reading the variable)", stacklevel=3)
+
+
 def load_project(path: str | os.PathLike | None = None) -> Project:
     """Read, substitute `${ENV}`, validate. `path` defaults to $HABITUS_CONFIG, then examples/demo.yaml."""
     path = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    _warn_retired_env(path)
     raw = read_yaml(path)
     try:
         project = Project.model_validate(raw)

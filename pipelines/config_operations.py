@@ -1,5 +1,6 @@
-"""The project config's operations sections: when runs happen (`schedules:`) and where their steps
-run on a cluster (`kubernetes:`). Part of the schema of pipelines/config.py."""
+"""The project config's operations sections: when runs happen (`schedules:`), how an extraction retries
+a warehouse that failed for a moment (`retries:`) and where steps run on a cluster (`kubernetes:`).
+Part of the schema of pipelines/config.py."""
 
 from typing import Annotated
 
@@ -40,6 +41,22 @@ class ScheduleSettings(Strict):
     sensor_interval: int = Field(60, ge=5, description="seconds between two checks of a source for new data")
     running: bool = Field(False, description="start sensors, schedules and the cache automation switched on "
                                              "(otherwise switch them on in the UI)")
+
+
+EXTRACT_RETRIES, EXTRACT_RETRY_DELAY_S = 3, 10.0
+
+
+class RetrySettings(Strict):
+    """How a source's extraction retries a transient warehouse error (a dropped connection, a restarting
+    server, throttling; resources/retries.py): `max_retries` more attempts of the step, the n-th after
+    (2**n - 1) x `delay_s` seconds +- `delay_s` of jitter (10 s, 30 s, 70 s by default). Permanent errors
+    (a refused login, a missing table or column, bad SQL) are never retried. Top level: every source;
+    in a source: that source, key by key over the top level's."""
+
+    max_retries: int = Field(EXTRACT_RETRIES, ge=0, le=20, description="retries of a failed extraction step "
+                             "(0: fail on the first transient error)")
+    delay_s: float = Field(EXTRACT_RETRY_DELAY_S, ge=0, le=3600, description="seconds before the first retry; "
+                           "retry n waits (2**n - 1) times it")
 
 
 class TrainingPod(Strict):

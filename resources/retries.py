@@ -11,24 +11,23 @@ SQL, a value that does not fit, a full disk. A retried step extracts its partiti
 replaces its file whole (canonical Parquet, resources/canonical.py), so the retried run's files have
 the same bytes as an undisturbed one's.
 
-HABITUS_EXTRACT_RETRIES and HABITUS_EXTRACT_RETRY_DELAY_S (read when the code location loads)
-change the number of retries and the first delay.
+The project config sets the number of retries and the first delay: `retries: {max_retries: 3, delay_s: 10}`
+at the top level for every source, and in a source for that one (pipelines/config_operations.py:
+RetrySettings, which holds the defaults).
 """
 
 import functools
-import os
 
 import dagster as dg
 
 from resources.errors import WarehouseError
 
-RETRIES, DELAY_S = 3, 10.0
 
-
-def extraction_retry_policy() -> dg.RetryPolicy:
-    retries = int(os.environ.get("HABITUS_EXTRACT_RETRIES", RETRIES))
-    delay = float(os.environ.get("HABITUS_EXTRACT_RETRY_DELAY_S", DELAY_S))
-    return dg.RetryPolicy(max_retries=retries, delay=delay, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
+def extraction_retry_policy(max_retries: int, delay_s: float) -> dg.RetryPolicy:
+    """Dagster's RetryPolicy for a source asset: `max_retries` retries, the n-th after (2**n - 1) x `delay_s`
+    seconds +- `delay_s` of jitter (a project's `retries:`, `Project.extraction_retries(source)`)."""
+    return dg.RetryPolicy(max_retries=max_retries, delay=delay_s, backoff=dg.Backoff.EXPONENTIAL,
+                          jitter=dg.Jitter.PLUS_MINUS)
 
 
 def _where(context) -> str:

@@ -140,7 +140,7 @@ def test_transport_failures_and_only_they_are_network_errors():
 # --------------------------------------------------------------------------- the RetryPolicy on a source asset
 
 
-def _source_run(tmp_path, connection: dict, columns, monkeypatch, retries=2, delay=0.5):
+def _source_run(tmp_path, connection: dict, columns, retries=2, delay=0.5):
     from assets.sources import build_source_asset
     from pipelines.config import load_project
     from pipelines.definitions import build_resources
@@ -148,11 +148,10 @@ def _source_run(tmp_path, connection: dict, columns, monkeypatch, retries=2, del
 
     cfg = {"workspace": "ws", "connections": {"wh": connection}, "entity": "customer_id",
            "sources": [{"name": "events", "role": "events", "connection": "wh", "table": "events", "timestamp": "ts",
-                        "columns": columns, "start": "2026-03-01", "end": "2026-04-01"}]}
+                        "columns": columns, "start": "2026-03-01", "end": "2026-04-01"}],
+           "retries": {"max_retries": retries, "delay_s": delay}}
     (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg))
     project = load_project(tmp_path / "project.yaml")
-    monkeypatch.setenv("HABITUS_EXTRACT_RETRIES", str(retries))
-    monkeypatch.setenv("HABITUS_EXTRACT_RETRY_DELAY_S", str(delay))
     asset = build_source_asset(project, project.source("events"), events_partitions(project.source("events")))
     started = time.monotonic()
     result = dg.materialize([asset], resources=build_resources(project), partition_key="2026-03-01",
@@ -165,14 +164,14 @@ def _kinds(result, kind):
 
 
 @pytest.mark.faults
-def test_a_refused_connection_is_retried_with_backoff_then_fails_naming_the_host(tmp_path, monkeypatch):
+def test_a_refused_connection_is_retried_with_backoff_then_fails_naming_the_host(tmp_path):
     pytest.importorskip("snowflake.connector")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens
     connection = {"type": "snowflake", "account": "acme", "user": "u", "password": "p", "host": "127.0.0.1",
                   "port": port, "protocol": "http", "login_timeout": 2, "network_timeout": 2}
-    result, seconds = _source_run(tmp_path, connection, ["price"], monkeypatch, retries=2, delay=0.5)
+    result, seconds = _source_run(tmp_path, connection, ["price"], retries=2, delay=0.5)
     assert not result.success
     retries = _kinds(result, "STEP_UP_FOR_RETRY")
     assert len(retries) == 2  # both retries spent, then the step failed
@@ -185,11 +184,11 @@ def test_a_refused_connection_is_retried_with_backoff_then_fails_naming_the_host
 
 
 @pytest.mark.faults
-def test_a_missing_column_fails_at_once_without_spending_retries(tmp_path, monkeypatch, duckdb_sql):
+def test_a_missing_column_fails_at_once_without_spending_retries(tmp_path, duckdb_sql):
     duckdb_sql(tmp_path / "w.duckdb", "CREATE TABLE events AS SELECT 'C1' AS customer_id, "
                                       "TIMESTAMP '2026-03-02' AS ts, 1.5 AS price")
     result, seconds = _source_run(tmp_path, {"type": "duckdb", "path": "w.duckdb"}, ["price", "no_such_column"],
-                                  monkeypatch, retries=3, delay=30)
+                                  retries=3, delay=30)
     assert not result.success and _kinds(result, "STEP_UP_FOR_RETRY") == []
     assert seconds < 30  # no retry was waited for
     message = _kinds(result, "STEP_FAILURE")[-1].event_specific_data.error.message
@@ -198,3 +197,49 @@ def test_a_missing_column_fails_at_once_without_spending_retries(tmp_path, monke
 
 def test_every_warehouse_error_says_whether_it_is_transient():
     assert WarehouseError("x").transient is False and WarehouseError("x", transient=True).transient is True
+
+
+def test_the_retry_policy_is_the_configs_retries_top_level_then_per_source_key_by_key(tmp_path, recwarn):
+    from pipelines.config import load_project
+    from pipelines.definitions import build_assets
+
+    source = lambda name, **kw: {"name": name, "role": "events", "connection": "wh", "table": name, "timestamp": "ts",
+                                 "start": "2026-03-01", **kw}
+    cfg = {"workspace": "ws", "connections": {"wh": {"type": "duckdb", "path": "w.duckdb"}}, "entity": "customer_id",
+           "sources": [source("default"), source("own", retries={"max_retries": 0}),
+                       source("slow", retries={"delay_s": 45, "max_retries": 6})]}
+    (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg))
+
+    def policies():
+        assets = build_assets(load_project(tmp_path / "project.yaml"))
+        return {a.key.path[-1]: (a.op.retry_policy.max_retries, a.op.retry_policy.delay)
+                for a in assets if a.key.path[0] == "source"}
+
+    assert policies() == {"default": (3, 10.0), "own": (0, 10.0), "slow": (6, 45.0)}  # the defaults: 3 after 10 s
+    cfg["retries"] = {"max_retries": 5, "delay_s": 2}
+    (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg))
+    assert policies() == {"default": (5, 2.0), "own": (0, 2.0), "slow": (6, 45.0)}
+    policy = build_assets(load_project(tmp_path / "project.yaml"))[0].op.retry_policy
+    assert policy.backoff == dg.Backoff.EXPONENTIAL and policy.jitter == dg.Jitter.PLUS_MINUS
+    assert not [w for w in recwarn if "no longer read" in str(w.message)]
+
+
+def test_the_retired_retry_variables_are_not_read_and_say_where_the_setting_went(tmp_path, monkeypatch):
+    from pipelines.config import load_project
+
+    cfg = {"workspace": "ws", "connections": {"wh": {"type": "duckdb", "path": "w.duckdb"}}, "entity": "customer_id",
+           "sources": [{"name": "e", "role": "events", "connection": "wh", "table": "e", "timestamp": "ts",
+                        "start": "2026-03-01"}]}
+    (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.setenv("HABITUS_EXTRACT_RETRIES", "9")
+    with pytest.warns(UserWarning, match=r"HABITUS_EXTRACT_RETRIES is set but no longer read: write `retries: "
+                                         r"\{max_retries: \.\.\.\}`"):
+        project = load_project(tmp_path / "project.yaml")
+    assert project.extraction_retries(project.source("e")).max_retries == 3
+    # the config can still read a variable, explicitly
+    monkeypatch.delenv("HABITUS_EXTRACT_RETRIES")
+    monkeypatch.setenv("MY_RETRIES", "9")
+    cfg["retries"] = {"max_retries": "${MY_RETRIES:-3}"}
+    (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg))
+    project = load_project(tmp_path / "project.yaml")
+    assert project.extraction_retries(project.source("e")).max_retries == 9

@@ -162,7 +162,7 @@ def faulty(wh):
 
 def source_run(tmp_path, wh, table="events", instance=None, delay=2, retries=5):
     """The source asset of `table` on connection `wh` (any resource), partitions PARTITIONS in one run,
-    with the RetryPolicy short (HABITUS_EXTRACT_RETRY_DELAY_S=2, 5 retries: 2 s, 6 s, 14 s, 30 s, 62 s).
+    with the RetryPolicy short (the config's `retries: {max_retries: 5, delay_s: 2}`: 2 s, 6 s, 14 s, 30 s, 62 s).
     Returns (result, files)."""
     from assets.sources import build_source_asset
     from pipelines.config import load_project
@@ -172,18 +172,14 @@ def source_run(tmp_path, wh, table="events", instance=None, delay=2, retries=5):
     cfg = {"workspace": "ws", "connections": {"wh": {"type": "duckdb", "path": "unused.duckdb"}},
            "entity": "customer_id",
            "sources": [{"name": "events", "role": "events", "connection": "wh", "table": table, "timestamp": "ts",
-                        "columns": ["product_id", "price", "amount"], "start": "2026-03-01", "end": "2026-05-01"}]}
+                        "columns": ["product_id", "price", "amount"], "start": "2026-03-01", "end": "2026-05-01"}],
+           "retries": {"max_retries": retries, "delay_s": delay}}
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     project = load_project(tmp_path / "project.yaml")
     source = project.source("events")
-    old = {k: os.environ.get(k) for k in ("HABITUS_EXTRACT_RETRY_DELAY_S", "HABITUS_EXTRACT_RETRIES")}
-    os.environ.update(HABITUS_EXTRACT_RETRY_DELAY_S=str(delay), HABITUS_EXTRACT_RETRIES=str(retries))
-    try:
-        asset = build_source_asset(project, source, events_partitions(source))
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    asset = build_source_asset(project, source, events_partitions(source))
+    assert (asset.op.retry_policy.max_retries, asset.op.retry_policy.delay) == (retries, delay)
     resources = {"connection_wh": wh, "workspace": Workspace(root=str(project.workspace_path))}
     result = dg.materialize([asset], resources=resources, raise_on_error=False, instance=instance,
                             tags={"dagster/asset_partition_range_start": PARTITIONS[0],

@@ -280,6 +280,12 @@ BAD_CONFIGS = {
     "share_above_one": (lambda c: {**c, "quality": {"max_dropped_share": 1.5}}, ["quality.max_dropped_share", "less than or equal to 1"]),
     "unknown_head": (_set(["scenarios", "churn", "head"], "trees"), ["scenarios.churn.head", "'chosen'", "'network'"]),
     "save_every_zero": (_set(["foundation", "save_every_steps"], 0), ["foundation.save_every_steps", "greater than or equal to 1"]),
+    "negative_retries": (_set(["retries"], {"max_retries": -1}), ["retries.max_retries", "greater than or equal to 0"]),
+    "retry_delay_not_a_number": (_set(["retries"], {"delay_s": "10s"}), ["retries.delay_s", "a valid number"]),
+    "source_retries_unknown_key": (lambda c: _src(c, retries={"attempts": 4}),
+                                   ["sources[0].retries.attempts", "unknown key"]),
+    "source_retry_delay_too_long": (lambda c: _src(c, retries={"delay_s": 7200}),
+                                    ["sources[0].retries.delay_s", "less than or equal to 3600"]),
 }
 
 
@@ -305,6 +311,21 @@ def test_quality_limits_default_and_can_be_set(tmp_path):
     cfg["quality"] = {"max_dropped_share": 0.2, "max_repaired_share": 0.0, "max_categories": 10}
     q = load_project(write(tmp_path, cfg)).quality
     assert (q.max_dropped_share, q.max_repaired_share, q.max_categories) == (0.2, 0.0, 10)
+
+
+def test_retries_default_can_be_set_and_a_source_overrides_them_key_by_key(tmp_path):
+    project = load_project(write(tmp_path, base()))
+    r = project.extraction_retries(project.source("purchases"))
+    assert (r.max_retries, r.delay_s) == (3, 10.0) and project.source("purchases").retries is None
+    cfg = base()
+    cfg["retries"] = {"max_retries": 5, "delay_s": 2.5}
+    cfg["sources"][0]["retries"] = {"delay_s": 60}
+    cfg["sources"][1]["retries"] = {"max_retries": 0}
+    project = load_project(write(tmp_path, cfg))
+    got = {s.name: project.extraction_retries(s) for s in project.sources}
+    assert {n: (r.max_retries, r.delay_s) for n, r in got.items()} == {
+        "purchases": (5, 60.0), "customers": (0, 2.5), "products": (5, 2.5)}
+    assert project.public_dict()["retries"] == {"max_retries": 5, "delay_s": 2.5}
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
