@@ -35,9 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from speed_scale import over_linear, peak_gb, scale_keys  # noqa: E402
+
 TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
-GENERATED = {"1m": 17_500, "10m": 175_000}  # customers -> ~1.03M / ~10.3M purchases (measured)
-PRODUCTS = 20_000
+# customers, products -> ~1.03M / ~10.3M / ~103M purchases (measured); 100m written a block of customers at a time
+GENERATED = {"1m": (17_500, 20_000), "10m": (175_000, 20_000), "100m": (1_750_000, 100_000)}
+BIG = {"100m"}  # datasets whose variants and references run only with --full
 LABELS = 16_000
 # the issue's targets on a 2-core CPU (the reference profile per GPU, per entity)
 TARGETS = {"inference_entities_per_s": 2_718, "foundation_entities_per_s": 417, "foundation_events_per_s": 185_000,
@@ -124,12 +127,12 @@ def _timed(fn):
     return out, time.perf_counter() - started
 
 
-def stage_generate(st: Stage, customers: int) -> dict:
+def stage_generate(st: Stage, customers: int, products: int) -> dict:
     from pipelines.demo_data import generate_demo_warehouse
 
     path = st.project.connections["warehouse"].path
-    counts, seconds = _timed(lambda: generate_demo_warehouse(path, customers=customers, products=PRODUCTS))
-    return {"seconds": seconds, **counts}
+    counts, seconds = _timed(lambda: generate_demo_warehouse(path, customers=customers, products=products))
+    return {"seconds": seconds, **counts, "events_per_s": counts["purchases"] / seconds}
 
 
 def stage_extract(st: Stage) -> dict:
@@ -208,7 +211,11 @@ def stage_cache(st: Stage) -> dict:
     write_json(st.workspace.cache_root / "current.json", {"folder": folder.name, "at": datetime.now().isoformat()})
     cache = st.cache
     n = cache.manifest["n_events"]
+    from models.storage import folder_bytes
+    source = sum(Path(f).stat().st_size for t in spec.events + spec.entity_attributes + spec.attributes for f in t.files)
+    size = folder_bytes(folder)  # (as the cache asset counts them)
     return {"seconds": seconds, "events": n, "entities": cache.manifest["n_entities"], "events_per_s": n / seconds,
+            "cache_bytes": size, "source_bytes": source, "cache_to_source_ratio": round(size / max(source, 1), 3),
             "cpu_seconds": cpu, "events_per_cpu_s": n / cpu, "shards": len(cache.manifest["shards"]),
             "duckdb_threads": threads or "default (one per core)"}
 
@@ -493,12 +500,23 @@ STAGES = {"generate": stage_generate, "extract": stage_extract, "duckdb": stage_
           "lightgbm": stage_lightgbm}
 
 
+def _written_bytes() -> int | None:
+    """Bytes this process sent to storage (/proc/self/io write_bytes, less what was deleted before it was
+    written back: the spilled features, DuckDB's sort runs); None where the kernel does not say."""
+    try:
+        io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    except OSError:
+        return None
+    return int(io["write_bytes"]) - int(io.get("cancelled_write_bytes", 0))
+
+
 def child(argv: list[str]) -> int:
     stage, config, device, params = argv[0], argv[1], argv[2], json.loads(argv[3])
     if os.environ.get("HABITUS_BENCH_THREADS"):
         import torch
         torch.set_num_threads(int(os.environ["HABITUS_BENCH_THREADS"]))
     out = STAGES[stage](Stage(config, device), **params)
+    out["disk_written_bytes"] = _written_bytes()
     print("RESULT " + json.dumps(out), flush=True)
     return 0
 
@@ -540,19 +558,32 @@ def prepare(name: str, work: Path) -> Path:
 
 
 def bench_dataset(name: str, work: Path, args, say) -> dict:
+    from models.storage import folder_bytes
+
     config = prepare(name, work)
     log = work / f"{name}.log"
     r: dict = {}
 
     def step(key, stage, **params):
         say(f"  {name}: {key} ...")
+        before = folder_bytes(work / name)
         r[key] = run_stage(stage, config, args.device, log, **params)
+        after = folder_bytes(work / name)
+        r[key].update(disk_kept_bytes=after - before, disk_folder_bytes=after)
         say(f"  {name}: {key}: " + ("FAILED " + r[key]["error"] if "error" in r[key] else
-                                    f"{r[key]['wall_seconds']:.1f}s, peak {r[key]['peak_rss_gb']:.2f} GB"))
+                                    f"{r[key]['wall_seconds']:.1f}s, peak {r[key]['peak_rss_gb']:.2f} GB, "
+                                    f"{r[key]['disk_kept_bytes'] / 1e9:+.2f} GB on disk"))
         return "error" not in r[key]
 
+    # at 100M the references and the variants (LoRA, LightGBM, the 16k scenario) wait for --full: the issue's
+    # stages are extraction, cache, foundation, churn fine-tuning, inference and embeddings
+    lora, lightgbm, skip_16k = args.lora, True, args.skip_16k
+    if name in BIG and not args.full:
+        lora, lightgbm, skip_16k = False, False, True
+
     if name in GENERATED and not (work / name / "warehouse.duckdb").exists():
-        step("generate", "generate", customers=GENERATED[name])
+        customers, products = GENERATED[name]
+        step("generate", "generate", customers=customers, products=products)
     ok = step("extract", "extract") and step("duckdb", "duckdb") and step("cache", "cache")
     if ok and step("foundation", "foundation", profile=_prof(args, name, "foundation")):
         step("embed", "embed")
@@ -561,10 +592,11 @@ def bench_dataset(name: str, work: Path, args, say) -> dict:
             for precision in args.precisions:
                 step(f"predict_churn_{precision}", "predict", name="churn", precision=precision,
                      profile=_prof(args, name, f"predict_churn_{precision}") if precision == "fp32" else None)
-        if args.lora:
+        if lora:
             step("finetune_churn_lora", "finetune", name="churn", method="lora", epochs=None)
-        step("lightgbm_churn", "lightgbm", name="churn")
-        if not args.skip_16k and step("finetune_16k", "finetune", name="propensity_16k", method="full",
+        if lightgbm:
+            step("lightgbm_churn", "lightgbm", name="churn")
+        if not skip_16k and step("finetune_16k", "finetune", name="propensity_16k", method="full",
                                       epochs=args.finetune_16k_epochs, profile=_prof(args, name, "finetune_16k")):
             for precision in args.precisions:
                 step(f"predict_16k_{precision}", "predict", name="propensity_16k", precision=precision)
@@ -586,7 +618,7 @@ def _get(r: dict, stage: str, key: str):
 def summary(results: dict) -> dict:
     """The issue's keys: each from the largest generated dataset that measured it (10m before 1m;
     `measured_on` says which), peaks per dataset."""
-    order = [d for d in ("10m", "1m") if d in results] or list(results)
+    order = [d for d in ("100m", "10m", "1m") if d in results] or list(results)
 
     def pick(stage: str, key: str):
         for d in order:
@@ -595,10 +627,6 @@ def summary(results: dict) -> dict:
                 return v, d
         return None, None
 
-    def peak(d):
-        if d not in results:
-            return None
-        return max((s.get("peak_rss_gb", 0.0) for k, s in results[d].items() if k != "generate"), default=None)
 
     keys = {
         "inference_entities_per_s": ("predict_churn_fp32", "entities_per_s"),
@@ -620,12 +648,14 @@ def summary(results: dict) -> dict:
     out, measured_on = {}, {}
     for name, (stage, key) in keys.items():
         out[name], measured_on[name] = pick(stage, key)
-    out["peak_rss_gb_1m"], out["peak_rss_gb_10m"] = peak("1m"), peak("10m")
+    out["peak_rss_gb_1m"], out["peak_rss_gb_10m"] = peak_gb(results.get("1m")), peak_gb(results.get("10m"))
+    out.update(scale_keys(results))
     out["measured_on"] = measured_on
     return out
 
 
 ROWS = [  # (stage, label, rate key, unit, events-rate key, target key)
+    ("generate", "ref: generate (bench data)", "events_per_s", "events/s", None, None),
     ("extract", "extraction", "events_per_s", "events/s", None, None),
     ("duckdb", "ref: DuckDB scan", "scan_events_per_s", "events/s", None, None),
     ("duckdb", "ref: DuckDB group-by", "groupby_events_per_s", "events/s", None, None),
@@ -648,7 +678,7 @@ ROWS = [  # (stage, label, rate key, unit, events-rate key, target key)
 
 def table(results: dict) -> str:
     lines = [f"{'dataset':<7} {'stage':<26} {'seconds':>8} {'rate':>12} {'unit':<10} {'events/s':>11} "
-             f"{'peak GB':>7} {'target':>9} {'x target':>8} {'x DuckDB':>8}  metric"]
+             f"{'peak GB':>7} {'disk MB':>8} {'target':>9} {'x target':>8} {'x DuckDB':>8}  metric"]
     for ds, r in results.items():
         scan = _get(r, "duckdb", "scan_events_per_s")
         for stage, label, key, unit, ev_key, target in ROWS:
@@ -665,11 +695,13 @@ def table(results: dict) -> str:
             if target in ("cache_events_per_s", "foundation_entities_per_s", "finetune_16k_entities_per_s"):
                 goal = TARGETS[target]
             metric = f"{s['metric']} {s['metric_value']:.4f}" if "metric" in s else ""
+            disk = f"{s['disk_kept_bytes'] / 1e6:,.0f}" if "disk_kept_bytes" in s else ""
             if "epochs" in s:
                 metric = f"{s['epochs']} epoch(s); " + metric
             lines.append(
                 f"{ds:<7} {label:<26} {seconds or 0:>8.1f} {rate or 0:>12,.0f} {unit:<10} "
                 f"{'' if ev is None else f'{ev:,.0f}':>11} {s['peak_rss_gb']:>7.2f} "
+                f"{disk:>8} "
                 f"{'' if goal is None else f'{goal:,}':>9} {'' if goal is None else f'{rate / goal:.2f}':>8} "
                 f"{'' if not (ev and scan) else f'{ev / scan:.3f}':>8}  {metric}")
     return "\n".join(lines)
@@ -678,7 +710,8 @@ def table(results: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the 1M-event dataset only")
-    ap.add_argument("--datasets", default=None, help="comma list of 1m, 10m, tafeng (default: all; --quick: 1m)")
+    ap.add_argument("--datasets", default=None,
+                    help="comma list of 1m, 10m, 100m, tafeng (default: 1m,10m,tafeng; --quick: 1m)")
     ap.add_argument("--work", default=None, help="folder for data and workspaces (default: a new temporary one; "
                                                    "generated warehouses found there are reused)")
     ap.add_argument("--json", default=None, help="write the table and the issue's keys as JSON here")
@@ -686,6 +719,8 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="fp32,int8,bf16", help="inference precisions to measure")
     ap.add_argument("--no-lora", dest="lora", action="store_false", help="leave out LoRA fine-tuning")
     ap.add_argument("--skip-16k", action="store_true", help="leave out the 16,000-label propensity scenario")
+    ap.add_argument("--full", action="store_true",
+                    help="at 100m too: LoRA, LightGBM and the 16k scenario (hours on 2 cores; left out by default)")
     ap.add_argument("--finetune-16k-epochs", type=int, default=None,
                     help="epochs of the 16k fine-tuning (default: the scenario's 6); the table says how many ran")
     ap.add_argument("--threads", type=int, default=None,
@@ -734,7 +769,14 @@ def main(argv=None) -> int:
     print(text)
     keys = summary(results)
     print("\n" + "\n".join(f"{k:<34} {v if not isinstance(v, float) else f'{v:,.2f}'}  ({keys['measured_on'].get(k) or ''})"
-                            for k, v in keys.items() if k != "measured_on"))
+                            for k, v in keys.items() if k != "measured_on" and not isinstance(v, dict)))
+    print("\nseconds per event, growth per tenfold (linear: <= 1.2):")
+    for stage, by in keys["seconds_per_event_growth"].items():
+        print(f"  {stage:<24} " + "  ".join(f"{step} {g:.2f}x" for step, g in by.items()))
+    print("over linear: " + (", ".join(over_linear(keys["seconds_per_event_growth"])) or "none"))
+    print("cache / source: " + ", ".join(f"{d} {v:.3f}" for d, v in keys["cache_to_source_ratio_by_dataset"].items()))
+    print("disk (GB, the dataset's folder at the end): " + ", ".join(
+        f"{d} {v['total'] / 1e9:.2f}" for d, v in keys["disk_bytes"].items()))
     if args.json:
         Path(args.json).write_text(json.dumps({**keys, "machine": machine, "targets": TARGETS, "stages": results,
                                                "table": text}, indent=2))

@@ -21,6 +21,8 @@ from models.resume import Resumer
 from models.specs import FoundationConfig
 from models.targets import foundation_target
 
+PROBE_CHUNKS = 16  # (as many as a quarter of the plan gave at 10M events: 11 chunks; 1M: 2)
+
 
 def foundation_loss(out: torch.Tensor, y: torch.Tensor, n_columns: int) -> torch.Tensor:
     bce = nn.functional.binary_cross_entropy_with_logits
@@ -58,8 +60,10 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
         y = foundation_target(chunk, cfg.horizon_days, spec.categorical, spec.buckets)
         return chunk, x, y
 
-    # hold out a tenth of the entities (by id) to watch generalization, at the latest cut-off
-    probe = [data(s, lo, hi, cutoffs[-1]) for s, lo, hi in plan[: max(1, math.ceil(len(plan) / 4))]]
+    # hold out a tenth of the entities (by id) to watch generalization, at the latest cut-off: the
+    # features of a quarter of the chunks, at most PROBE_CHUNKS of them (a quarter of 1.75M entities'
+    # features was ~1 GB held for the whole run at 100M events, and ~10 GB at 18M entities)
+    probe = [data(s, lo, hi, cutoffs[-1]) for s, lo, hi in plan[: min(PROBE_CHUNKS, max(1, math.ceil(len(plan) / 4)))]]
     val_rows = [np.flatnonzero(c.entities % 10 == 0) for c, _, _ in probe]
     targets_width = probe[0][2].shape[1]
     net = NetConfig(spec.width, cfg.hidden, cfg.layers, cfg.dropout, spec.scalar_width if cfg.ple_bins else 0,

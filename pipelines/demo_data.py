@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.demo_simulation import simulate_tables
+from pipelines.demo_simulation import simulate_blocks, simulate_tables
 
 DEFAULT_OUT = ".habitus/demo_warehouse.duckdb"  # where examples/demo.yaml looks by default
 
@@ -42,27 +42,31 @@ def generate_demo_warehouse(path: str | os.PathLike, *, customers: int = 20_000,
     if min(customers, products, stores) < 1:
         raise ValueError("customers, products and stores must each be at least 1")
 
-    tables = simulate_tables(start_date, n_days, customers, products, stores, seed)
-
     path = os.fspath(path)
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     _remove(tmp)  # a leftover from an interrupted run
-    con = duckdb.connect(tmp)
+    counts: dict[str, int] = {}
+    con = duckdb.connect(tmp, config={"memory_limit": "1GB", "threads": 1})
     try:
-        for name, table in tables.items():
-            con.register(f"{name}_arrow", table)
-            # purchases arrive sorted by ts; DuckDB preserves insertion order.
-            con.execute(f'CREATE TABLE "{name}" AS SELECT * FROM "{name}_arrow"')
-            con.unregister(f"{name}_arrow")
+        # a block of customers at a time (simulate_blocks): 100M purchases never sit in memory whole
+        for tables in simulate_blocks(start_date, n_days, customers, products, stores, seed):
+            for name, table in tables.items():
+                con.register(f"{name}_arrow", table)
+                # a block's purchases arrive sorted by ts; DuckDB preserves insertion order.
+                con.execute(f'INSERT INTO "{name}" SELECT * FROM "{name}_arrow"' if name in counts else
+                            f'CREATE TABLE "{name}" AS SELECT * FROM "{name}_arrow"')
+                con.unregister(f"{name}_arrow")
+                counts[name] = counts.get(name, 0) + table.num_rows
+            del tables
         con.execute("CHECKPOINT")  # everything in the main file, no WAL to carry along
     finally:
         con.close()
     if os.path.exists(path + ".wal"):  # the old file's WAL must not be replayed onto the new one
         os.remove(path + ".wal")
     os.replace(tmp, path)
-    return {name: table.num_rows for name, table in tables.items()}
+    return {name: counts[name] for name in ("customers", "products", "stores", "purchases")}
 
 
 def append_demo_day(path: str | os.PathLike, *, seed: int = 0) -> tuple[str, int]:

@@ -21,6 +21,7 @@ default size (20k customers, ~1.1M purchase rows) takes a few seconds. Same seed
 from __future__ import annotations
 
 from datetime import date
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -112,8 +113,8 @@ def _sample_columns(probs_of, n_cols: int, u: np.ndarray) -> np.ndarray:
     return choice
 
 
-def _ids(prefix: str, n: int, width: int) -> pa.Array:
-    return pa.array(np.char.add(prefix, np.char.zfill(np.arange(1, n + 1).astype(str), width)))
+def _ids(prefix: str, n: int, width: int, first: int = 1) -> pa.Array:
+    return pa.array(np.char.add(prefix, np.char.zfill(np.arange(first, first + n).astype(str), width)))
 
 
 def _labels(names: np.ndarray, codes: np.ndarray) -> pa.Array:
@@ -309,16 +310,26 @@ def _simulate_visits(rng, cust, day_factor):
     return np.concatenate(visit_cust), np.concatenate(visit_day)
 
 
-def _simulate(start: date, n_days: int, n_customers: int, n_products: int, n_stores: int, seed: int):
+BLOCK_CUSTOMERS = 50_000  # customers simulated at a time: memory stays ~0.5 GB whatever the total
+
+
+def _world(start: date, n_days: int, n_products: int, n_stores: int, seed: int):
+    """What every block shares: the generator (block 0 goes on drawing from it), stores, products and
+    the calendar."""
     rng = np.random.default_rng(seed)
     stores = _make_stores(rng, n_stores)
     prod = _make_products(rng, n_products)
-    cust = _make_customers(rng, n_customers, n_days, stores, prod)
     day_factor, day_of_year = _calendar(start, n_days)
-
     amp = np.array([c[3] for c in CATEGORIES[:prod["n_cat"]]])
     peak = np.array([c[4] for c in CATEGORIES[:prod["n_cat"]]])
     season = 1.0 + amp[:, None] * np.cos(2 * np.pi * (day_of_year[None, :] - peak[:, None]) / 365)
+    return rng, stores, prod, day_factor, season
+
+
+def _simulate(rng, n_days: int, n_customers: int, stores, prod, day_factor, season):
+    """One block of customers and their purchases (customers are independent given the world)."""
+    n_products, n_stores = len(prod["category"]), len(stores["region"])
+    cust = _make_customers(rng, n_customers, n_days, stores, prod)
     chooser = _ProductChooser(prod, cust, season)
     chooser.favourite_groups(rng)
 
@@ -365,13 +376,30 @@ def _simulate(start: date, n_days: int, n_customers: int, n_products: int, n_sto
     order = np.lexsort((visit, v_second[visit]))
     purchases = dict(cust=r_cust[order], second=v_second[visit][order], product=product[order],
                      store=v_store[visit][order], quantity=quantity[order], price=paid[order])
-    return stores, prod, cust, purchases
+    return cust, purchases
 
 
-def _arrow_tables(start: date, stores, prod, cust, purchases) -> dict[str, pa.Table]:
-    customer_id = _ids("C", cust["n"], 7)
-    product_id = _ids("P", len(prod["category"]), 6)
-    store_id = _ids("S", len(stores["region"]), 3)
+
+def _world_tables(stores, prod) -> dict[str, pa.Table]:
+    return {
+        "products": pa.table({
+            "product_id": _ids("P", len(prod["category"]), 6),
+            "category": _labels(np.array([c[0] for c in CATEGORIES]), prod["category"]),
+            "brand": _labels(prod["brand_names"], prod["brand"]),
+            "price_tier": _labels(TIERS, prod["tier"]),
+            "price": pa.array(prod["price"], pa.float64()),
+        }),
+        "stores": pa.table({
+            "store_id": _ids("S", len(stores["region"]), 3),
+            "region": _labels(REGIONS, stores["region"]),
+            "format": _labels(FORMATS, stores["format"]),
+        }),
+    }
+
+
+def _block_tables(start: date, first_id: int, world: dict[str, pa.Table], cust, purchases) -> dict[str, pa.Table]:
+    """A block's customers (ids from `first_id`) and purchases as Arrow tables."""
+    customer_id = _ids("C", cust["n"], 7, first_id)
     start_day = (start - date(1970, 1, 1)).days
     start_us = start_day * 86_400_000_000
     return {
@@ -382,30 +410,39 @@ def _arrow_tables(start: date, stores, prod, cust, purchases) -> dict[str, pa.Ta
             "signup_date": pa.array((start_day + cust["signup"]).astype(np.int32), pa.date32()),
             "segment": _labels(SEGMENTS, cust["segment"]),
         }),
-        "products": pa.table({
-            "product_id": product_id,
-            "category": _labels(np.array([c[0] for c in CATEGORIES]), prod["category"]),
-            "brand": _labels(prod["brand_names"], prod["brand"]),
-            "price_tier": _labels(TIERS, prod["tier"]),
-            "price": pa.array(prod["price"], pa.float64()),
-        }),
-        "stores": pa.table({
-            "store_id": store_id,
-            "region": _labels(REGIONS, stores["region"]),
-            "format": _labels(FORMATS, stores["format"]),
-        }),
         "purchases": pa.table({
             "customer_id": pc.take(customer_id, pa.array(purchases["cust"])),
             "ts": pa.array(start_us + purchases["second"] * 1_000_000, pa.timestamp("us")),
-            "product_id": pc.take(product_id, pa.array(purchases["product"])),
-            "store_id": pc.take(store_id, pa.array(purchases["store"])),
+            "product_id": pc.take(world["products"].column("product_id"), pa.array(purchases["product"])),
+            "store_id": pc.take(world["stores"].column("store_id"), pa.array(purchases["store"])),
             "quantity": pa.array(purchases["quantity"], pa.int32()),
             "price": pa.array(purchases["price"], pa.float64()),
         }),
     }
 
 
+def simulate_blocks(start: date, n_days: int, customers: int, products: int, stores: int,
+                    seed: int) -> Iterator[dict[str, pa.Table]]:
+    """The tables of `n_days` from `start` a block of BLOCK_CUSTOMERS customers at a time: the first
+    block's dict also holds products and stores; every block holds its customers and their purchases
+    (sorted by ts within the block). Block 0 draws on after the world from the seed's generator, block
+    b from its own ([seed, b]): a warehouse of up to BLOCK_CUSTOMERS customers is what one draw gave."""
+    rng, store_info, prod, day_factor, season = _world(start, n_days, products, stores, seed)
+    world = _world_tables(store_info, prod)
+    for b, first in enumerate(range(0, customers, BLOCK_CUSTOMERS)):
+        block_rng = rng if b == 0 else np.random.default_rng([seed, b])
+        n = min(BLOCK_CUSTOMERS, customers - first)
+        tables = _block_tables(start, first + 1, world, *_simulate(block_rng, n_days, n, store_info, prod,
+                                                                   day_factor, season))
+        yield {**world, **tables} if b == 0 else tables
+
+
 def simulate_tables(start: date, n_days: int, customers: int, products: int, stores: int,
                     seed: int) -> dict[str, pa.Table]:
-    """The four tables of `n_days` from `start` (customers, products, stores, purchases sorted by ts)."""
-    return _arrow_tables(start, *_simulate(start, n_days, customers, products, stores, seed))
+    """The four tables of `n_days` from `start` (customers, products, stores; purchases sorted by ts
+    within each block of customers), in memory: simulate_blocks for large sizes."""
+    parts: dict[str, list[pa.Table]] = {}
+    for tables in simulate_blocks(start, n_days, customers, products, stores, seed):
+        for name, t in tables.items():
+            parts.setdefault(name, []).append(t)
+    return {name: pa.concat_tables(ts) for name, ts in parts.items()}

@@ -11,7 +11,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from models.cache.spec import CacheError
-from models.cache.stored import _read_sorted
+from models.cache.stored import _read_sorted, _values
 from models.storage import read_json
 
 
@@ -93,8 +93,10 @@ class Cache:
         return self._lookups[file]
 
     def entity_table(self) -> dict[str, np.ndarray]:
+        """One array per entity attribute, indexed by entity id: views of the memory-mapped file (a cache
+        built before entities.arrow was stored uncompressed decompresses it into memory instead)."""
         table = ipc.open_file(pa.memory_map(str(self.path / "entities.arrow"))).read_all()
-        return {c: table.column(c).to_numpy() for c in table.column_names}
+        return {c: _values(table.column(c)) for c in table.column_names}
 
     def vocab(self, column: str) -> pa.Table:
         return pq.read_table(self.path / "vocab" / f"{column}.parquet")

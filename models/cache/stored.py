@@ -23,7 +23,10 @@ _NUMPY = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int
 def _values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A numeric Arrow column without nulls as numpy, zero-copy from one chunk. Not `to_numpy`: in
     pyarrow 26 its first call imports pandas, 0.6 s and 50 MB a process that does not need it."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(column, pa.ChunkedArray):  # (combine_chunks copies even one chunk: a mapped file's would load)
+        arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    else:
+        arr = column
     dtype = _NUMPY.get(arr.type)
     if dtype is None or arr.null_count:
         return arr.to_numpy(zero_copy_only=False)
