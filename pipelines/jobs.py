@@ -8,6 +8,11 @@
 Asset checks of the selected assets run with them, so a blocking check stops what follows it.
 Each job tags its runs with habitus/kind (extraction, training, scoring): dagster.yaml's run queue
 lets one training run at a time start on a machine.
+
+An extraction run executes in its run's own process (Dagster's in-process executor; off Kubernetes):
+the multiprocess default starts a Python per step and asset check (6 for a source), each importing the
+whole code location (torch included, ~7 s of CPU), for a step that takes seconds; the queue already
+runs extractions side by side, and the RetryPolicy works the same in process.
 """
 
 import dagster as dg
@@ -31,6 +36,7 @@ def build_jobs(project) -> dict:
         name = extract_job_name(s.name)
         jobs[name] = dg.define_asset_job(
             name, selection=dg.AssetSelection.assets(source_key(s.name)), tags=EXTRACTION,
+            executor_def=None if project.kubernetes is not None else dg.in_process_executor,
             description=f"Extract partitions of source/{s.name} (launched by the sensor {s.name}_new_data)")
     jobs["train"] = dg.define_asset_job(
         "train", selection=dg.AssetSelection.groups("training", "scenarios"), tags=TRAINING,
