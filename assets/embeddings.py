@@ -14,12 +14,14 @@ import numpy as np
 
 from assets.cache import CACHE_KEY, current_cache
 from assets.foundation import FOUNDATION_KEY
-from assets.predictions import as_of_time, write_entity_file
+from assets.predictions import CHUNK_ENTITIES, as_of_time, parts_of_day, scoring_pool, write_entity_file
 from models.checkpoint import load_checkpoint
 from models.features import WINDOWS, FeatureSpec
 from models.network import NetConfig, Trunk
+from models.parts import Scorer
 from models.predict import embed, embedding_width
 from models.quantize import for_inference
+from models.storage import combine
 from resources.workspace import Workspace, locked
 
 EMBEDDINGS_KEY = dg.AssetKey("embeddings")
@@ -58,7 +60,8 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
     def embeddings(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         started = time.time()
         workspace: Workspace = context.resources.workspace
-        device = context.resources.executor.setup()
+        executor = context.resources.executor
+        device = executor.setup()
         cache = current_cache(workspace)
         state, config = load_checkpoint(workspace.foundation)
         if not cache.fits(config):
@@ -66,22 +69,37 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
                              "ids differ); materialize foundation_model again before exporting embeddings")
         trunk = Trunk(NetConfig(**config["net"]))
         trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
-        trunk = for_inference(trunk, context.resources.executor.inference_precision).to(device)
+        trunk = for_inference(trunk, executor.inference_precision).to(device)
         spec = FeatureSpec.from_dict(config["feature_spec"])
+        params = {"cache": str(cache.path), "cache_fingerprint": cache.fingerprint,
+                  "checkpoint": str(workspace.foundation), "weights_sha256": config["weights_sha256"],
+                  "precision": executor.inference_precision, "chunk_entities": CHUNK_ENTITIES, "scalars": True}
         rows, files = 0, []
-        for day in context.partition_keys:  # a backfill embeds up to 31 days in one run
-            as_of = as_of_time(day)
-            if as_of.timestamp() > cache.time_range[1] + 86_400:
-                context.log.warning(f"embedding as of {as_of.isoformat()}, after the newest event in the cache "
-                                    f"({datetime.fromtimestamp(cache.time_range[1], timezone.utc).isoformat()}): "
-                                    f"extract newer partitions for fresh embeddings")
-            batches = embed(trunk, cache, spec, int(as_of.timestamp()), dtype=np.float16, device=device)
-            path = workspace.embeddings / f"{day}.parquet"
-            day_rows = write_entity_file(cache, batches, path, project.entity, config["weights_sha256"][:16], as_of)
-            if day_rows == 0:
-                raise dg.Failure(f"no entity has history before {as_of.isoformat()}: nothing to embed")
-            rows += day_rows
-            files.append(path)
+        with scoring_pool(context, executor, device, Scorer("models.predict:embedding_scorer", params),
+                          cache) as pool:
+            for day in context.partition_keys:  # a backfill embeds up to 31 days in one run
+                as_of = as_of_time(day)
+                cutoff = int(as_of.timestamp())
+                if cutoff > cache.time_range[1] + 86_400:
+                    context.log.warning(f"embedding as of {as_of.isoformat()}, after the newest event in the cache "
+                                        f"({datetime.fromtimestamp(cache.time_range[1], timezone.utc).isoformat()}): "
+                                        f"extract newer partitions for fresh embeddings")
+                parts = None
+                if pool is None:
+                    batches = embed(trunk, cache, spec, cutoff, dtype=np.float16, device=device,
+                                    chunk_entities=CHUNK_ENTITIES)
+                else:  # several processes, a part each, read back in chunk order
+                    parts = parts_of_day(context, pool, workspace.embeddings, day,
+                                         combine("embeddings", params, cutoff), cache, cutoff)
+                    batches = parts.batches()
+                path = workspace.embeddings / f"{day}.parquet"
+                day_rows = write_entity_file(cache, batches, path, project.entity, config["weights_sha256"][:16], as_of)
+                if day_rows == 0:
+                    raise dg.Failure(f"no entity has history before {as_of.isoformat()}: nothing to embed")
+                if parts is not None:
+                    parts.remove()
+                rows += day_rows
+                files.append(path)
         seconds = time.time() - started
         return dg.MaterializeResult(metadata={
             "rows": dg.MetadataValue.int(rows), "width": dg.MetadataValue.int(embedding_width(trunk, spec)),

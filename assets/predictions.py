@@ -5,6 +5,7 @@ Multilabel rows hold the top `predictions.top_k` labels, or every label with `pr
 `predictions.without_history: flag` adds a row (null scores, has_history false) for each entity of the
 cache with no event before as_of. The README's "Outputs" section lists the columns."""
 
+import contextlib
 import os
 import time
 from datetime import datetime, timedelta, timezone
@@ -20,9 +21,11 @@ from assets.scenarios import scenario_key
 from assets.serving import CHECKPOINT_NOTE, load_serving, serving_checkpoint
 from assets.sources import connection_key
 from models.cache import Cache
+from models.loop import chunk_plan
+from models.parts import Parts, Pool, Scorer, staging
 from models.predict import load_model, predict
 from models.quantize import for_inference
-from models.storage import DiskFullError, durable_replace, is_disk_full
+from models.storage import DiskFullError, combine, durable_replace, is_disk_full
 from models.stacking_head import load_head
 from models.tasks import task as task_of
 from resources.executor import TrainingExecutor
@@ -99,10 +102,11 @@ def write_day(cache, batches, path: Path, name: str, entity_column: str, fingerp
 
 
 def write_days(context, asset: str, name: str, folder: Path, batches_of, cache, entity_column: str, fingerprint: str,
-               sink=None, table: str | None = None, unit: str = "rows") -> tuple[int, int, list[Path]]:
+               sink=None, table: str | None = None, unit: str = "rows", written=None) -> tuple[int, int, list[Path]]:
     """Each day of the run's partitions (a backfill: up to 31 in one run): `batches_of(day, as_of)` of
     scenario `name` written by write_day to `folder`/<day>.parquet and, with a sink, to the `table` of its
-    connection; logged as `<asset>/<name> <day>: <rows> <unit>`. Returns (rows, rows written back, files)."""
+    connection; logged as `<asset>/<name> <day>: <rows> <unit>`; then `written(day)`, if given (the day's
+    parts go once its file is in place). Returns (rows, rows written back, files)."""
     warehouse = getattr(context.resources, connection_key(sink.connection)) if sink is not None else None
     rows, written_back, files = 0, 0, []
     for day in context.partition_keys:
@@ -111,9 +115,40 @@ def write_days(context, asset: str, name: str, folder: Path, batches_of, cache, 
         day_rows, day_written = write_day(cache, batches_of(day, as_of), path, name, entity_column, fingerprint, as_of,
                                           warehouse, table)
         context.log.info(f"{asset}/{name} {day}: {day_rows:,} {unit}")
+        if written is not None:
+            written(day)
         rows, written_back = rows + day_rows, written_back + day_written
         files.append(path)
     return rows, written_back, files
+
+
+@contextlib.contextmanager
+def scoring_pool(context, executor: TrainingExecutor, device: str, scorer: Scorer, cache):
+    """The run's scoring processes (models/parts.py), as many as the executor gives `device` for the
+    cache's chunks (inference_processes; by default one per GPU or core, a small cache one); None when
+    that is one: this process scores alone, nothing is staged."""
+    devices, threads = executor.inference_plan(device, len(chunk_plan(cache, CHUNK_ENTITIES)))
+    if len(devices) == 1:
+        yield None
+        return
+    context.log.info(f"scoring in {len(devices)} processes ({', '.join(devices)}), {threads} torch thread(s) each")
+    with Pool(scorer, len(devices), devices, threads, log=context.log.info) as pool:
+        yield pool
+
+
+def parts_of_day(context, pool: Pool, folder: Path, day: str, key: str, cache, cutoff: int) -> Parts:
+    """The day's parts, every chunk scored by one of the pool's processes (those a killed run left
+    complete are kept): whole, ready to be read in order."""
+    parts = Parts(staging(folder, day), key, len(chunk_plan(cache, CHUNK_ENTITIES)))
+    kept = parts.chunks - len(parts.todo())
+    done = pool.day(parts, cutoff)
+    context.log.info(f"{folder.name} {day}: " + ", ".join(f"process {d['rank']} {d['rows']:,} rows in {d['chunks']} chunks"
+                                                          for d in done)
+                     + (f"; {kept} chunks kept from an earlier run" if kept else ""))
+    return parts
+
+
+CHUNK_ENTITIES = 8192  # models.predict's chunk: the same chunks whatever the number of processes
 
 
 def without_history(cache, cutoff: int) -> np.ndarray:
@@ -166,14 +201,22 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
         if precision == "int8" and not device.startswith("cpu"):
             raise dg.Failure(f"scenarios.{name}.inference_precision int8 runs on the CPU only (device {device}); "
                              f"use bf16 on GPUs")
-        model = for_inference(model, precision)  # fp32, int8 (CPU) or bf16: the scenario's, else the executor's
+        # fp32, int8 (CPU) or bf16: the scenario's, else the executor's
+        model = for_inference(model.to(device), precision)
         # the head chosen on validation, saved with the checkpoint (None: an older one, the network alone)
-        head = load_head(serving_checkpoint(workspace, name)[0], config)
+        checkpoint = serving_checkpoint(workspace, name)[0]
+        head = load_head(checkpoint, config)
         fingerprint = config["weights_sha256"][:16]
         settings = project.predictions
         k = settings.top_k
         if settings.format == "all" and task_of(task).writes_every_label:  # every label, best first
             k = len(config.get("label_values") or ()) or model.head.linear.out_features
+
+        label_names = config.get("label_values") or None
+        params = {"cache": str(cache.path), "cache_fingerprint": cache.fingerprint, "checkpoint": str(checkpoint),
+                  "weights_sha256": config["weights_sha256"], "precision": precision, "k": k,
+                  "label_names": label_names, "chunk_entities": CHUNK_ENTITIES}
+        folder, staged = workspace.predictions(name), {}
 
         def batches_of(day: str, as_of: datetime):
             cutoff = int(as_of.timestamp())
@@ -181,13 +224,21 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
                 context.log.warning(f"scoring as of {as_of.isoformat()}, after the newest event in the cache "
                                     f"({datetime.fromtimestamp(cache.time_range[1], timezone.utc).isoformat()}): "
                                     f"extract newer partitions for fresh scores")
-            batches = predict(model, cache, spec, task, cutoff, k=k, label_names=config.get("label_values") or None,
-                              device=device, head=head)
+            if pool is None:
+                batches = predict(model, cache, spec, task, cutoff, k=k, label_names=label_names, device=device,
+                                  head=head, chunk_entities=CHUNK_ENTITIES)
+            else:  # several processes, a part each; read back in chunk order: what one process yields
+                key = combine("predictions", params, config.get("stack"), cutoff)
+                staged[day] = parts_of_day(context, pool, folder, day, key, cache, cutoff)
+                batches = staged[day].batches()
             return flag_without_history(batches, cache, cutoff) if settings.without_history == "flag" else batches
 
-        rows, written_back, files = write_days(context, "predictions", name, workspace.predictions(name), batches_of,
-                                               cache, project.entity, fingerprint, sink,
-                                               f"{sink.table}_{name}" if sink else None)
+        with scoring_pool(context, executor, device, Scorer("models.predict:scenario_scorer", params),
+                          cache) as pool:
+            rows, written_back, files = write_days(context, "predictions", name, folder, batches_of, cache,
+                                                   project.entity, fingerprint, sink,
+                                                   f"{sink.table}_{name}" if sink else None,
+                                                   written=lambda day: staged.pop(day).remove() if day in staged else None)
         seconds = time.time() - started
         return dg.MaterializeResult(metadata={
             "rows": dg.MetadataValue.int(rows),

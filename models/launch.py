@@ -40,6 +40,19 @@ def scenario_job(cache, foundation_path, foundation_sha256: str, task: TaskSpec,
             "config": config_dict(cfg), "device": device}
 
 
+def child_env(extra: dict | None = None) -> dict:
+    """The environment of a process this one starts to run `models/` (torchrun's ranks, the scoring
+    processes of models/parts.py): this one's, with the repository and every folder on sys.path
+    outside the interpreter's own on PYTHONPATH, so the child imports what this process can (a
+    scenario's target function, say); `extra` on top."""
+    root = str(Path(__file__).resolve().parents[1])
+    paths = [os.path.abspath(p or os.getcwd()) for p in sys.path
+             if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))]
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([root, *paths, *filter(None, [env.get("PYTHONPATH")])]))
+    return env
+
+
 def write_job(job_dir, job: dict) -> None:
     Path(job_dir, JOB).write_text(json.dumps(job, indent=2))
 

@@ -30,18 +30,33 @@ class ExecutorError(ValueError):
     pass
 
 
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity: a container's CPU set), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# fewer than this many entity chunks per scoring process and the children's start (importing torch:
+# 2-4 CPU-seconds each) costs more than they score (a chunk of 8,192 entities takes seconds on a core)
+CHUNKS_PER_PROCESS = 2
+
+
 class TrainingExecutor(dg.ConfigurableResource):
     """`device`: auto (a GPU when one is visible), cpu, cuda or cuda:N. `precision`: fp32, or bf16
     mixed precision (torch.autocast) on GPUs. `inference_precision`: fp32, int8 (dynamic
     quantization, CPU) or bf16, for predictions and embeddings. `processes`: 1 trains in the
     asset's process; N > 1 runs N processes under torchrun (one per GPU); 0 takes one per GPU
-    visible (one without a GPU), as a Kubernetes pod with a GPU request does."""
+    visible (one without a GPU), as a Kubernetes pod with a GPU request does.
+    `inference_processes`: how many processes score predictions and embeddings (models/parts.py),
+    each writing its part of the day: unset takes one per GPU on GPUs and one per core on CPUs (one
+    torch thread each), as long as each gets two chunks of the cache (a small cache: one process);
+    `threads` (default: every core) are shared among them."""
 
     device: str = "auto"
     threads: int | None = None
     precision: str = "fp32"
     inference_precision: str = "fp32"
     processes: int = Field(1, ge=0)
+    inference_processes: int | None = Field(None, ge=1)
     nnodes: int = Field(1, ge=1)
     rdzv_endpoint: str | None = None
     rdzv_id: str = "habitus"
@@ -83,6 +98,30 @@ class TrainingExecutor(dg.ConfigurableResource):
             raise ExecutorError(f"executor processes {self.processes} > the {torch.cuda.device_count()} GPU(s) "
                                 f"visible; lower processes or request more GPUs")
         return device
+
+    def inference_plan(self, device: str, chunks: int) -> tuple[list[str], int]:
+        """(the device of each scoring process, torch threads per process) for predictions and
+        embeddings of `chunks` entity chunks on `device` (what `setup` returned): `inference_processes`,
+        else one per GPU or per core, at most one per CHUNKS_PER_PROCESS chunks; the cores (`threads`,
+        else all this process may use) are split among them."""
+        import torch
+
+        cores = self.threads or cpu_cores()
+        most = max(1, chunks // CHUNKS_PER_PROCESS)
+        if device.startswith("cuda"):
+            gpus = torch.cuda.device_count()
+            n = self.inference_processes or (min(gpus, most) if device == "cuda" else 1)
+            if n > 1 and device != "cuda":
+                raise ExecutorError(f"executor device {device!r} names one GPU but inference_processes is {n}: use "
+                                    f"device cuda (each scoring process takes a GPU of its own)")
+            if n > gpus:
+                raise ExecutorError(f"executor inference_processes {n} > the {gpus} GPU(s) visible; lower it or "
+                                    f"request more GPUs")
+            devices = [f"cuda:{i}" for i in range(n)] if n > 1 else [device]
+        else:
+            n = self.inference_processes or min(cores, most)
+            devices = ["cpu"] * n
+        return devices, max(1, cores // n)
 
     def autocast(self, device: str):
         """The training precision's context (bf16: torch.autocast on the GPU)."""
