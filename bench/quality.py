@@ -270,14 +270,21 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def dataset_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every benchmark over these datasets shares (bench/stacking.py too): --dataset,
+    --customers (the demo's size) and --json."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=DATASETS, default="tafeng")
     parser.add_argument("--customers", type=int, default=20_000, help="demo size")
+    parser.add_argument("--json", help="also write the figures as JSON to this path")
+    return parser
+
+
+def main() -> None:
+    parser = dataset_parser(__doc__)
     parser.add_argument("--tasks", help=f"comma-separated rows to run (default all: {','.join(row_names(0.1))})")
     parser.add_argument("--label-share", type=float, default=0.1,
                         help="also train churn and propensity on the labels of this share of the entities (0: skip)")
-    parser.add_argument("--json", help="also write the figures as JSON to this path")
     args = parser.parse_args()
     if not 0 <= args.label_share <= 1:
         parser.error(f"--label-share must be in [0, 1], got {args.label_share}")

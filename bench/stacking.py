@@ -20,7 +20,6 @@ embeddings, targets, network scores) there and `--reuse` reads them back instead
 for trying the stack's options on the same network.
 """
 
-import argparse
 import json
 import sys
 import tempfile
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from quality import DATASETS, dataset_spec, machine, tasks  # noqa: E402
+from quality import dataset_parser, dataset_spec, machine, tasks  # noqa: E402
 
 from models.baselines import _top_labels, lightgbm_scores  # noqa: E402
 from models.cache import Cache, build_cache  # noqa: E402
@@ -204,16 +203,13 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", choices=DATASETS, default="tafeng")
-    parser.add_argument("--customers", type=int, default=20_000, help="demo size")
+    parser = dataset_parser(__doc__)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--embeddings", default="pca",
                         help="comma-separated variants: StackConfig.embedding, then /field=value changes "
                              "(pca/components=8)")
     parser.add_argument("--keep", help="folder for each task's rows (npz)")
     parser.add_argument("--reuse", action="store_true", help="read the rows from --keep instead of training")
-    parser.add_argument("--json", help="also write the figures as JSON to this path")
     args = parser.parse_args()
     only = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     embeddings = tuple(e.strip() for e in args.embeddings.split(",") if e.strip())
