@@ -67,19 +67,42 @@ class Sources:
         spec = self.spec(events, entity_attributes, attributes, shard_events)
         return Cache(build_cache(spec, self.root / root, log=lambda _: None))
 
+    def customer_events(self, customers: int, draw, seed: int, ids: str = "cust{:04d}",
+                        name: str = "purchases") -> TableInput:
+        """The events of `customers` customers: `draw(rng, i)` -> customer i's (days, products, prices),
+        drawn in customer order from one generator seeded `seed`; customer i is named ids.format(i)."""
+        rng = np.random.default_rng(seed)
+        customer, ts, product, price = [], [], [], []
+        for i in range(customers):
+            days, products, prices = draw(rng, i)
+            customer += [ids.format(i)] * len(days)
+            ts += [self.at(d) for d in days]
+            product += list(products)
+            price += list(prices)
+        return self.events(self.write_events(name, customer, ts, product, price))
+
     def segment_purchases(self, customers: int, span_days: int, seed: int, shard_events: int = 3000) -> Cache:
         """Customers of three segments, each buying mostly (80%) its own 4 of 12 products, about 0.4
         purchases a day over `span_days`: a multilabel world whose labels a model can learn."""
-        rng = np.random.default_rng(seed)
-        customer, ts, product = [], [], []
-        for i in range(customers):
+        def draw(rng, i):
             k = rng.poisson(0.4 * span_days)
-            customer += [f"c{i:04d}"] * k
-            ts += [self.at(d) for d in np.sort(rng.uniform(0, span_days, k))]
+            days = np.sort(rng.uniform(0, span_days, k))
             own = rng.random(k) < 0.8
-            product += [f"p{(i % 3) * 4 + j}" if o else f"p{j}" for j, o in zip(rng.integers(0, 4, k), own)]
-        return self.build(self.events(self.write_events("purchases", customer, ts, product, [1.0] * len(ts))),
-                          shard_events=shard_events)
+            return days, [f"p{(i % 3) * 4 + j}" if o else f"p{j}" for j, o in zip(rng.integers(0, 4, k), own)], [1.0] * k
+
+        return self.build(self.customer_events(customers, draw, seed, ids="c{:04d}"), shard_events=shard_events)
+
+    def churning_purchases(self, customers: int, span_days: int, seed: int, price_scales=(5.0, 5.0, 5.0),
+                           shard_events: int = 4_000_000) -> Cache:
+        """Customers of three segments (i % 3: their own products, prices gamma(2, price_scales[i % 3])),
+        half of whom stop buying at a random day before `span_days`: a churn world for the training loops."""
+        def draw(rng, i):
+            stop = min(rng.uniform(20, span_days + 40) if rng.random() < 0.5 else span_days, span_days)
+            days = np.sort(rng.uniform(0, stop, rng.poisson(rng.uniform(0.15, 0.6) * stop)))
+            return (days, [f"p{i % 3}{j}" for j in rng.choice(4, len(days), p=[0.55, 0.25, 0.15, 0.05])],
+                    rng.gamma(2.0, price_scales[i % 3], len(days)).round(2))
+
+        return self.build(self.customer_events(customers, draw, seed), shard_events=shard_events)
 
     def random_purchases(self, events: int, customers: int, span_days: float, seed: int = 0) -> Cache:
         """`events` purchases of 20 products by `customers` customers at uniform times over `span_days`,
@@ -143,6 +166,19 @@ def segment_foundation(module_sources):
     test_cutoff = module_sources.at(SEGMENT_SPAN_DAYS - SEGMENT_HORIZON)
     foundation = train_foundation(cache, cfg, test_cutoff - SEGMENT_HORIZON * DAY, device="cpu", log=lambda _: None)
     return cache, test_cutoff, foundation
+
+
+@pytest.fixture(scope="module")
+def segment_labels(segment_foundation):
+    """`segment_labels(task)`: segment_foundation's (cache, test cut-off, foundation) and a TaskSpec of
+    `task` ("multilabel", "multiclass") whose labels are every product, over the 14 days of the horizon."""
+    from models.specs import TaskSpec
+    from models.targets import TargetSpec
+
+    cache, test_cutoff, foundation = segment_foundation
+    every = tuple(range(1, cache.columns["product_id"]["vocab_size"] + 1))
+    return lambda task: (cache, test_cutoff, foundation,
+                         TaskSpec(task, TargetSpec("any_event", SEGMENT_HORIZON, "product_id", every)))
 
 
 @pytest.fixture

@@ -28,18 +28,7 @@ CHURN = TaskSpec("binary", TargetSpec("no_event", HORIZON, active_days=30))
 
 @pytest.fixture(scope="module")
 def world(module_sources):
-    src = module_sources
-    rng = np.random.default_rng(1)
-    customer, ts, product, price = [], [], [], []
-    for i in range(200):
-        stop = min(rng.uniform(20, SPAN + 40) if rng.random() < 0.5 else SPAN, SPAN)
-        days = np.sort(rng.uniform(0, stop, rng.poisson(rng.uniform(0.15, 0.6) * stop)))
-        customer += [f"cust{i:04d}"] * len(days)
-        ts += [src.at(d) for d in days]
-        product += [f"p{i % 3}{j}" for j in rng.choice(4, len(days), p=[0.55, 0.25, 0.15, 0.05])]
-        price += rng.gamma(2.0, 5.0, len(days)).round(2).tolist()
-    cache = src.build(src.events(src.write_events("purchases", customer, ts, product, price)))
-    return cache, src.at(SPAN - HORIZON)
+    return module_sources.churning_purchases(200, SPAN, seed=1), module_sources.at(SPAN - HORIZON)
 
 
 def _cpu_bf16():  # as models.distributed.autocast on a GPU: no weight cache across the loop's steps

@@ -26,18 +26,15 @@ TOLERANCE = 0.01
 STEPS = 64
 
 
+def _purchases(rng, i):
+    k = int(rng.integers(1, 40))
+    return np.sort(rng.uniform(0, 150, k)), [f"p{j}" for j in rng.integers(0, 12, k)], np.round(rng.gamma(2.0, 5.0, k), 2)
+
+
 @pytest.fixture(scope="module")
 def world(module_sources):
     s = module_sources
-    rng = np.random.default_rng(7)
-    customer, ts, product, price = [], [], [], []
-    for i in range(80):
-        k = int(rng.integers(1, 40))
-        customer += [f"c{i:03d}"] * k
-        ts += [s.at(d) for d in np.sort(rng.uniform(0, 150, k))]
-        product += [f"p{j}" for j in rng.integers(0, 12, k)]
-        price += list(np.round(rng.gamma(2.0, 5.0, k), 2))
-    events = s.events(s.write_events("purchases", customer, ts, product, price))
+    events = s.customer_events(80, _purchases, seed=7, ids="c{:03d}")
     customers = s.write("customers", customer_id=[f"c{i:03d}" for i in range(80)],
                         segment=[["budget", "family", "premium"][i % 3] for i in range(80)],
                         age=[float(20 + i % 50) if i % 7 else None for i in range(80)])

@@ -53,16 +53,7 @@ def world(module_sources):
     """300 customers of three segments, half of whom stop buying; 5 shards of 2 chunks each (one
     full, one small), so the ranks' shares hold different numbers of batches."""
     src = module_sources
-    rng = np.random.default_rng(0)
-    customer, ts, product, price = [], [], [], []
-    for i in range(300):
-        stop = min(rng.uniform(20, SPAN + 40) if rng.random() < 0.5 else SPAN, SPAN)
-        days = np.sort(rng.uniform(0, stop, rng.poisson(rng.uniform(0.15, 0.6) * stop)))
-        customer += [f"cust{i:04d}"] * len(days)
-        ts += [src.at(d) for d in days]
-        product += [f"p{i % 3}{j}" for j in rng.choice(4, len(days), p=[0.55, 0.25, 0.15, 0.05])]
-        price += rng.gamma(2.0, 4.0 + 6.0 * (i % 3), len(days)).round(2).tolist()
-    cache = src.build(src.events(src.write_events("purchases", customer, ts, product, price)), shard_events=2500)
+    cache = src.churning_purchases(300, SPAN, seed=0, price_scales=(4.0, 10.0, 16.0), shard_events=2500)
     return cache, src.at(SPAN - HORIZON)
 
 

@@ -14,31 +14,28 @@ from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
 from models.features import FeatureSpec, chunk_at
 from models.finetune import finetune
 from models.predict import predict
-from models.specs import FinetuneConfig, TaskSpec
-from models.targets import TargetSpec, future_rows
+from models.specs import FinetuneConfig
+from models.targets import future_rows
 from models.tasks import TASKS, task
 from models.tasks.multiclass import multiclass_metrics
 
 N_CUSTOMERS, HORIZON = 240, 14  # (tests/models/conftest.py: segment_foundation)
-FINETUNE = FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=64, seed=0)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def world(segment_foundation):
-    cache, test_cutoff, foundation = segment_foundation
-    vocab = cache.columns["product_id"]["vocab_size"]
-    spec = TaskSpec("multiclass", TargetSpec("any_event", HORIZON, "product_id", tuple(range(1, vocab + 1))))
-    return cache, test_cutoff, foundation, spec
+def world(segment_labels):
+    return segment_labels("multiclass")
 
 
 @pytest.fixture(scope="module")
 def trained(world):
     cache, test_cutoff, foundation, spec = world
     plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
+    cfg = FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=64, seed=0)
     result = finetune(cache, foundation.model.state_dict(), foundation.info, spec, list(plan.train_cutoffs),
-                      plan.val_cutoff, FINETUNE, device="cpu", log=lambda _: None)
+                      plan.val_cutoff, cfg, device="cpu", log=lambda _: None)
     return plan, result
 
 

@@ -23,18 +23,14 @@ FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=
                               min_history_days=28)
 
 
+def _purchases(rng, i):
+    days = np.sort(rng.uniform(0, SPAN, rng.poisson(rng.uniform(0.1, 0.5) * SPAN)))
+    return days, [f"p{j}" for j in rng.choice(5, len(days))], rng.gamma(2.0, 5.0, len(days)).round(2)
+
+
 @pytest.fixture(scope="module")
 def cache(module_sources):
-    src = module_sources
-    rng = np.random.default_rng(2)
-    customer, ts, product, price = [], [], [], []
-    for i in range(160):
-        days = np.sort(rng.uniform(0, SPAN, rng.poisson(rng.uniform(0.1, 0.5) * SPAN)))
-        customer += [f"cust{i:04d}"] * len(days)
-        ts += [src.at(d) for d in days]
-        product += [f"p{j}" for j in rng.choice(5, len(days))]
-        price += rng.gamma(2.0, 5.0, len(days)).round(2).tolist()
-    return src.build(src.events(src.write_events("purchases", customer, ts, product, price)), shard_events=1500)
+    return module_sources.build(module_sources.customer_events(160, _purchases, seed=2), shard_events=1500)
 
 
 def _free_port() -> int:

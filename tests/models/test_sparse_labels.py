@@ -38,12 +38,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def world(segment_foundation):
+def world(segment_labels):
     """Customers of three segments, each buying mostly its own products of 12."""
-    cache, test_cutoff, foundation = segment_foundation
-    vocab = cache.columns["product_id"]["vocab_size"]
-    task = TaskSpec("multilabel", TargetSpec("any_event", HORIZON, "product_id", tuple(range(1, vocab + 1))))
-    return cache, test_cutoff, foundation, task
+    return segment_labels("multilabel")
 
 
 def _dense_history(chunk, target, vocab_size, half_lives) -> np.ndarray:
