@@ -347,15 +347,17 @@ def kill_and_restart(server: Restartable, down_s: float = 0.5):
     return drop, restore
 
 
-def _snowflake_rows(wh):
+def _cursor_rows(wh, quote: str):
+    """A write-back table's rows through a DB-API connector's cursor (Snowflake quotes names with ", Hive with `)."""
     def rows(table):
         with wh._cursor(table) as cur:
-            cur.execute(f'SELECT "customer_id", "score", "as_of" FROM "{table}"')
+            cur.execute(f"SELECT {', '.join(quote + c + quote for c in ('customer_id', 'score', 'as_of'))} "
+                        f"FROM {quote}{table}{quote}")
             return cur.fetchall()
     return rows
 
 
-def _bad_sql(wh):
+def _cursor_bad_sql(wh):
     with wh._cursor("events") as cur:
         cur.execute("SELEC customer_id FROM events")
 
@@ -369,14 +371,14 @@ def test_snowflake_extraction_survives_a_server_restart(fakesnow, tmp_path):
 
 def test_snowflake_permanent_errors_are_not_retried(fakesnow, tmp_path):
     _, wh, _, _, _, _ = fakesnow
-    check_permanent_errors_fail_at_once(tmp_path, wh, _bad_sql)
+    check_permanent_errors_fail_at_once(tmp_path, wh, _cursor_bad_sql)
 
 
 def test_snowflake_write_back_survives_a_dropped_connection(fakesnow):
     """The network between client and server goes (a proxy resets every connection) after the first staged
     file: fakesnow's rows live in memory, so its server stays up and keeps the day's old rows to check."""
     _, _, _, _, proxy, wh = fakesnow
-    check_write_survives_a_drop(wh, _snowflake_rows(wh), "habitus_scores", f"127.0.0.1:{proxy.port}", proxy.down,
+    check_write_survives_a_drop(wh, _cursor_rows(wh, '"'), "habitus_scores", f"127.0.0.1:{proxy.port}", proxy.down,
                                 proxy.up, file_rows=2)
 
 
@@ -408,19 +410,6 @@ def spark(tmp_path_factory):
     server.stop()
 
 
-def _hive_rows(wh):
-    def rows(table):
-        with wh._cursor(table) as cur:
-            cur.execute(f"SELECT customer_id, score, as_of FROM `{table}`")
-            return cur.fetchall()
-    return rows
-
-
-def _hive_bad_sql(wh):
-    with wh._cursor("events") as cur:
-        cur.execute("SELEC customer_id FROM events")
-
-
 class SmallFetches:
     """Hive reads 8 rows a fetch here, so a read makes many round trips and the kill lands between two."""
     default_batch_rows = 8
@@ -437,13 +426,14 @@ def test_hive_extraction_survives_a_server_restart(spark, tmp_path):
 
 def test_hive_permanent_errors_are_not_retried(spark, tmp_path):
     _, wh, _ = spark
-    check_permanent_errors_fail_at_once(tmp_path, wh, _hive_bad_sql)
+    check_permanent_errors_fail_at_once(tmp_path, wh, _cursor_bad_sql)
 
 
 def test_hive_write_back_survives_a_dropped_connection(spark):
     server, wh, host = spark
     # 2 rows a statement: the load goes through a staging table, and dies after its first INSERT
-    check_write_survives_a_drop(wh, _hive_rows(wh), "habitus_scores", host, *kill_and_restart(server), insert_rows=2)
+    check_write_survives_a_drop(wh, _cursor_rows(wh, '`'), "habitus_scores", host, *kill_and_restart(server),
+                                insert_rows=2)
 
 
 # --------------------------------------------------------------------------- BigQuery (bqemulator)
