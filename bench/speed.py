@@ -3,10 +3,15 @@
     .venv/bin/python bench/speed.py --quick                       # 1M generated events only
     .venv/bin/python bench/speed.py --json speed.json             # 1M, 10M and Ta-Feng
     .venv/bin/python bench/speed.py --datasets tafeng --device cuda
+    .venv/bin/python bench/speed.py --datasets 1m,10m,100m --json speed.json   # hours on 2 cores, ~12 GB of disk
 
 Datasets: the demo generator (pipelines/demo_data.py) scaled by customers (17,500 customers give
-about 1M purchases, 175,000 about 10M; 20,000 products so that a 16,000-label propensity scenario
-has its labels) and ../shared/data/tafeng (817k real events). Each dataset gets a project config
+about 1M purchases, 175,000 about 10M, with 20,000 products so that a 16,000-label propensity scenario
+has its labels; 1.75M customers and 100,000 products about 100M, written a block of customers at a
+time) and ../shared/data/tafeng (817k real events). At 100m the variants and references (LoRA,
+LightGBM, the 16k scenario) run only with --full. Per stage, the JSON has the bytes it wrote and kept
+on disk; the keys add the time per event and its growth per tenfold (bench/speed_scale.py), the
+peak per size and the cache against its source. Each dataset gets a project config
 (written next to its workspace) and goes through the library's own functions, stage by stage, the
 way the assets run them: extraction (connector read -> canonical Parquet), cache build, foundation
 training, fine-tuning (churn, and a propensity scenario over 16,000 products), inference
@@ -41,6 +46,7 @@ TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
 # customers, products -> ~1.03M / ~10.3M / ~103M purchases (measured); 100m written a block of customers at a time
 GENERATED = {"1m": (17_500, 20_000), "10m": (175_000, 20_000), "100m": (1_750_000, 100_000)}
 BIG = {"100m"}  # datasets whose variants and references run only with --full
+SAMPLE_16K = 0.1  # at those, the 16k scenario trains on this share of the entities (10M's count at 100M)
 LABELS = 16_000
 # the issue's targets on a 2-core CPU (the reference profile per GPU, per entity)
 TARGETS = {"inference_entities_per_s": 2_718, "foundation_entities_per_s": 417, "foundation_events_per_s": 185_000,
@@ -255,15 +261,20 @@ def stage_foundation(st: Stage, profile: str | None = None) -> dict:
 
 
 def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profile: str | None = None,
-                   sampled_negatives: int | None = None, holdout: bool = True) -> dict:
+                   sampled_negatives: int | None = None, holdout: bool = True, entity_share: float | None = None) -> dict:
     """finetune (method full) or LoRA adapters on the frozen trunk (method lora), then the hold-out
     metric (not timed): churn AUROC, or the macro AUROC of a multilabel scenario (models.evaluate scores
     a wide head a block of labels at a time).
-    `sampled_negatives`: FinetuneConfig's (0: the full loss even for a wide head; None: the default)."""
+    `sampled_negatives`: FinetuneConfig's (0: the full loss even for a wide head; None: the default).
+    `entity_share`: train and score on that seeded share of the entities only (bench/label_share.py's
+    EntitySubset; entities/s counts those entities): the 16k scenario's cost per entity at 100M events."""
     from models.checkpoint import load_checkpoint, save_checkpoint
     from models.finetune import finetune
 
     cache = st.cache
+    if entity_share:
+        from label_share import EntitySubset, labeled_entities
+        cache = EntitySubset(cache, labeled_entities(cache, entity_share))
     state, foundation = load_checkpoint(st.workspace.foundation)
     task, plan, cfg = st.scenario(name, cache)
     if epochs:
@@ -292,8 +303,12 @@ def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profil
            "train_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
            "soup_epochs": result.info["soup_epochs"], "sampled_negatives": result.info.get("sampled_negatives", 0),
            "epoch_marks_seconds": [round(b - a, 2) for a, b in zip(marks, marks[1:])],
-           "entities_per_s": cache.manifest["n_entities"] / seconds,
-           "events_per_s": cache.manifest["n_events"] / seconds, "rows_seen": result.info["rows_seen"]}
+           "entities_per_s": cache.n_entities / seconds, "entities": cache.n_entities,
+           "rows_seen": result.info["rows_seen"]}
+    if not entity_share:
+        out["events_per_s"] = cache.manifest["n_events"] / seconds
+    else:
+        out["entity_share"] = entity_share
     path = st.workspace.scenario(name if method == "full" else f"{name}_{method}")
     if method == "lora":
         from models.lora import save_adapters
@@ -600,6 +615,10 @@ def bench_dataset(name: str, work: Path, args, say) -> dict:
                                       epochs=args.finetune_16k_epochs, profile=_prof(args, name, "finetune_16k")):
             for precision in args.precisions:
                 step(f"predict_16k_{precision}", "predict", name="propensity_16k", precision=precision)
+        elif skip_16k and not args.skip_16k and step(  # 100M without --full: trained on a sample, scored on all
+                "finetune_16k_sample", "finetune", name="propensity_16k", method="full",
+                epochs=args.finetune_16k_epochs, entity_share=SAMPLE_16K):
+            step("predict_16k_fp32", "predict", name="propensity_16k", precision="fp32")
     return r
 
 
@@ -637,6 +656,7 @@ def summary(results: dict) -> dict:
         "foundation_events_per_s": ("foundation", "events_per_s"),
         "finetune_churn_entities_per_s": ("finetune_churn", "entities_per_s"),
         "finetune_16k_entities_per_s": ("finetune_16k", "entities_per_s"),
+        "finetune_16k_sample_entities_per_s": ("finetune_16k_sample", "entities_per_s"),
         "cache_events_per_s": ("cache", "events_per_s"),
         "extract_events_per_s": ("extract", "events_per_s"),
         "embeddings_entities_per_s": ("embed", "entities_per_s"),
@@ -664,6 +684,7 @@ ROWS = [  # (stage, label, rate key, unit, events-rate key, target key)
     ("finetune_churn", "fine-tune churn", "entities_per_s", "entities/s", "events_per_s", None),
     ("finetune_churn_lora", "fine-tune churn, LoRA", "entities_per_s", "entities/s", "events_per_s", None),
     ("finetune_16k", "fine-tune 16k propensity", "entities_per_s", "entities/s", "events_per_s", "finetune_16k_entities_per_s"),
+    ("finetune_16k_sample", "fine-tune 16k, 10% entities", "entities_per_s", "entities/s", None, "finetune_16k_entities_per_s"),
     ("lightgbm_churn", "ref: LightGBM churn, all", "entities_per_s", "entities/s", None, None),
     ("lightgbm_churn", "ref: LightGBM predict", "predict_entities_per_s", "entities/s", None, None),
     ("predict_churn_fp32", "inference churn fp32", "entities_per_s", "entities/s", "events_per_s", None),

@@ -38,6 +38,8 @@ def seconds_per_event(results: dict) -> dict[str, dict[str, float]]:
         if not n:
             continue
         for stage, s in r.items():
+            if "entity_share" in s:  # trained on a sample of the entities: per_entity_16k compares those
+                continue
             sec = stage_seconds(s)
             if sec is not None:
                 out.setdefault(stage, {})[ds] = sec / n
@@ -59,6 +61,21 @@ def _peaks(r: dict | None) -> dict[str, float]:
     """Per stage, its maximum RSS; not the generator's (the benchmark's data, not habitus; its own peak is
     `peak_rss_gb_generate`, bounded by its block of customers)."""
     return {k: s["peak_rss_gb"] for k, s in (r or {}).items() if "peak_rss_gb" in s and k != "generate"}
+
+
+def per_entity_16k(results: dict) -> dict:
+    """The 16k fine-tuning's seconds per trained entity: every entity at 1M and 10M events
+    (finetune_16k), a sample at 100M without --full (finetune_16k_sample), and its growth 10M -> 100M."""
+    out: dict = {}
+    for ds in SIZES:
+        for stage in ("finetune_16k", "finetune_16k_sample"):
+            s = results.get(ds, {}).get(stage, {})
+            if s.get("entities") and stage_seconds(s):
+                out[ds] = {"stage": stage, "entities": s["entities"], "seconds_per_entity": s["seconds"] / s["entities"]}
+                break
+    if "10m" in out and "100m" in out:
+        out["growth_10m_100m"] = round(out["100m"]["seconds_per_entity"] / out["10m"]["seconds_per_entity"], 3)
+    return out
 
 
 def peak_gb(r: dict | None) -> float | None:
@@ -103,6 +120,7 @@ def scale_keys(results: dict) -> dict:
            "cache_to_source_ratio_by_dataset": ratios,
            "seconds_per_event": per_event,
            "seconds_per_event_growth": growth(per_event),
+           "finetune_16k_per_entity": per_entity_16k(results),
            "disk_bytes": disk(results)}
     return out
 

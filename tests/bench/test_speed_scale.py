@@ -66,3 +66,14 @@ def test_nothing_measured():
     keys = scale.scale_keys({})
     assert keys["peak_rss_gb_100m"] is None and keys["cache_to_source_ratio"] is None
     assert keys["seconds_per_event_growth"] == {} and keys["disk_bytes"] == {}
+
+
+def test_the_16k_cost_per_entity_compares_a_sample_at_100m_with_all_of_10m():
+    results = {"10m": {"cache": {"events": 10_000_000}, "finetune_16k": {"seconds": 200.0, "entities": 100_000}},
+               "100m": {"cache": {"events": 100_000_000},
+                        "finetune_16k_sample": {"seconds": 250.0, "entities": 100_000, "entity_share": 0.1}}}
+    keys = scale.scale_keys(results)
+    assert keys["finetune_16k_per_entity"]["growth_10m_100m"] == 1.25
+    assert keys["finetune_16k_per_entity"]["100m"]["stage"] == "finetune_16k_sample"
+    assert "finetune_16k_sample" not in keys["seconds_per_event"]  # its time is a sample's, not the events'
+    assert keys["seconds_per_event"]["finetune_16k"] == {"10m": 2e-5}
