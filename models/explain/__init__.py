@@ -17,18 +17,21 @@ and the population's average attributes (the trunk's input means). Integrated Gr
 splits score - baseline score over the inputs (completeness); what the integration misses is the
 `gap`, reported with every explanation. Scores are in the units predictions report them
 (probabilities, amounts; raw scores for recommended items), from the fp32 network, through the
-same `model(x, history)` call predict makes.
+same `model(x, history)` call predict makes. Where the scenario's head chosen on validation blends
+LightGBM trees in, the served score is explained instead (`served`: the network's Integrated Gradients
+and the trees' exact contributions, weighted as the blend weighs them, in the same groups).
 
 Modules: `inputs` (the group of every input and its name), `integrated` (Integrated Gradients of a
 batch: Explainer), `reasons` (groups summed into ranked, readable reasons) and `summary` (a cut-off
-explained chunk by chunk, and what a run adds up).
+explained chunk by chunk, and what a run adds up), `served` (a stacked head's served score: ServedExplainer).
 """
 
 from models.explain.inputs import Groups, column_sources, input_groups, scalar_names, vocab_reader
 from models.explain.integrated import DEFAULT_STEPS, Explained, Explainer
+from models.explain.served import ServedExplainer
 from models.explain.reasons import column_totals, rendered, top_reasons, value_stats
 from models.explain.summary import DEFAULT_SELECT, DEFAULT_SHARE, SELECT, Summary, chosen, default_per_entity, explain_cutoff
 
-__all__ = ["DEFAULT_SELECT", "DEFAULT_SHARE", "DEFAULT_STEPS", "Explained", "Explainer", "Groups", "SELECT", "Summary",
+__all__ = ["DEFAULT_SELECT", "DEFAULT_SHARE", "DEFAULT_STEPS", "Explained", "Explainer", "Groups", "SELECT", "ServedExplainer", "Summary",
            "chosen", "column_sources", "column_totals", "default_per_entity", "explain_cutoff", "input_groups",
            "rendered", "scalar_names", "top_reasons", "value_stats", "vocab_reader"]

@@ -62,8 +62,9 @@ class Explainer:
 
     def __init__(self, model: Model, spec: FeatureSpec, task, groups: Groups, *, steps: int = DEFAULT_STEPS,
                  max_steps: int = MAX_STEPS, tolerance: float = TOLERANCE, device: str = "cpu",
-                 item_features: np.ndarray | None = None):
+                 item_features: np.ndarray | None = None, raw: bool = False):
         self.model, self.spec, self.task, self.groups, self.steps = model, spec, task, groups, steps
+        self.raw = raw  # the network's output before the task's transform (a blend's logit: models/explain/served.py)
         self.max_steps, self.tolerance = max(max_steps, steps), tolerance
         self.dev = torch.device(device)
         self.model.to(self.dev).eval()
@@ -123,7 +124,10 @@ class Explainer:
                     cand, pos = torch.unique(t, sorted=True, return_inverse=True)
                     out = self.model(x, history, cand=cand, item_features=self.pop)
                     return self._transform(out.gather(1, pos[:, None])[:, 0])
-                return task_of(self.task).pair_scores(self.model(x, history), t)
+                out = self.model(x, history)
+                if self.raw:
+                    return out.gather(1, t[:, None])[:, 0] if out.dim() == 2 else out
+                return task_of(self.task).pair_scores(out, t)
             finally:
                 self._swap = None
 

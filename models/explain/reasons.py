@@ -95,10 +95,13 @@ def rendered(spec: FeatureSpec, groups: Groups, ex: Explained, x: np.ndarray, ch
         if e.any():
             count[e], last[e] = value_stats(chunk, ids.astype(np.int64), ent_row[e],
                                             np.asarray(task.target.labels, np.int64)[label[e]])
-    scalars = kind != "value"
-    scalars &= kind != "attribute"
-    if scalars.any():  # the entity's own value of the scalar, in days / counts / amounts
-        _, first_input = np.unique(groups.of_input, return_index=True)
+    # the entity's own value of the scalar, in days / counts / amounts (a group only a served head's trees
+    # read has no network input to read it from: models/explain/served.py)
+    first_input = np.full(len(groups), -1, np.int64)
+    present, first = np.unique(groups.of_input, return_index=True)
+    first_input[present] = first
+    scalars = (kind != "value") & (kind != "attribute") & (kind != "representation") & (first_input[g] >= 0)
+    if scalars.any():
         v = x[ent_row[scalars], first_input[g[scalars]]]
         raw[scalars] = _raw_scalar(v, np.asarray(groups.value, object)[g[scalars]])
     attr = kind == "attribute"
@@ -140,4 +143,6 @@ def _sentence(kind, column, value, count, last, raw, contribution) -> str:
         return f"{column} = {value}: {seen}: {sign}"
     if kind == "attribute":
         return f"{column} = {value}: {sign}"
+    if not np.isfinite(raw):  # the representation, or a scalar without a network input
+        return f"{value}: {sign}"
     return f"{value}: {raw:.4g}: {sign}"

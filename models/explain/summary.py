@@ -36,7 +36,11 @@ class Summary:
 
     def add(self, groups: Groups, ex: Explained, label_column: str | None, entities: int, eligible: int = 0) -> None:
         keys, per = column_totals(groups, ex, label_column)
-        self.abs_sum += np.abs(per).sum(0)
+        for k in keys:  # a served head's groups add the trees' own (models/explain/served.py)
+            if k not in self.keys:
+                self.keys.append(k)
+                self.abs_sum = np.r_[self.abs_sum, 0.0]
+        np.add.at(self.abs_sum, [self.keys.index(k) for k in keys], np.abs(per).sum(0))
         self.pairs += len(ex.rows)
         self.entities += entities
         self.eligible += max(eligible, entities)
@@ -95,7 +99,8 @@ def chosen(score: np.ndarray, select: str = DEFAULT_SELECT, share: float = DEFAU
 def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, groups: Groups, *, top: int = 5,
                    labels: list | None = None, per_entity: int | None = None, label_names: list | None = None,
                    steps: int = DEFAULT_STEPS, max_steps: int = MAX_STEPS, device: str = "cpu", chunk_entities: int = 4096,
-                   select: str = DEFAULT_SELECT, share: float = DEFAULT_SHARE, summary: Summary | None = None):
+                   select: str = DEFAULT_SELECT, share: float = DEFAULT_SHARE, summary: Summary | None = None,
+                   head=None):
     """Record batches of the `top` reasons of the entities `select` chooses at `cutoff`, one row per
     reason: entity_index, label (None for one score), score, baseline_score, rank, kind, source,
     column, value, contribution, count, days_since_last, entity_value, reason, others, gap (the
@@ -105,7 +110,9 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
     Label heads explain the positions `labels` for every chosen entity, else each one's `per_entity`
     best labels (or recommended items; default_per_entity). Pairs whose gap is over the tolerance at
     `steps` are integrated again at up to `max_steps` (Explainer.explain). `summary` gathers the global
-    figures."""
+    figures. `head`: the checkpoint's head chosen on validation (models.stacking_head.load_head): where it
+    blends trees in, the score explained, chosen by and written is the served one (ServedExplainer);
+    None or the network alone: the network's."""
     import pyarrow as pa
 
     from models.labels import task_inputs
@@ -120,8 +127,15 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
         values = vocab(task.target.column)
         label_names = [values[i - 1] for i in task.target.labels]
     names = np.asarray([str(v) for v in label_names], object) if label_names is not None else None
-    explainer = Explainer(model, spec, task, groups, steps=steps, max_steps=max_steps, device=device,
-                          item_features=extra[0] if extra else None)
+    served = head is not None and head.weight > 0
+    if served:
+        from models.explain.served import ServedExplainer
+
+        explainer = ServedExplainer(model, head, spec, task, groups, steps=steps, max_steps=max_steps, device=device)
+        groups = explainer.groups
+    else:
+        explainer = Explainer(model, spec, task, groups, steps=steps, max_steps=max_steps, device=device,
+                              item_features=extra[0] if extra else None)
     per_entity = per_entity or default_per_entity(task)
     rng = np.random.default_rng(int(cutoff))  # `sample`: the same entities for the same day
     for s, lo, hi in chunk_plan(cache, chunk_entities):
@@ -130,24 +144,26 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
         if not len(keep):
             continue
         x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
+        more = (explainer.inputs(model, chunk, keep, x, entity_table, vocab_sizes),) if served else ()
         target = None
         if task.uses_label_history:
             if labels:
                 lab = np.asarray(labels, np.int64)
                 best = np.broadcast_to(lab, (len(keep), len(lab)))
-                entity_score = (explainer.score(x, h, np.repeat(keep, len(lab)), best.ravel()).reshape(best.shape)
-                                .max(1) if select == "top" else np.zeros(len(keep)))
+                entity_score = (explainer.score(x, h, np.repeat(keep, len(lab)), best.ravel(), *more)
+                                .reshape(best.shape).max(1) if select == "top" else np.zeros(len(keep)))
             else:
-                with torch.no_grad():
-                    best, top_scores = t.top(model, x[keep], h[keep], per_entity, extra, device)
+                adjust = {"adjust": head.adjust_logits(head.gbt(more[0].rows))} if served else {}
+                with torch.no_grad():  # (a served blend: the top-k predictions wrote)
+                    best, top_scores = t.top(model, x[keep], h[keep], per_entity, extra, device, **adjust)
                 entity_score = top_scores[:, 0]
             pick = chosen(entity_score, select, share, rng)
             rows, target = np.repeat(keep[pick], best.shape[1]), np.ascontiguousarray(best[pick]).ravel()
         else:
-            entity_score = explainer.score(x, h, keep, None) if select == "top" else np.zeros(len(keep))
+            entity_score = explainer.score(x, h, keep, None, *more) if select == "top" else np.zeros(len(keep))
             pick = chosen(entity_score, select, share, rng)
             rows = keep[pick]
-        ex = explainer.explain(x, h, rows, target)
+        ex = explainer.explain(x, h, rows, target, *more)
         if summary is not None:
             summary.add(groups, ex, task.target.column, len(pick), len(keep))
         out = rendered(spec, groups, ex, x, chunk, entity_table, vocab, task, names, top)

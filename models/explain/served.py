@@ -1,0 +1,409 @@
+"""Explanations of the score a scenario serves where its head chosen on validation (models/stacking_head.py)
+blends LightGBM trees into the network: w x trees + (1 - w) x network, on logits for probabilities, on
+amounts for regression (models.stacking.blend; w is the trees' weight).
+
+On that scale the served score is linear in its two parts, so its attributions are (1 - w) x the network's
+Integrated Gradients (of its logit, or amount) + w x the trees' exact contributions (LightGBM's
+`pred_contrib`, TreeSHAP). Both are taken from the same baseline, the stranger of models.explain.inputs (no
+history, the population's average attributes), so the served baseline score is the served head's score of
+that stranger, and the attributions sum to served score - served baseline score:
+
+- the trees' contributions of the entity minus the stranger's (each TreeSHAP sums to its margin minus the
+  trees' mean, so the difference sums to margin(entity) - margin(stranger)); the stack averages its folds'
+  *probabilities*, so each fold's contributions are carried to probabilities by that fold's secant
+  (sigmoid(m) - sigmoid(m0)) / (m - m0), averaged, and to the logit of the average by the secant of the
+  logit: exact, sign-preserving rescalings (regression: the folds' mean, nothing to rescale);
+- the hand features go to the groups of the columns and values they are computed from (HandMap);
+- the foundation representation's components are linear in the foundation trunk's output, so component k's
+  contribution T_k is spread over the network's inputs by Integrated Gradients of a_k x component_k(trunk(x)),
+  a_k = T_k / (component_k(entity) - component_k(stranger)); a component the entity barely moves (under 1% of
+  the representation's movement, where a_k would blow up) stays in one `representation` group;
+- for probabilities the logit-scale attributions are then put in probability units by one more secant,
+  (p - p0) / (z - z0) per score: completeness holds in the units predictions write.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models.explain.inputs import Groups, scalar_names
+from models.explain.integrated import ABS_TOLERANCE, Explained, Explainer, integrated_gradients
+from models.features import ENTITY_BUCKETS, HALF_LIVES, bucket_count, bucketize
+
+REPRESENTATION = ("representation", "foundation", "representation", "foundation representation (other components)")
+STABLE_SHARE = 0.01  # a component moved by less than this share of the representation's movement stays whole
+CLIP = float(np.log((1 - 1e-6) / 1e-6))  # models.stacking._logit's clip, on the logit scale
+
+
+@dataclass
+class HandMap:
+    """Per hand feature of the trees (models.baselines.hand_features): its group (-1: a rare label's own
+    history, a reason of its own), its label position (label columns, else -1) and the stranger's value."""
+
+    group: np.ndarray
+    label: np.ndarray
+    baseline: np.ndarray
+
+
+def served_groups(groups: Groups, spec) -> tuple[Groups, dict]:
+    """The network's groups plus those only the trees read (a hand scalar at a half-life the network has
+    not) and the `representation` group, none with network inputs; and (kind, column, text) -> group of
+    every scalar."""
+    kind, source, column, value = list(groups.kind), list(groups.source), list(groups.column), list(groups.value)
+    events = groups.source[0]
+    scalars = {(k, c, d): g for g, (k, c, d) in enumerate(scalar_names(spec))}
+    for k, c, d in scalar_names(dataclasses.replace(spec, half_lives=HALF_LIVES, visits=True)):
+        if (k, c, d) not in scalars:
+            scalars[(k, c, d)] = len(kind)
+            kind.append(k), source.append(events), column.append(c), value.append(d)
+    for lst, v in zip((kind, source, column, value), REPRESENTATION):
+        lst.append(v)
+    extra = len(kind) - len(groups)
+    out = Groups(kind, source, column, value, np.r_[groups.value_id, np.full(extra, -1)].astype(np.int64),
+                 groups.of_input, groups.baseline, groups.bucket_group)
+    return out, scalars
+
+
+def hand_map(spec, task, groups: Groups, scalars: dict, label_group: np.ndarray, labels) -> HandMap:
+    """Where each hand feature goes, in hand_features' order: the RFM and visit scalars (the same names as
+    the network's), the entity's attributes (the network's own encoding), the decayed counts of each small
+    column's most frequent values, the labels' own history."""
+    from models.baselines import MAX_VOCAB, TOP_VALUES
+
+    group, label, base = [], [], []
+    for k, c, d in scalar_names(dataclasses.replace(spec, half_lives=HALF_LIVES, visits=True)):
+        g = scalars[(k, c, d)]
+        group.append(g), label.append(-1)
+        base.append(float(groups.baseline[g]) if g < spec.scalar_width else 0.0)  # network scalars: one input each
+    ent = sum(bucket_count(v, ENTITY_BUCKETS) for v in spec.entity_categorical.values()) + spec.entity_scalar_width
+    for i in range(spec.width - ent, spec.width):  # the same columns as the network's last ones
+        group.append(int(groups.of_input[i])), label.append(-1), base.append(float(groups.baseline[i]))
+    for c, vocab in spec.categorical.items():
+        if vocab > MAX_VOCAB:
+            continue
+        ids = np.arange(1, min(TOP_VALUES, vocab) + 1)
+        for b in bucketize(ids, vocab, spec.buckets):
+            group.append(groups.bucket_group[(c, int(b))]), label.append(-1), base.append(0.0)
+    if task.uses_label_history:
+        positions = np.arange(task.outputs) if labels is None else np.asarray(labels, np.int64)
+        for lab in positions:
+            group.append(int(label_group[lab])), label.append(int(lab)), base.append(0.0)
+    return HandMap(np.asarray(group, np.int64), np.asarray(label, np.int64), np.asarray(base, np.float32))
+
+
+@dataclass
+class StackInputs:
+    """The stack's rows of a chunk's eligible entities (HeadStack.rows, as predictions computes them) and
+    `position[r]`: the row of chunk row r among them (-1: not eligible)."""
+
+    rows: object
+    position: np.ndarray
+
+
+def _secant(hi, lo, f, df):
+    """(f(hi) - f(lo)) / (hi - lo), the derivative at hi where they (nearly) coincide."""
+    d = hi - lo
+    near = np.abs(d) < 1e-9
+    return np.where(near, df(hi), (f(hi) - f(lo)) / np.where(near, 1.0, d))
+
+
+def _sigmoid(z):
+    return 1 / (1 + np.exp(-z))
+
+
+def _logit(p):
+    p = np.clip(p, 1e-6, 1 - 1e-6)
+    return np.log(p / (1 - p))
+
+
+class ServedExplainer:
+    """Attributions of the served score of a stacked head (module docstring). `explain` and `score` take
+    what Explainer's do plus the chunk's StackInputs."""
+
+    def __init__(self, model, head, spec, task, groups: Groups, *, device: str = "cpu", **integration):
+        self.head, self.spec, self.task = head, spec, task
+        self.stack = head.stack
+        self.w = float(head.weight)
+        self.logits = task.task != "regression"
+        self.net = Explainer(model, spec, task, groups, device=device, raw=self.logits, **integration)
+        self.steps, self.max_steps, self.tolerance = self.net.steps, self.net.max_steps, self.net.tolerance
+        self.label_group = self.net.label_group
+        self.groups, scalars = served_groups(groups, spec)
+        self.rep_group = len(self.groups) - 1
+        self.hand = hand_map(spec, task, groups, scalars, self.label_group, self.stack.labels)
+        width = self.stack.info.get("hand_width")
+        if width is not None and width != len(self.hand.group):
+            raise ValueError(f"the stack's trees read {width} hand features, the explanation maps {len(self.hand.group)}")
+        self.dev = torch.device(device)
+        self.trunk = head.trunk.float().to(self.dev).eval()
+        with torch.no_grad():
+            self.base_emb = self.trunk(torch.from_numpy(groups.baseline[None]).to(self.dev)).double().cpu().numpy()
+        self.ple = getattr(self.trunk, "ple", None) if getattr(self.trunk.cfg, "ple_bins", 0) else None
+        self._swap = None
+        if self.ple is not None:
+            cfg = self.trunk.cfg
+            cols = np.r_[np.arange(cfg.ple_columns), spec.width - cfg.ple_tail + np.arange(cfg.ple_tail)]
+            self.ple_input = torch.from_numpy(np.repeat(cols, cfg.ple_bins).astype(np.int64)).to(self.dev)
+
+    # ------------------------------------------------------------ the trees
+    def covered(self, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the trees' weight of each pair, the label's column among the stack's labels): multilabel labels
+        without trees keep the network's score (weight 0)."""
+        if self.task.task != "multilabel":
+            return np.full(len(target), self.w), np.zeros(len(target), np.int64)
+        labels = np.arange(self.task.outputs) if self.stack.labels is None else self.stack.labels
+        j = np.clip(np.searchsorted(labels, target), 0, len(labels) - 1)
+        cov = labels[j] == target
+        return np.where(cov, self.w, 0.0), np.where(cov, j, -1)
+
+    def _tree_inputs(self, hand: np.ndarray, emb: np.ndarray, column: int | None) -> np.ndarray:
+        red = self.stack.reduction
+        return np.concatenate([hand, red.apply(emb.astype(np.float32), column)], 1).astype(np.float32)
+
+    def trees(self, hand: np.ndarray, emb: np.ndarray, column: np.ndarray) -> tuple:
+        """For m pairs (hand [m, H], foundation representation [m, hidden], the stack's label column, -1 for
+        none): the trees' score and the stranger's on the blend's scale (logit, amount), and the
+        contributions [m, H + tree inputs of the representation] that sum to their difference."""
+        m, H = hand.shape
+        z, z0 = np.zeros(m), np.zeros(m)
+        contrib = None
+        labelled = self.task.task == "multilabel"
+        for j in (np.unique(column[column >= 0]) if labelled else [None]):
+            sel = np.flatnonzero(column == j) if labelled else np.arange(m)
+            x = self._tree_inputs(hand[sel], emb[sel], j if self.stack.reduction.kind == "readout" else None)
+            xs = self._tree_inputs(self.hand.baseline[None], self.base_emb, j if self.stack.reduction.kind == "readout" else None)
+            prob, prob0, part = np.zeros(len(sel)), np.zeros(1), np.zeros((len(sel), x.shape[1]))
+            folds = [f[0 if j is None else int(j)] for f in self.stack.boosters]
+            for b in folds:
+                if b is None:  # a label constant in training: no contribution, the constant's score
+                    c = self.stack.constants[int(j)]
+                    prob += c / len(folds)
+                    prob0 += c / len(folds)
+                    continue
+                phi = b.predict(x, pred_contrib=True)
+                phi0 = b.predict(xs, pred_contrib=True)
+                mg, mg0 = phi.sum(1), phi0.sum(1)
+                delta = phi[:, :-1] - phi0[:, :-1]
+                if self.logits:  # this fold's contributions to its probability
+                    delta *= _secant(mg, mg0, _sigmoid, lambda v: _sigmoid(v) * (1 - _sigmoid(v)))[:, None]
+                    mg, mg0 = _sigmoid(mg), _sigmoid(mg0)
+                prob += mg / len(folds)
+                prob0 += mg0 / len(folds)
+                part += delta / len(folds)
+            if self.logits:  # to the logit of the folds' mean probability
+                lo = np.clip(prob, 1e-6, 1 - 1e-6)
+                part *= _secant(prob, prob0, _logit, lambda p: 1 / (lo * (1 - lo)))[:, None]
+                prob, prob0 = _logit(prob), _logit(prob0)
+            if contrib is None:
+                contrib = np.zeros((m, part.shape[1]))
+            contrib[sel], z[sel], z0[sel] = part, prob, prob0
+        if contrib is None:
+            contrib = np.zeros((m, H))
+        return z, z0, contrib
+
+    # ------------------------------------------------------------ the representation through the trunk
+    def _ple_hook(self, module, args):
+        return None if self._swap is None else (self._swap.to(args[0].dtype),)
+
+    def _trunk_ig(self, x: torch.Tensor, v: torch.Tensor, steps: int) -> torch.Tensor:
+        """[m, width]: Integrated Gradients of <v[i], trunk(x[i])> from the stranger to x (the trunk's
+        piecewise-linear encoding integrated as an input of its own, as Explainer does)."""
+        base = torch.from_numpy(self.groups.baseline).to(self.dev).expand_as(x).contiguous()
+        m = len(x)
+
+        def f(xp, *enc):
+            self._swap = enc[0] if enc else None
+            try:
+                return (self.trunk(xp).double() * v.repeat(xp.shape[0] // m, 1)).sum(1)
+            finally:
+                self._swap = None
+
+        inputs, bases = [x], [base]
+        if self.ple is not None:
+            with torch.no_grad():
+                z = lambda t: (t - self.trunk.in_mean) / self.trunk.in_std  # noqa: E731
+                inputs.append(self.trunk.piecewise(z(x)))
+                bases.append(self.trunk.piecewise(z(base)))
+        hook = self.ple.register_forward_pre_hook(self._ple_hook) if self.ple is not None else None
+        try:
+            attr = integrated_gradients(f, inputs, bases, steps)
+        finally:
+            if hook is not None:
+                hook.remove()
+        ax = attr[0].detach().double()
+        if self.ple is not None:
+            ax = ax.index_add(1, self.ple_input, attr[1].detach().double())
+        return ax
+
+    def representation(self, x: np.ndarray, emb: np.ndarray, part: np.ndarray, column: np.ndarray) -> tuple:
+        """The representation's tree contributions `part` [m, tree inputs] spread over the network's
+        inputs: (grouped [m, groups], the rest [m] for the representation group, steps [m])."""
+        red = self.stack.reduction
+        m = len(x)
+        dense = np.zeros((m, len(self.groups)))
+        steps_used = np.zeros(m, np.int64)
+        if red.kind == "none" or part.shape[1] == 0:
+            return dense, np.zeros(m), steps_used
+        e = emb.astype(np.float64) - self.base_emb  # the representation's movement
+        if red.kind == "trunk":
+            moved, matrix = e, None
+        else:
+            matrix = red.matrix.astype(np.float64)
+            if red.kind == "readout":  # the label's own column (one per label), without its intercept
+                matrix = matrix[:-1]
+                cols = np.where(column >= 0, column, 0) if self.task.task == "multilabel" else np.zeros(m, np.int64)
+                moved = np.einsum("mh,hm->m", e, matrix[:, cols])[:, None]
+            else:
+                moved = e @ matrix
+        stable = np.abs(moved) >= STABLE_SHARE * np.linalg.norm(moved, axis=1, keepdims=True)
+        stable &= np.abs(moved) > 1e-12
+        a = np.where(stable, part / np.where(stable, moved, 1.0), 0.0)
+        rest = np.where(stable, 0.0, part).sum(1)
+        if red.kind == "trunk":
+            v = a
+        elif red.kind == "readout":
+            v = matrix[:, cols].T * a
+        else:
+            v = a @ matrix.T
+        want = (a * moved).sum(1)  # what the integration must add up to
+        of_input = torch.from_numpy(self.groups.of_input).to(self.dev)
+        todo, steps = np.flatnonzero(np.abs(want) > 0), self.steps
+        xt = torch.from_numpy(np.ascontiguousarray(x)).to(self.dev)
+        vt = torch.from_numpy(v).to(self.dev)
+        while len(todo):
+            got = torch.cat([self._trunk_ig(xt[todo[i:i + 256]], vt[todo[i:i + 256]], steps)
+                             for i in range(0, len(todo), 256)])
+            g = torch.zeros((len(todo), len(self.groups)), dtype=got.dtype, device=self.dev).index_add_(1, of_input, got)
+            dense[todo] = g.cpu().numpy()
+            steps_used[todo] = steps
+            gap = np.abs(dense[todo].sum(1) - want[todo])
+            over = gap > self.tolerance * np.abs(want[todo]) + ABS_TOLERANCE
+            if steps >= self.max_steps or not over.any():
+                break
+            todo, steps = todo[over], min(2 * steps, self.max_steps)
+        return dense, rest, steps_used
+
+    # ------------------------------------------------------------ the served score
+    def inputs(self, model, chunk, keep: np.ndarray, x: np.ndarray, entity_table, vocab_sizes: dict) -> StackInputs:
+        """The stack's rows of the chunk's eligible rows `keep`, as predictions computes them."""
+        net = None if self.task.task == "multilabel" else model
+        rows = self.head.rows(chunk, keep, x, self.spec, self.task, entity_table, vocab_sizes, model=net,
+                              device=str(self.dev))
+        position = np.full(len(x), -1, np.int64)
+        position[keep] = np.arange(len(keep))
+        return StackInputs(rows, position)
+
+    def _blend(self, net: np.ndarray, trees: np.ndarray, wp: np.ndarray) -> np.ndarray:
+        """On the blend's scale: the network's logit (clipped as serving's logit of its probability) or amount."""
+        if self.task.task == "binary":
+            net = np.clip(net, -CLIP, CLIP)
+        return (1 - wp) * net + wp * trees
+
+    def tree_scores(self, hand: np.ndarray, emb: np.ndarray, column: np.ndarray) -> np.ndarray:
+        """The trees' scores of m pairs on the blend's scale (0 where a pair has no trees)."""
+        out = np.zeros(len(hand))
+        labelled = self.task.task == "multilabel"
+        for j in (np.unique(column[column >= 0]) if labelled else [None]):
+            sel = np.flatnonzero(column == j) if labelled else np.arange(len(hand))
+            x = self._tree_inputs(hand[sel], emb[sel], j if self.stack.reduction.kind == "readout" else None)
+            folds = [f[0 if j is None else int(j)] for f in self.stack.boosters]
+            s = np.mean([np.full(len(sel), self.stack.constants[int(j)]) if b is None else b.predict(x)
+                         for b in folds], axis=0)
+            out[sel] = _logit(s) if self.logits else s
+        return out
+
+    def score(self, x, h, rows: np.ndarray, target: np.ndarray | None, si: StackInputs) -> np.ndarray:
+        """The served score of each (row, target) pair (what predictions wrote)."""
+        rows = np.asarray(rows, np.int64)
+        target = np.full(len(rows), -1, np.int64) if target is None else np.asarray(target, np.int64)
+        pos = si.position[rows]
+        if self.task.task != "multilabel":
+            r = si.rows
+            picked = dataclasses.replace(r, entities=r.entities[pos], hand=r.hand[pos], embedding=r.embedding[pos],
+                                         network=r.network[pos])  # (no targets: Rows.take would index them)
+            return self.head.choose(picked.network, self.stack.gbt_scores(picked))
+        return self.scores_of(x[rows], None if h is None else h[rows], si.rows.hand[pos], si.rows.embedding[pos], target)
+
+    def scores_of(self, x, h, hand, emb, target) -> np.ndarray:
+        """The served score of m pairs from their own inputs (row i: x[i], h's row i, hand[i], emb[i]; emb
+        None: the foundation trunk's of x): what the deletion test scores masked inputs with."""
+        target = np.full(len(x), -1, np.int64) if target is None else np.asarray(target, np.int64)
+        if emb is None:
+            with torch.no_grad():
+                emb = self.trunk(torch.from_numpy(np.ascontiguousarray(x)).to(self.dev)).float().cpu().numpy()
+        wp, col = self.covered(target)
+        net = self.net.score(x, h, np.arange(len(x)), target).astype(np.float64) if (wp < 1).any() else np.zeros(len(x))
+        z = self._blend(net, self.tree_scores(hand, emb, col), wp)
+        return (_sigmoid(z) if self.logits else z).astype(np.float32)
+
+    def masked(self, x, h, rows: np.ndarray, mask: np.ndarray, si: StackInputs) -> tuple:
+        """The pairs' inputs with the groups mask[i] deleted (Explainer.masked for the network's; the hand
+        features of those groups at the stranger's; the representation the stranger's where its group is
+        masked, else the trunk's of the masked inputs): (x, history, hand, representation or None)."""
+        xm, hm = self.net.masked(x, h, rows, mask[:, :len(self.net.groups)])
+        pos = si.position[rows]
+        hand = np.array(si.rows.hand[pos], copy=True)
+        g = self.hand.group
+        own = np.flatnonzero(g >= 0)
+        hide = np.zeros(hand.shape, bool)
+        hide[:, own] = mask[:, g[own]]
+        hand[hide] = np.broadcast_to(self.hand.baseline, hand.shape)[hide]
+        with torch.no_grad():
+            emb = self.trunk(torch.from_numpy(np.ascontiguousarray(xm)).to(self.dev)).float().cpu().numpy()
+        rep = mask[:, self.rep_group]
+        emb[rep] = self.base_emb.astype(np.float32)
+        return xm, hm, hand, emb
+
+    def explain(self, x, h, rows: np.ndarray, target: np.ndarray | None, si: StackInputs) -> Explained:
+        """Attributions of the served score of each (row, target) pair, in the units predictions writes,
+        summing to served score - the served stranger's score (module docstring)."""
+        rows = np.asarray(rows, np.int64)
+        target = np.full(len(rows), -1, np.int64) if target is None else np.asarray(target, np.int64)
+        m, G = len(rows), len(self.groups)
+        wp, col = self.covered(target)
+        pos = si.position[rows]
+        hand, emb = si.rows.hand[pos], si.rows.embedding[pos]
+        dense, steps = np.zeros((m, G)), np.zeros(m, np.int64)
+        extra = [np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)]
+        net, net0 = np.zeros(m), np.zeros(m)
+        part = np.flatnonzero(wp < 1)  # the network's part
+        if len(part):
+            ex = self.net.explain(x, h, rows[part], target[part])
+            keep = 1 - wp[part]
+            dense[part, :ex.dense.shape[1]] = keep[:, None] * ex.dense
+            extra = [part[ex.extra[0]], ex.extra[1], keep[ex.extra[0]] * ex.extra[2]]
+            net[part], net0[part], steps[part] = ex.score, ex.baseline, ex.steps
+        trees, trees0 = np.zeros(m), np.zeros(m)
+        tp = np.flatnonzero(wp > 0)  # the trees' part
+        if len(tp):
+            trees[tp], trees0[tp], c = self.trees(hand[tp], emb[tp], col[tp])
+            H = hand.shape[1]
+            th = c[:, :H] * wp[tp, None]
+            g = self.hand.group
+            own = np.flatnonzero(g >= 0)
+            sub = np.zeros((len(tp), G))
+            np.add.at(sub.T, g[own], th[:, own].T)
+            rare = np.flatnonzero(g < 0)  # a rare label's own history: a reason of its own, as the network's
+            if len(rare):
+                pr, pc = np.nonzero(th[:, rare])
+                extra = [np.r_[extra[0], tp[pr]], np.r_[extra[1], self.hand.label[rare[pc]]],
+                         np.r_[extra[2], th[pr, rare[pc]]]]
+            rd, rest, st = self.representation(x[rows[tp]], emb[tp], c[:, H:], col[tp])
+            sub += wp[tp, None] * rd
+            sub[:, self.rep_group] += wp[tp] * rest
+            dense[tp] += sub
+            steps[tp] = np.maximum(steps[tp], st)
+        z, z0 = self._blend(net, trees, wp), self._blend(net0, trees0, wp)
+        if self.logits:  # to probabilities: the secant of the sigmoid, one positive factor per score
+            rho = _secant(z, z0, _sigmoid, lambda v: _sigmoid(v) * (1 - _sigmoid(v)))
+            dense *= rho[:, None]
+            extra[2] = extra[2] * rho[extra[0]]
+            score, base = _sigmoid(z), _sigmoid(z0)
+        else:
+            score, base = z, z0
+        if self.task.task != "multilabel":  # exactly what predictions wrote
+            score = self.score(x, h, rows, target, si)
+        return Explained(rows, target, np.asarray(score, np.float32), base.astype(np.float32), dense.astype(np.float32),
+                         (extra[0].astype(np.int64), extra[1].astype(np.int64), extra[2].astype(np.float32)), steps)
