@@ -1,9 +1,11 @@
 """explanations/<name>: why each entity scores as it does, daily like predictions/<name>, for the
-scenarios with `explain:` in their config. Each entity's top reasons with signed contributions to
-`explanations/<name>/<day>.parquet` (schema: the README's "Explanations" section; method:
-models/explain.py, docs/explanations.md) and, with `explain: {write_back: true}` and a sink, to the
-warehouse table <sink.table>_<name>_explanations. The materialization carries the completeness gap
-and the global importance (mean |attribution| by source and column) as a table and a bar chart."""
+scenarios with `explain:` in their config. Each entity's top reasons with signed contributions to the
+score predictions/<name> serves (the network's or, where the head chosen on validation blends LightGBM
+trees in, that blend's), to `explanations/<name>/<day>.parquet` (schema: the README's "Explanations"
+section; method: models/explain/, docs/explanations.md) and, with `explain: {write_back: true}` and a
+sink, to the warehouse table <sink.table>_<name>_explanations. The materialization carries the
+completeness gap, the head explained and the global importance (mean |attribution| by source and
+column) as a table and a bar chart."""
 
 import time
 from datetime import datetime
@@ -12,7 +14,7 @@ import dagster as dg
 
 from assets.plots import importance_chart
 from assets.predictions import scoring_asset, scoring_inputs, write_days
-from assets.serving import CHECKPOINT_NOTE
+from assets.serving import CHECKPOINT_NOTE, serving_checkpoint
 from resources.workspace import locked
 
 
@@ -36,24 +38,23 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
 
     @scoring_asset(explanations_key(name), name, partitions_def, sink, {"parquet"},
                    f"The top {settings.top} reasons of {chosen} for their {scenario.task} score(s) of scenario "
-                   f"{name!r} (Integrated Gradients, grouped by source, column and value)")
+                   f"{name!r}, the score predictions serve (Integrated Gradients of the network and, where the head "
+                   f"chosen on validation blends trees in, their exact contributions; grouped by source, column "
+                   f"and value)")
     @locked(f"explanations/{name}")
     def _explanations(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         from models.explain import Summary, column_sources, explain_cutoff, input_groups, vocab_reader
         from models.predict import load_model
+        from models.stacking_head import load_head
         from models.tasks import task as task_of
 
         started = time.time()
         workspace, executor, device, cache, state, config, passed = scoring_inputs(context, name, "explaining")
         model, spec, task = load_model(state, config)  # fp32: gradients (predictions may score in int8)
-        # the head chosen on validation (models/stacking_head.py): its trees are not explained yet, so where
-        # it blends them in, the explanations are the network's and their scores the network's own
-        stack = config.get("stack") or {}
-        serving = stack.get("chosen", "network") if float(stack.get("weight", 0) or 0) > 0 else "network"
-        if serving != "network":
-            context.log.warning(f"explanations/{name}: the serving head is {serving!r} (trees weighted "
-                                f"{float(stack['weight']):.2f}); these explain the network's own score, which "
-                                f"can differ from predictions/{name}'s (docs/explanations.md, 'What is left')")
+        # the head chosen on validation, as predictions scores with it: where it blends trees in, the served
+        # score is explained (models/explain/served.py); None or the network alone: the network's
+        head = load_head(serving_checkpoint(workspace, name)[0], config)
+        explained = "network" if head is None or head.weight == 0 else f"{head.chosen} (trees weighted {head.weight:.2f})"
         label_names = config.get("label_values") or None
         labels = None
         if settings.labels:
@@ -75,7 +76,7 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
             return explain_cutoff(model, cache, spec, task, int(as_of.timestamp()), groups, top=settings.top,
                                   labels=labels, per_entity=settings.per_entity, label_names=label_names,
                                   steps=settings.steps, select=settings.select, share=settings.share, device=device,
-                                  summary=summary)
+                                  summary=summary, head=head)
 
         rows, written_back, files = write_days(context, "explanations", name, folder, batches_of, cache,
                                                project.entity, fingerprint, sink,
@@ -100,8 +101,7 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
             "completeness_gap_max": dg.MetadataValue.float(summary.gap_max),
             "completeness_gap_relative": dg.MetadataValue.float(summary.relative_gap),
             "model_fingerprint": fingerprint,
-            "explained_head": "network",
-            "serving_head": serving if serving == "network" else f"{serving} (trees weighted {float(stack['weight']):.2f})",
+            "explained_head": explained,  # the head predictions serve: the same scores
             "checkpoint": CHECKPOINT_NOTE[passed],
             "entities_per_second": dg.MetadataValue.float(round(summary.entities / max(seconds, 1e-9), 1)),
             "written_to_warehouse": dg.MetadataValue.int(written_back),
