@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check: the speed benchmark on one GPU, then data-parallel foundation training on one GPU
-# and on all GPUs (torchrun, DDP over NCCL), printing entities/s and events/s per GPU.
+# and on all GPUs (torchrun, DDP over NCCL), printing entities/s and events/s per GPU; then
+# predictions and embeddings in one process on one GPU against one process per GPU (models/parts.py).
 #
 #   bench/gpu.sh                      # 1M generated events (DATASETS=1m,10m,tafeng for more)
 #   WORK=/scratch/speed PRECISION=bf16 bench/gpu.sh
 #
 # Needs a CUDA build of torch in $PYTHON's environment (default .venv/bin/python). Writes
-# $WORK/gpu1.json (the stage table on one GPU) and prints the per-GPU scaling table.
+# $WORK/gpu1.json (the stage table on one GPU), $WORK/inference.json (1 GPU vs all) and prints the
+# per-GPU scaling tables. INFER_CUSTOMERS (default 175000, bench/speed.py's 10m) sizes the inference run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,3 +51,19 @@ for r in rows:
                                              r["entities_per_s"] / base))
 print("scaling = throughput per GPU with n GPUs / with 1 GPU (1.00 = linear)")
 EOF
+
+# 3. inference, 1 GPU vs all: churn scores and embeddings of every entity into the day's file, one
+# process against one per GPU (bench/inference_procs.py; the trained checkpoints of step 1 when it ran
+# on that dataset, else the demo's shapes with random weights); its table ends with the median ratio
+if [ "$GPUS" -gt 1 ]; then
+    customers=${INFER_CUSTOMERS:-175000}
+    ws="$WORK/$(case $customers in 17500) echo 1m;; 175000) echo 10m;; 1750000) echo 100m;; *) echo demo$customers;; esac)/ws"
+    trained=()
+    if [ -f "$ws/checkpoints/scenarios/churn/config.json" ] && [ -f "$ws/checkpoints/foundation/config.json" ]; then
+        trained=(--scenario "$ws/checkpoints/scenarios/churn" --foundation "$ws/checkpoints/foundation")
+    fi
+    "$PY" bench/inference_procs.py --device cuda --processes "1,$GPUS" --customers "$customers" --work "$WORK" \
+        ${trained[@]+"${trained[@]}"} --json "$WORK/inference.json"
+else
+    echo "inference 1 GPU vs all: one GPU visible, nothing to compare"
+fi

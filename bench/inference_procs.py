@@ -61,9 +61,15 @@ def run_once(what: str, processes: int, cache_path: str, checkpoint: str, out: s
     plan = chunk_plan(cache, 8192)
     as_of = datetime.fromtimestamp(cutoff, timezone.utc)
     out = Path(out)
+    import resource
+
     import torch
 
-    started = time.perf_counter()
+    def cpu() -> float:  # this process and its scoring processes (waited for by Pool's exit)
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    started, cpu_started = time.perf_counter(), cpu()
     if processes == 1:  # the assets' single-process path: this process, its default threads
         threads = torch.get_num_threads()
         score = scorer.make(device)
@@ -81,7 +87,9 @@ def run_once(what: str, processes: int, cache_path: str, checkpoint: str, out: s
             rows = write_entity_file(cache, parts.batches(), out, "customer_id", "bench", as_of)
             parts.remove()
     seconds = time.perf_counter() - started
+    cpu_seconds = cpu() - cpu_started
     return {"what": what, "processes": processes, "threads": threads, "seconds": seconds, "rows": rows,
+            "cpu_seconds": cpu_seconds, "cores_busy": cpu_seconds / seconds,
             "scoring_seconds": None if scored is None else scored - started,
             "write_seconds": None if scored is None else seconds - (scored - started),
             "entities_per_s": rows / seconds, "per_process": done, "load_average": os.getloadavg()[0]}
@@ -141,14 +149,15 @@ def measure(cache_path: str, scenario: str, foundation: str, work: Path, *, repe
 def table(result: dict) -> str:
     n1, n2 = result["processes"]
     lines = [f"{'task':8} {'rep':>3} {'procs':>5} {'threads':>7} {'seconds':>8} {'scoring s':>9} {'write s':>7} "
-             f"{'entities/s':>11} {'ratio':>6} {'load':>5}"]
+             f"{'cores busy':>10} {'entities/s':>11} {'ratio':>6} {'load':>5}"]
     base = {}
     for r in result["runs"]:
         if r["processes"] == n1:
             base[(r["what"], r["repeat"])] = r["entities_per_s"]
         ratio = r["entities_per_s"] / base[(r["what"], r["repeat"])]
         lines.append(f"{r['what']:8} {r['repeat']:>3} {r['processes']:>5} {r['threads']:>7} {r['seconds']:>8.1f} "
-                     f"{_s(r['scoring_seconds']):>9} {_s(r['write_seconds']):>7} {r['entities_per_s']:>11,.0f} "
+                     f"{_s(r['scoring_seconds']):>9} {_s(r['write_seconds']):>7} {_s(r.get('cores_busy'), 2):>10} "
+                     f"{r['entities_per_s']:>11,.0f} "
                      f"{ratio:>6.2f} {r['load_average_before']:>5.1f}")
     for task, t in result["tasks"].items():
         lines.append(f"{task}: median ratio {n2} vs {n1} processes {t['median_ratio']:.2f} "
@@ -157,8 +166,8 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _s(seconds) -> str:
-    return "-" if seconds is None else f"{seconds:.1f}"
+def _s(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def random_checkpoints(config: Path, work: Path) -> tuple[str, str]:

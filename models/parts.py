@@ -74,6 +74,10 @@ class Parts:
             shutil.rmtree(self.path)  # another job's parts (other model, cut-off, settings): start afresh
         self.path.mkdir(parents=True, exist_ok=True)
         recover_tree(self.path)  # the unfinished .arrow of a process that died
+        named = {r["file"] for r in self.complete()}
+        for orphan in self.path.glob("*.arrow"):  # whole, but its process died before its .part.json
+            if orphan.name not in named:
+                orphan.unlink()
         if _manifest(self.path) is None:
             write_json(self.path / "manifest.json", manifest)
 
@@ -296,6 +300,8 @@ def child_main() -> None:
         import torch
 
         torch.set_num_threads(job["threads"])
+        if job["device"].startswith("cuda:"):  # its own GPU, also for anything that asks for the current one
+            torch.cuda.set_device(torch.device(job["device"]))
         score = Scorer(job["build"], job["params"]).make(job["device"], job["rank"])
     except BaseException:
         failed = traceback.format_exc()

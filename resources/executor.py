@@ -38,6 +38,11 @@ def cpu_cores() -> int:
 # fewer than this many entity chunks per scoring process and the children's start (importing torch:
 # 2-4 CPU-seconds each) costs more than they score (a chunk of 8,192 entities takes seconds on a core)
 CHUNKS_PER_PROCESS = 2
+# CPU cores per scoring process by default. Half a chunk's CPU time is featurization (NumPy, one
+# thread), so one process leaves extra cores idle half the time; but on this 2-core machine, shared,
+# 2 processes were not faster than 1 with 2 threads (bench/inference_procs.py: 0.79-0.93x at load
+# 7-18) and cost a second copy of torch and the model: one process per 2 cores (1 here, 8 on 16)
+CORES_PER_PROCESS = 2
 
 
 class TrainingExecutor(dg.ConfigurableResource):
@@ -47,9 +52,9 @@ class TrainingExecutor(dg.ConfigurableResource):
     asset's process; N > 1 runs N processes under torchrun (one per GPU); 0 takes one per GPU
     visible (one without a GPU), as a Kubernetes pod with a GPU request does.
     `inference_processes`: how many processes score predictions and embeddings (models/parts.py),
-    each writing its part of the day: unset takes one per GPU on GPUs and one per core on CPUs (one
-    torch thread each), as long as each gets two chunks of the cache (a small cache: one process);
-    `threads` (default: every core) are shared among them."""
+    each writing its part of the day: unset takes one per GPU on GPUs and one per 2 cores on CPUs, as
+    long as each gets two chunks of the cache (a small cache: one process), each with `threads` torch
+    threads (default: the cores this process may use, shared among them)."""
 
     device: str = "auto"
     threads: int | None = None
@@ -102,11 +107,11 @@ class TrainingExecutor(dg.ConfigurableResource):
     def inference_plan(self, device: str, chunks: int) -> tuple[list[str], int]:
         """(the device of each scoring process, torch threads per process) for predictions and
         embeddings of `chunks` entity chunks on `device` (what `setup` returned): `inference_processes`,
-        else one per GPU or per core, at most one per CHUNKS_PER_PROCESS chunks; the cores (`threads`,
-        else all this process may use) are split among them."""
+        else one per GPU or per CORES_PER_PROCESS cores, at most one per CHUNKS_PER_PROCESS chunks; each
+        with `threads` threads, else a share of the cores this process may use."""
         import torch
 
-        cores = self.threads or cpu_cores()
+        cores = cpu_cores()
         most = max(1, chunks // CHUNKS_PER_PROCESS)
         if device.startswith("cuda"):
             gpus = torch.cuda.device_count()
@@ -119,9 +124,9 @@ class TrainingExecutor(dg.ConfigurableResource):
                                     f"request more GPUs")
             devices = [f"cuda:{i}" for i in range(n)] if n > 1 else [device]
         else:
-            n = self.inference_processes or min(cores, most)
+            n = self.inference_processes or max(1, min(cores // CORES_PER_PROCESS, most))
             devices = ["cpu"] * n
-        return devices, max(1, cores // n)
+        return devices, self.threads or max(1, cores // n)
 
     def autocast(self, device: str):
         """The training precision's context (bf16: torch.autocast on the GPU)."""

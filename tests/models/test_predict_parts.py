@@ -192,20 +192,27 @@ def test_parts_of_another_job_are_dropped_and_a_partial_day_is_refused(tmp_path)
     assert parts.todo() == [2]
     with pytest.raises(PartsError, match=r"chunks \[2\] \(1 of 3\)"):
         list(parts.batches())
+    (tmp_path / "p" / "orphan.arrow").write_bytes(b"a part whose process died before its .part.json")
     assert Parts(tmp_path / "p", "a", 3).todo() == [2]  # the same job: kept
+    assert not (tmp_path / "p" / "orphan.arrow").exists()
     assert Parts(tmp_path / "p", "b", 3).todo() == [0, 1, 2]  # another: started afresh
     with pytest.raises(PartsError, match="manifest is not this job's"):
         Parts.existing(tmp_path / "p", "a", 3)
 
 
-def test_the_executor_splits_the_cores_among_the_scoring_processes():
+def test_the_executor_splits_the_cores_among_the_scoring_processes(monkeypatch):
+    import resources.executor as ex
+
     plan = TrainingExecutor.inference_plan
-    assert plan(TrainingExecutor(device="cpu", threads=4, inference_processes=2), "cpu", 9) == (["cpu"] * 2, 2)
+    monkeypatch.setattr(ex, "cpu_cores", lambda: 16)
+    assert plan(TrainingExecutor(device="cpu", inference_processes=4), "cpu", 9) == (["cpu"] * 4, 4)
     assert plan(TrainingExecutor(device="cpu", threads=1, inference_processes=3), "cpu", 9) == (["cpu"] * 3, 1)
-    # by default one per core, one thread each, while each gets two chunks: a small cache scores alone
-    assert plan(TrainingExecutor(device="cpu", threads=4), "cpu", 40) == (["cpu"] * 4, 1)
-    assert plan(TrainingExecutor(device="cpu", threads=4), "cpu", 5) == (["cpu"] * 2, 2)
-    assert plan(TrainingExecutor(device="cpu", threads=4), "cpu", 1) == (["cpu"], 4)
+    # by default one per 2 cores, while each gets two chunks: a small cache scores alone
+    assert plan(TrainingExecutor(device="cpu"), "cpu", 40) == (["cpu"] * 8, 2)
+    assert plan(TrainingExecutor(device="cpu"), "cpu", 5) == (["cpu"] * 2, 8)
+    assert plan(TrainingExecutor(device="cpu"), "cpu", 1) == (["cpu"], 16)
+    monkeypatch.setattr(ex, "cpu_cores", lambda: 2)
+    assert plan(TrainingExecutor(device="cpu"), "cpu", 40) == (["cpu"], 2)  # this machine: one process
     import torch
 
     if torch.cuda.device_count() < 2:
