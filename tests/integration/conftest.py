@@ -55,7 +55,7 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float) 
 
 
 class Server:
-    """A program started in its own process group on loopback; stopped by PID (SIGTERM, then SIGKILL)."""
+    """A program started in its own process group on loopback; stopped by PID (stop_process_group)."""
 
     def __init__(self, cmd: list[str], port: int, log: Path, timeout: float = 60, env: dict | None = None, cwd=None):
         self.port, self.log = port, log
@@ -69,14 +69,27 @@ class Server:
             raise
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_process_group(self.proc)
         self._out.close()
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 10, kill_grace: float = 10) -> None:
+    """Stops a process started with start_new_session=True and whatever it started (its process
+    group): SIGTERM, then SIGKILL if it still runs after `grace` seconds. Test modules get it as the
+    `stop_process_group` fixture."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(kill_grace)
+
+
+@pytest.fixture(scope="session", name="stop_process_group")
+def _stop_process_group():
+    """conftest's stop_process_group (pytest loads this file as a plugin, not by name)."""
+    return stop_process_group
 
 
 def find_program(name: str, env_var: str, *venvs: str) -> str | None:

@@ -16,7 +16,6 @@ Runs in `make test` (marker `ui`); skipped, with the reason, where chromium is n
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -68,11 +67,11 @@ class DagsterDev:
         Path(env["DAGSTER_HOME"]).mkdir()
         shutil.copy(ROOT / "dagster.yaml", Path(env["DAGSTER_HOME"]) / "dagster.yaml")  # what `make ui` copies
         dagster = str(Path(sys.executable).parent / "dagster")
-        self._out = open(self.log, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", UNIGNORE, dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
-             "-p", str(self.port)], cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT,
-            start_new_session=True)
+        with open(self.log, "wb") as out:  # (the child keeps its own descriptor)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", UNIGNORE, dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
+                 "-p", str(self.port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
 
     def graphql(self, query: str, variables: dict | None = None) -> dict:
         body = json.dumps({"query": query, "variables": variables or {}}).encode()
@@ -129,16 +128,6 @@ class DagsterDev:
         data = self.graphql("""query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
                  ... on Sensor { sensorState { ticks(limit: 5) { status skipReason runIds } } } } }""", {"s": selector})
         return data["sensorOrError"]["sensorState"]["ticks"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self._out.close()
 
 
 def _append_day(warehouse: Path):
@@ -199,14 +188,14 @@ def browser():
 
 
 @pytest.fixture
-def dagster_dev(tmp_path, browser):  # the browser first: without it nothing is started
+def dagster_dev(tmp_path, browser, stop_process_group):  # the browser first: without it nothing is started
     generate_demo_warehouse(tmp_path / "warehouse.duckdb", customers=300, products=60, stores=4, seed=2,
                             start=DATA_START, end=DATA_END)
     server = DagsterDev(tmp_path)
     try:
         yield server
     finally:
-        server.stop()
+        stop_process_group(server.proc, grace=30)
 
 
 def test_the_ui_shows_every_stage_and_runs_a_materialization_and_a_backfill(dagster_dev, browser, tmp_path):
