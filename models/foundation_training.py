@@ -21,7 +21,7 @@ from models.resume import Resumer
 from models.specs import FoundationConfig
 from models.targets import foundation_target
 
-PROBE_CHUNKS = 16  # (as many as a quarter of the plan gave at 10M events: 11 chunks; 1M: 2)
+PROBE_CHUNKS = 4  # (a quarter of the plan: 2 chunks at 1M events, 11 at 10M, 107 at 100M)
 
 
 def foundation_loss(out: torch.Tensor, y: torch.Tensor, n_columns: int) -> torch.Tensor:

@@ -103,7 +103,8 @@ class Cache:
 
     @functools.cached_property
     def _entity_values(self) -> pa.Array:
-        return pq.read_table(self.path / "vocab" / "__entity.parquet").column("value").combine_chunks()
+        # (the ids only: 12 of the file's 24 bytes an entity; 216 MB at 18M entities, read to write results)
+        return pq.read_table(self.path / "vocab" / "__entity.parquet", columns=["value"]).column("value").combine_chunks()
 
     def entity_ids(self, ids: np.ndarray) -> pa.Array:
         """Entity index -> the entity id as the warehouse wrote it."""
