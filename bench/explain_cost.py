@@ -1,6 +1,7 @@
 """What a daily explanations run costs next to a scoring run, on every entity of the demo.
 
     OMP_NUM_THREADS=1 python bench/explain_cost.py [--customers 20000] [--steps 4 6 8 16] [--json out.json]
+    OMP_NUM_THREADS=1 python bench/explain_cost.py --tasks churn --trees-weight 0.8
 
 Generates the demo warehouse (20,000 customers by default, as `make demo`), trains a short
 foundation model and fine-tunes churn (binary) and brand propensity (multilabel, top-50 brands) on it
@@ -18,7 +19,10 @@ test cut-off, every eligible entity of the cache:
 - the default (models.explain: `select: top`, `share: 0.1`, DEFAULT_STEPS): the same figures for a
   daily run as the asset runs it, and `select: sample` at the same share.
 
-Propensity explains each entity's 3 most probable brands (the default for label heads).
+Propensity explains each entity's 3 most probable brands (the default for label heads). With --stacked or
+--trees-weight W (the head chosen on validation, its trees' weight forced to W: the demo's churn serves
+0.8), the scoring run is predictions' with that head and the explanations are of the served score.
+Setup shared with bench/explain.py: bench/explain_setup.py.
 """
 
 import argparse
@@ -34,36 +38,31 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 
-from models.cache import Cache, build_cache  # noqa: E402
-from models.evaluate import protocol  # noqa: E402
+from explain_setup import scenario, setup  # noqa: E402
 from models.explain import (DEFAULT_SELECT, DEFAULT_SHARE, DEFAULT_STEPS, Summary, explain_cutoff,  # noqa: E402
                             input_groups)
 from models.explain.integrated import MAX_STEPS  # noqa: E402
-from models.features import DAY, FeatureSpec  # noqa: E402
-from models.finetune import finetune  # noqa: E402
-from models.foundation_training import train_foundation  # noqa: E402
 from models.predict import predict  # noqa: E402
-from models.specs import FinetuneConfig, FoundationConfig  # noqa: E402
 from quality import demo_spec, machine, tasks  # noqa: E402
 from tables import text_table  # noqa: E402
 
 
-def scoring(model, cache, spec, task, cutoff, repeat: int = 2) -> dict:
+def scoring(model, cache, spec, task, cutoff, repeat: int = 2, head=None) -> dict:
     best = None
     for _ in range(repeat):
         t = time.perf_counter()
-        n = sum(len(b) for b in predict(model, cache, spec, task, cutoff, k=20))
+        n = sum(len(b) for b in predict(model, cache, spec, task, cutoff, k=20, head=head))
         dt = time.perf_counter() - t
         best = dt if best is None else min(best, dt)
     return {"entities": n, "seconds": best, "entities_per_s": n / best}
 
 
 def explaining(model, cache, spec, task, cutoff, groups, steps: int, select: str, share: float,
-               max_steps: int = MAX_STEPS) -> dict:
+               max_steps: int = MAX_STEPS, head=None) -> dict:
     summary = Summary.of(groups)
     t = time.perf_counter()
     rows = sum(len(b) for b in explain_cutoff(model, cache, spec, task, cutoff, groups, steps=steps, select=select,
-                                              share=share, max_steps=max_steps, summary=summary))
+                                              share=share, max_steps=max_steps, summary=summary, head=head))
     dt = time.perf_counter() - t
     return {"steps": steps, "max_steps": max_steps, "select": select, "share": share, "seconds": dt, "rows": rows,
             "entities": summary.entities, "eligible": summary.eligible, "scores": summary.pairs,
@@ -73,8 +72,7 @@ def explaining(model, cache, spec, task, cutoff, groups, steps: int, select: str
 
 
 def run(customers: int, steps: list[int], foundation_epochs: int, epochs: int, hidden: int, names: list[str],
-        log=print) -> dict:
-    quiet = lambda _: None  # noqa: E731
+        log=print, stacked: bool = False, trees_weight: float | None = None) -> dict:
     t_run = time.time()
     import os
 
@@ -84,34 +82,30 @@ def run(customers: int, steps: list[int], foundation_epochs: int, epochs: int, h
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cspec, test_cutoff, params = demo_spec(customers, tmp)
-        cache = Cache(build_cache(cspec, tmp / "cache", log=quiet))
-        sources = {c: t.name for t in cspec.events + cspec.entity_attributes + cspec.attributes for c in t.columns}
-        sources["__events__"] = cspec.events[0].name
-        fcfg = FoundationConfig(epochs=foundation_epochs, hidden=hidden)
-        foundation = train_foundation(cache, fcfg, test_cutoff - fcfg.horizon_days * DAY, log=quiet)
+        s = setup(cspec, test_cutoff, tmp, foundation_epochs, hidden)
         log(f"foundation trained ({time.time() - t_run:.0f}s)")
-        spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
-        vocab = lambda c: cache.vocab(c).column("value").to_pylist()  # noqa: E731
+        cache, spec = s.cache, s.spec
         all_tasks = tasks(cache, test_cutoff, params)
         for name in names:
             task = all_tasks[name]
-            plan = protocol(test_cutoff, task.target.window_days, 4, cache.time_range[0])
-            model = finetune(cache, foundation.model.state_dict(), foundation.info, task, list(plan.train_cutoffs),
-                             plan.val_cutoff, FinetuneConfig(epochs=epochs), log=quiet).model.eval()
-            groups = input_groups(spec, vocab, model.trunk, sources)
-            row = {"scoring": scoring(model, cache, spec, task, test_cutoff)}
+            model, head = scenario(s, task, test_cutoff, epochs, trees_weight, stacked)
+            groups = input_groups(spec, s.vocab, model.trunk, s.sources)
+            served = "network" if head is None or head.weight == 0 else f"{head.chosen} (trees weighted {head.weight:.2f})"
+            log(f"{name}: serving head {served}")
+            row = {"head": served, "scoring": scoring(model, cache, spec, task, test_cutoff, head=head)}
             log(f"{name}: scoring {row['scoring']['entities_per_s']:.0f} entities/s")
             row["all"] = []
-            for s in steps:  # a fixed number of steps (no second pass), then the default's refinement
-                row["all"].append(explaining(model, cache, spec, task, test_cutoff, groups, s, "all", 1.0, s))
-                log(f"{name}: all at {s} steps {row['all'][-1]['entities_per_s']:.1f} entities/s "
+            for n in steps:  # a fixed number of steps (no second pass), then the default's refinement
+                row["all"].append(explaining(model, cache, spec, task, test_cutoff, groups, n, "all", 1.0, n, head))
+                log(f"{name}: all at {n} steps {row['all'][-1]['entities_per_s']:.1f} entities/s "
                     f"({time.time() - t_run:.0f}s so far)")
-            row["all"].append(explaining(model, cache, spec, task, test_cutoff, groups, DEFAULT_STEPS, "all", 1.0))
+            row["all"].append(explaining(model, cache, spec, task, test_cutoff, groups, DEFAULT_STEPS, "all", 1.0,
+                                         head=head))
             row["default"] = explaining(model, cache, spec, task, test_cutoff, groups, DEFAULT_STEPS, DEFAULT_SELECT,
-                                        DEFAULT_SHARE)
+                                        DEFAULT_SHARE, head=head)
             row["sample"] = explaining(model, cache, spec, task, test_cutoff, groups, DEFAULT_STEPS, "sample",
-                                       DEFAULT_SHARE)
-            row["scoring_after"] = scoring(model, cache, spec, task, test_cutoff, repeat=1)
+                                       DEFAULT_SHARE, head=head)
+            row["scoring_after"] = scoring(model, cache, spec, task, test_cutoff, repeat=1, head=head)
             result["tasks"][name] = row
     result["total_s"] = round(time.time() - t_run, 1)
     return result
@@ -125,7 +119,7 @@ def table(result: dict) -> str:
            f"{d['share']}, {d['steps']} steps; whole run {result['total_s']}s"]
     for name, r in result["tasks"].items():
         sc = r["scoring"]
-        out.append(f"\n{name}: scoring run {sc['entities']:,} entities in {sc['seconds']:.1f}s = "
+        out.append(f"\n{name} (serving head: {r['head']}): scoring run {sc['entities']:,} entities in {sc['seconds']:.1f}s = "
                    f"{sc['entities_per_s']:,.0f} entities/s (again after the explanations: "
                    f"{r['scoring_after']['entities_per_s']:,.0f}/s)")
         rows = [{**e, "what": "all" if e["select"] == "all" else f"{e['select']} {e['share']:.0%}",
@@ -148,11 +142,16 @@ def main() -> None:
     parser.add_argument("--foundation-epochs", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=1, help="fine-tuning epochs")
     parser.add_argument("--hidden", type=int, default=256, help="trunk width (the demo's: 256)")
+    parser.add_argument("--stacked", action="store_true", help="the head chosen on validation, as a scenario "
+                        "fits it: scored and explained as served")
+    parser.add_argument("--trees-weight", type=float, help="a stacked head with this blend weight of the trees "
+                        "(the demo's churn serves 0.8)")
     parser.add_argument("--json", help="also write the figures as JSON to this path")
     args = parser.parse_args()
     torch.manual_seed(0)
     result = run(args.customers, args.steps, args.foundation_epochs, args.epochs, args.hidden, args.tasks,
-                 log=lambda m: print(m, file=sys.stderr, flush=True))
+                 log=lambda m: print(m, file=sys.stderr, flush=True), stacked=args.stacked,
+                 trees_weight=args.trees_weight)
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
