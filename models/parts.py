@@ -3,7 +3,7 @@ written from the parts only once every entity chunk is in a complete one.
 
     <folder>/.<day>.parts/manifest.json   what the parts hold: the job's key and its chunk count
     <folder>/.<day>.parts/deal            the next chunk to hand out (a counter under flock), of deal.todo
-    <folder>/.<day>.parts/<id>.arrow      one process's scored batches (Arrow IPC), written atomically
+    <folder>/.<day>.parts/<id>.arrow      one process's scored batches (Arrow IPC), renamed into place whole
     <folder>/.<day>.parts/<id>.part.json  written after its .arrow: the part is complete (its chunks)
 
 Process 0 is the caller's own, so one process is the plain path with nothing staged; the others are
@@ -34,7 +34,7 @@ from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 
-from models.storage import atomic_path, read_json, recover_tree, write_json
+from models.storage import DiskFullError, is_disk_full, read_json, recover_tree, write_json
 
 FORMAT = 1
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,12 +91,15 @@ class Parts:
         return parts
 
     def complete(self) -> list[dict]:
-        """Every complete part's record: {file, chunks, batches, rows}."""
+        """Every complete part's record: {file, chunks, batches, rows}. A record whose file is missing or
+        does not hold its batches (a power cut after an unsynced write) is dropped, its chunks to score again."""
         out = []
         for p in sorted(self.path.glob("*.part.json")):
             record = read_json(p)
-            if record["file"] is None or (self.path / record["file"]).exists():
+            if record["file"] is None or _holds(self.path / record["file"], len(record["batches"])):
                 out.append(record)
+            else:
+                p.unlink()
         return out
 
     def todo(self) -> list[int]:
@@ -140,18 +143,26 @@ class Parts:
                 taken.append(c)
                 yield c
 
-        with atomic_path(self.path / f"{name}.arrow") as tmp:
+        # scratch: renamed into place without an fsync (a day of embeddings at 18M entities is ~10 GB);
+        # a part that lost its bytes to a power cut fails `complete`'s footer check and is scored again
+        tmp = self.path / f".{name}.arrow.tmp-{os.getpid()}"
+        try:
             for c, batch in scored(recorded()):
                 writer = writer or pa.ipc.new_file(str(tmp), batch.schema)
                 writer.write_batch(batch)
                 order.append(c)
                 rows += len(batch)
-            if writer is None:
-                tmp.write_bytes(b"")  # nothing scored: no file, the record alone says which chunks are done
-            else:
+            if writer is not None:
                 writer.close()
-        if writer is None:
-            (self.path / f"{name}.arrow").unlink()
+                os.replace(tmp, self.path / f"{name}.arrow")
+        except OSError as e:
+            if is_disk_full(e):
+                raise DiskFullError(self.path / f"{name}.arrow", tmp.stat().st_size if tmp.exists() else 0,
+                                    None) from e
+            raise
+        finally:
+            if tmp.exists():
+                tmp.unlink()
         record = {"file": f"{name}.arrow" if writer is not None else None, "chunks": taken, "batches": order,
                   "rows": rows}
         write_json(self.path / f"{name}.part.json", record)
@@ -180,6 +191,13 @@ class Parts:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _holds(path: Path, batches: int) -> bool:
+    try:
+        return pa.ipc.open_file(pa.OSFile(str(path))).num_record_batches == batches
+    except (OSError, pa.ArrowInvalid):
+        return False
 
 
 def _manifest(path: Path) -> dict | None:

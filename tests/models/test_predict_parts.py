@@ -199,6 +199,14 @@ def test_parts_of_another_job_are_dropped_and_a_partial_day_is_refused(tmp_path)
     with pytest.raises(PartsError, match="manifest is not this job's"):
         Parts.existing(tmp_path / "p", "a", 3)
 
+    # a part whose bytes never reached the disk (renamed unsynced, then a power cut): scored again
+    parts = Parts(tmp_path / "q", "a", 2)
+    parts.deal([0, 1])
+    record = parts.write(lambda chunks: ((c, batch) for c in chunks), parts.taken())
+    assert parts.todo() == []
+    (parts.path / record["file"]).write_bytes(b"")
+    assert Parts(tmp_path / "q", "a", 2).todo() == [0, 1]
+
 
 def test_the_executor_splits_the_cores_among_the_scoring_processes(monkeypatch):
     import resources.executor as ex
