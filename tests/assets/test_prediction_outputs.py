@@ -114,3 +114,39 @@ def test_the_checkpoint_records_the_chosen_head_and_predictions_score_with_it(sc
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     if head.weight > 0:
         assert not np.allclose(got, alone)
+
+
+def test_two_scoring_processes_write_the_files_one_process_writes(scored, monkeypatch):
+    """executor inference_processes 2 (models/parts.py): the predictions (the chosen heads, LightGBM
+    included) and the embeddings of the day are the files one process writes, bit for bit, on the same
+    chunks (64 entities here, so that both processes get some); nothing is left staged."""
+    import shutil
+
+    import dagster as dg
+
+    from assets.embeddings import EMBEDDINGS_KEY
+    from assets.predictions import predictions_key
+    from pipelines.definitions import build_assets, build_resources
+    from resources.executor import TrainingExecutor
+
+    root = scored[0]
+    project = load_project(root / "project.yaml")
+    monkeypatch.setattr("assets.predictions.CHUNK_ENTITIES", 64)
+    monkeypatch.setattr("assets.embeddings.CHUNK_ENTITIES", 64)
+    files = {"churn": root / "ws" / "predictions" / "churn" / f"{DAY}.parquet",
+             "brands": root / "ws" / "predictions" / "brands" / f"{DAY}.parquet",
+             "embeddings": root / "ws" / "embeddings" / f"{DAY}.parquet"}
+    written = {}
+    for n in (1, 2):
+        resources = {**build_resources(project), "executor": TrainingExecutor(device="cpu", inference_processes=n)}
+        result = dg.materialize(build_assets(project), resources=resources, partition_key=DAY,
+                                selection=[predictions_key("churn"), predictions_key("brands"), EMBEDDINGS_KEY],
+                                instance=dg.DagsterInstance.ephemeral())
+        assert result.success
+        for name, path in files.items():
+            written[name, n] = root / f"{name}-{n}.parquet"
+            shutil.copy(path, written[name, n])
+            assert not list(path.parent.glob(".*.parts"))  # the day's parts go once its file is in place
+    for name in files:
+        one, two = pq.read_table(written[name, 1]), pq.read_table(written[name, 2])
+        assert one.num_rows > 0 and one.equals(two), name
