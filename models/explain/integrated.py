@@ -162,22 +162,26 @@ class Explainer:
         hr, hc, vb = batch_history(h[rows], self.dev)
         return (xb, vb, hr, hc) if len(vb) else (xb, None, None, None)
 
-    def explain(self, x: np.ndarray, h: SparseRows | None, rows: np.ndarray, target: np.ndarray | None = None) -> Explained:
+    def explain(self, x: np.ndarray, h: SparseRows | None, rows: np.ndarray, target: np.ndarray | None = None,
+                steps: int | None = None) -> Explained:
         """Attributions of the pairs (entity rows[i] of x and h, output target[i]); target None for
         one score per entity. Integrated at `steps`; each pair whose gap is then over the tolerance
         (`tolerance` x |score - baseline| + ABS_TOLERANCE x (1 + |baseline|)) again at twice the
-        steps, until it holds or `max_steps` is reached (Explained.steps says which)."""
+        steps, until it holds or `max_steps` is reached (Explained.steps says which). `steps` given:
+        at that many only (a caller that checks a gap of its own: models/explain/served.py)."""
         rows = np.asarray(rows, np.int64)
         target = np.full(len(rows), -1, np.int64) if target is None else np.asarray(target, np.int64)
         hook = self.ple.register_forward_pre_hook(self._ple_hook) if self.ple is not None else None
+        last = self.max_steps if steps is None else steps
         try:
-            ex, steps = self._explain_pairs(x, h, rows, target, self.steps), self.steps
-            while steps < self.max_steps:
+            steps = self.steps if steps is None else steps
+            ex = self._explain_pairs(x, h, rows, target, steps)
+            while steps < last:
                 over = np.flatnonzero(np.abs(ex.gap) > self.tolerance * np.abs(ex.score - ex.baseline)
                                       + ABS_TOLERANCE * (1 + np.abs(ex.baseline)))
                 if not len(over):
                     break
-                steps = min(2 * steps, self.max_steps)
+                steps = min(2 * steps, last)
                 ex = ex.replaced(over, self._explain_pairs(x, h, rows[over], target[over], steps))
         finally:
             if hook is not None:

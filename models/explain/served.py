@@ -237,15 +237,15 @@ class ServedExplainer:
             ax = ax.index_add(1, self.ple_input, attr[1].detach().double())
         return ax
 
-    def representation(self, x: np.ndarray, emb: np.ndarray, part: np.ndarray, column: np.ndarray) -> tuple:
+    def representation(self, x: np.ndarray, emb: np.ndarray, part: np.ndarray, column: np.ndarray,
+                       steps: int) -> tuple[np.ndarray, np.ndarray]:
         """The representation's tree contributions `part` [m, tree inputs] spread over the network's
-        inputs: (grouped [m, groups], the rest [m] for the representation group, steps [m])."""
+        inputs at `steps`: (grouped [m, groups], the rest [m] for the representation group)."""
         red = self.stack.reduction
         m = len(x)
         dense = np.zeros((m, len(self.groups)))
-        steps_used = np.zeros(m, np.int64)
         if red.kind == "none" or part.shape[1] == 0:
-            return dense, np.zeros(m), steps_used
+            return dense, np.zeros(m)
         e = emb.astype(np.float64) - self.base_emb  # the representation's movement
         if red.kind == "trunk":
             moved, matrix = e, None
@@ -267,23 +267,15 @@ class ServedExplainer:
             v = matrix[:, cols].T * a
         else:
             v = a @ matrix.T
-        want = (a * moved).sum(1)  # what the integration must add up to
-        of_input = torch.from_numpy(self.groups.of_input).to(self.dev)
-        todo, steps = np.flatnonzero(np.abs(want) > 0), self.steps
-        xt = torch.from_numpy(np.ascontiguousarray(x)).to(self.dev)
-        vt = torch.from_numpy(v).to(self.dev)
-        while len(todo):
-            got = torch.cat([self._trunk_ig(xt[todo[i:i + 256]], vt[todo[i:i + 256]], steps)
-                             for i in range(0, len(todo), 256)])
+        todo = np.flatnonzero(np.abs(a).sum(1) > 0)
+        if len(todo):
+            xt = torch.from_numpy(np.ascontiguousarray(x[todo])).to(self.dev)
+            vt = torch.from_numpy(v[todo]).to(self.dev)
+            got = torch.cat([self._trunk_ig(xt[i:i + 256], vt[i:i + 256], steps) for i in range(0, len(todo), 256)])
+            of_input = torch.from_numpy(self.groups.of_input).to(self.dev)
             g = torch.zeros((len(todo), len(self.groups)), dtype=got.dtype, device=self.dev).index_add_(1, of_input, got)
             dense[todo] = g.cpu().numpy()
-            steps_used[todo] = steps
-            gap = np.abs(dense[todo].sum(1) - want[todo])
-            over = gap > self.tolerance * np.abs(want[todo]) + ABS_TOLERANCE
-            if steps >= self.max_steps or not over.any():
-                break
-            todo, steps = todo[over], min(2 * steps, self.max_steps)
-        return dense, rest, steps_used
+        return dense, rest
 
     # ------------------------------------------------------------ the served score
     def inputs(self, model, chunk, keep: np.ndarray, x: np.ndarray, entity_table, vocab_sizes: dict) -> StackInputs:
@@ -358,44 +350,69 @@ class ServedExplainer:
 
     def explain(self, x, h, rows: np.ndarray, target: np.ndarray | None, si: StackInputs) -> Explained:
         """Attributions of the served score of each (row, target) pair, in the units predictions writes,
-        summing to served score - the served stranger's score (module docstring)."""
+        summing to served score - the served stranger's score (module docstring). Both integrations (the
+        network's, the representation's through the trunk) run at `steps`; a pair whose *served* gap is over
+        the tolerance is integrated again at twice the steps, up to `max_steps` (the trees' part is exact)."""
         rows = np.asarray(rows, np.int64)
         target = np.full(len(rows), -1, np.int64) if target is None else np.asarray(target, np.int64)
-        m, G = len(rows), len(self.groups)
         wp, col = self.covered(target)
         pos = si.position[rows]
         hand, emb = si.rows.hand[pos], si.rows.embedding[pos]
-        dense, steps = np.zeros((m, G)), np.zeros(m, np.int64)
+        trees = (np.zeros(len(rows)), np.zeros(len(rows)), None)
+        tp = np.flatnonzero(wp > 0)
+        if len(tp):  # once: exact, whatever the steps
+            z, z0, c = self.trees(hand[tp], emb[tp], col[tp])
+            full = np.zeros((len(rows), c.shape[1]))
+            full[tp] = c
+            trees = (np.zeros(len(rows)), np.zeros(len(rows)), full)
+            trees[0][tp], trees[1][tp] = z, z0
+        score = self.score(x, h, rows, target, si) if self.task.task != "multilabel" else None
+        every = np.arange(len(rows))
+        ex, steps = self._explained(x, h, rows, target, wp, col, emb, trees, score, every, self.steps), self.steps
+        while steps < self.max_steps:
+            over = np.flatnonzero(np.abs(ex.gap) > self.tolerance * np.abs(ex.score - ex.baseline)
+                                  + ABS_TOLERANCE * (1 + np.abs(ex.baseline)))
+            if not len(over):
+                break
+            steps = min(2 * steps, self.max_steps)
+            ex = ex.replaced(over, self._explained(x, h, rows, target, wp, col, emb, trees, score, over, steps))
+        return ex
+
+    def _explained(self, x, h, rows, target, wp, col, emb, trees, served, sub: np.ndarray, steps: int) -> Explained:
+        """The pairs `sub` (positions) at `steps`: the network's part integrated, the trees' (`trees`: their
+        scores, the stranger's, contributions) spread; the served score `served` where predictions gives it."""
+        rows, target, wp, col, emb = rows[sub], target[sub], wp[sub], col[sub], emb[sub]
+        m, G = len(sub), len(self.groups)
+        dense = np.zeros((m, G))
         extra = [np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)]
         net, net0 = np.zeros(m), np.zeros(m)
         part = np.flatnonzero(wp < 1)  # the network's part
         if len(part):
-            ex = self.net.explain(x, h, rows[part], target[part])
+            ex = self.net.explain(x, h, rows[part], target[part], steps=steps)
             keep = 1 - wp[part]
             dense[part, :ex.dense.shape[1]] = keep[:, None] * ex.dense
             extra = [part[ex.extra[0]], ex.extra[1], keep[ex.extra[0]] * ex.extra[2]]
-            net[part], net0[part], steps[part] = ex.score, ex.baseline, ex.steps
-        trees, trees0 = np.zeros(m), np.zeros(m)
+            net[part], net0[part] = ex.score, ex.baseline
+        tz, tz0 = trees[0][sub], trees[1][sub]
         tp = np.flatnonzero(wp > 0)  # the trees' part
         if len(tp):
-            trees[tp], trees0[tp], c = self.trees(hand[tp], emb[tp], col[tp])
-            H = hand.shape[1]
+            c = trees[2][sub[tp]]
+            H = self.hand.group.shape[0]
             th = c[:, :H] * wp[tp, None]
             g = self.hand.group
             own = np.flatnonzero(g >= 0)
-            sub = np.zeros((len(tp), G))
-            np.add.at(sub.T, g[own], th[:, own].T)
+            part_dense = np.zeros((len(tp), G))
+            np.add.at(part_dense.T, g[own], th[:, own].T)
             rare = np.flatnonzero(g < 0)  # a rare label's own history: a reason of its own, as the network's
             if len(rare):
                 pr, pc = np.nonzero(th[:, rare])
                 extra = [np.r_[extra[0], tp[pr]], np.r_[extra[1], self.hand.label[rare[pc]]],
                          np.r_[extra[2], th[pr, rare[pc]]]]
-            rd, rest, st = self.representation(x[rows[tp]], emb[tp], c[:, H:], col[tp])
-            sub += wp[tp, None] * rd
-            sub[:, self.rep_group] += wp[tp] * rest
-            dense[tp] += sub
-            steps[tp] = np.maximum(steps[tp], st)
-        z, z0 = self._blend(net, trees, wp), self._blend(net0, trees0, wp)
+            rd, rest = self.representation(x[rows[tp]], emb[tp], c[:, H:], col[tp], steps)
+            part_dense += wp[tp, None] * rd
+            part_dense[:, self.rep_group] += wp[tp] * rest
+            dense[tp] += part_dense
+        z, z0 = self._blend(net, tz, wp), self._blend(net0, tz0, wp)
         if self.logits:  # to probabilities: the secant of the sigmoid, one positive factor per score
             rho = _secant(z, z0, _sigmoid, lambda v: _sigmoid(v) * (1 - _sigmoid(v)))
             dense *= rho[:, None]
@@ -403,7 +420,8 @@ class ServedExplainer:
             score, base = _sigmoid(z), _sigmoid(z0)
         else:
             score, base = z, z0
-        if self.task.task != "multilabel":  # exactly what predictions wrote
-            score = self.score(x, h, rows, target, si)
+        if served is not None:  # exactly what predictions wrote
+            score = served[sub]
         return Explained(rows, target, np.asarray(score, np.float32), base.astype(np.float32), dense.astype(np.float32),
-                         (extra[0].astype(np.int64), extra[1].astype(np.int64), extra[2].astype(np.float32)), steps)
+                         (extra[0].astype(np.int64), extra[1].astype(np.int64), extra[2].astype(np.float32)),
+                         np.full(m, steps, np.int64))
