@@ -101,6 +101,10 @@ class DagsterDev:
             time.sleep(0.5)
         raise RuntimeError(f"the code location did not load in {timeout}s:\n{self.log.read_text()[-3000:]}")
 
+    def log_size(self) -> int:
+        """Bytes dagster dev has logged: its runs' events go there, so it grows while they progress."""
+        return self.log.stat().st_size
+
     def runs(self, backfill_id: str | None = None) -> list[dict]:
         flt = f'(filter: {{tags: [{{key: "dagster/backfill", value: "{backfill_id}"}}]}})' if backfill_id else ""
         return self.graphql(f"{{ runsOrError{flt} {{ ... on Runs {{ results {{ runId status tags {{ key value }} "
@@ -140,14 +144,23 @@ def _append_day(warehouse: Path):
         return None
 
 
-def _wait(what: str, probe, timeout: float = 180, every: float = 1.0):
+def _wait(what: str, probe, timeout: float = 180, every: float = 1.0, progress=None):
+    """Poll `probe` until it returns something true. With `progress` (e.g. the size of dagster dev's
+    log), `timeout` counts from its last change: a run that is still writing events on a loaded
+    machine is slow, not stuck, and only `timeout` seconds without any progress fail the test (or ten
+    times `timeout` in all: the daemon's own lines also count as progress)."""
     deadline = time.time() + timeout
-    while time.time() < deadline:
+    cap = time.time() + 10 * timeout
+    last = progress() if progress else None
+    while time.time() < min(deadline, cap):
         value = probe()
         if value:
             return value
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        if progress and (now := progress()) != last:
+            last, deadline = now, time.time() + timeout
+    limit = f"{timeout}s without progress or {10 * timeout}s in all" if progress else f"{timeout}s"
+    raise AssertionError(f"timed out waiting for {what} ({limit})")
 
 
 def _click(browser, xpath: str, timeout: float = 60) -> None:
@@ -263,7 +276,8 @@ def test_the_ui_shows_every_stage_and_runs_a_materialization_and_a_backfill(dags
     done = ("SUCCESS", "FAILURE", "CANCELED")
     try:
         runs = _wait("the backfill's runs", lambda: (lambda rs: rs if len(rs) == expected and all(
-            r["status"] in done for r in rs) else None)(dagster_dev.runs(backfill)), timeout=240, every=2)
+            r["status"] in done for r in rs) else None)(dagster_dev.runs(backfill)), timeout=240, every=2,
+            progress=dagster_dev.log_size)
     except AssertionError as e:  # say what the backfill did instead
         raise AssertionError(f"{e}; its runs: {[(r['status'], r['tags']) for r in dagster_dev.runs(backfill)]}; "
                              f"log: {dagster_dev.log.read_text()[-3000:]}") from None
@@ -285,7 +299,7 @@ def test_the_ui_shows_every_stage_and_runs_a_materialization_and_a_backfill(dags
     day, rows = _wait("the warehouse free for writing", lambda: _append_day(tmp_path / "warehouse.duckdb"), timeout=60)
     new_run = _wait("the sensor's run", lambda: next((r for r in dagster_dev.runs() if any(
         t["key"] == "dagster/sensor_name" and t["value"] == "purchases_new_data" for t in r["tags"])
-        and r["status"] in done), None), timeout=180, every=2)
+        and r["status"] in done), None), timeout=180, every=2, progress=dagster_dev.log_size)
     assert new_run["status"] == "SUCCESS", dagster_dev.log.read_text()[-3000:]
     assert {t["key"]: t["value"] for t in new_run["tags"]}["dagster/partition"] == day
     assert pq.read_metadata(tmp_path / "ws" / "sources" / "purchases" / f"{day}.parquet").num_rows == rows
@@ -309,7 +323,8 @@ def test_the_ui_shows_every_stage_and_runs_a_materialization_and_a_backfill(dags
             "return document.body.innerText"), timeout=30, every=0.5)
         browser.save_screenshot(str(tmp_path / "run_queue.png"))
     runs = _wait("both training runs to finish", lambda: (lambda rs: rs if len(rs) == 2 and all(
-        r["status"] in done for r in rs.values()) else None)(by_id()), timeout=300, every=1)
+        r["status"] in done for r in rs.values()) else None)(by_id()), timeout=300, every=1,
+        progress=dagster_dev.log_size)
     assert all(r["tags"] and {"key": "habitus/kind", "value": "training"} in r["tags"] for r in runs.values())
     one, other = runs[running[0]], runs[waiting]
     assert other["startTime"] >= one["endTime"], (one, other)  # one after the other, never both at once
