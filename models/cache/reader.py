@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from models.cache.spec import CacheError
 from models.cache.stored import _read_sorted, _values
+from models.heap import bound_heap
 from models.storage import read_json
 
 
@@ -30,6 +31,7 @@ class Cache:
     """A built cache, opened read-only through its manifest."""
 
     def __init__(self, path: str | Path):
+        bound_heap()  # a process that reads a cache allocates and frees chunk-sized arrays (models/heap.py)
         self.path = Path(path)
         mf = self.path / "manifest.json"
         if not mf.exists():
