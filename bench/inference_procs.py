@@ -146,6 +146,19 @@ def measure(cache_path: str, scenario: str, foundation: str, work: Path, *, repe
             "identical": all(t["identical"] for t in summary.values())}
 
 
+def speed_keys(config: Path, work: Path, repeats: int = 3) -> dict:
+    """What bench/speed.py adds to its JSON for a dataset it benchmarked (`config`: its project.yaml,
+    with the trained churn and foundation checkpoints): `inference_speedup_2proc` (median ratio of
+    2 processes over 1, predictions and embeddings), `inference_2proc_identical`, and the runs."""
+    import speed
+
+    st = speed.Stage(str(config), "cpu")
+    r = measure(str(st.cache.path), str(st.workspace.scenario("churn")), str(st.workspace.foundation), work,
+                repeats=repeats)
+    return {"inference_speedup_2proc": r["inference_speedup"], "inference_2proc_identical": r["identical"],
+            "inference_2proc_runs": r["runs"]}
+
+
 def table(result: dict) -> str:
     n1, n2 = result["processes"]
     lines = [f"{'task':8} {'rep':>3} {'procs':>5} {'threads':>7} {'seconds':>8} {'scoring s':>9} {'write s':>7} "

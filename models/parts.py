@@ -7,10 +7,12 @@ written from the parts only once every entity chunk is in a complete one.
     <folder>/.<day>.parts/<id>.part.json  written after its .arrow: the part is complete (its chunks)
 
 Process 0 is the caller's own, so one process is the plain path with nothing staged; the others are
-`python -m models.parts` children started once per run (a backfill's days reuse them), each with
-`threads` torch threads so N processes do not oversubscribe the cores, and on GPUs a GPU each. Chunks
-are dealt as they are asked for, so a process that starts later (the children import torch while
-process 0 already scores) or sits on a busier core takes fewer. A chunk is scored by the same code
+started once per run (a backfill's days reuse them), each with `threads` torch threads so N processes
+do not oversubscribe the cores, and on GPUs a GPU each. On CPUs with one thread each they are forked
+from process 0 with its model loaded (no start-up: importing torch alone is ~4 CPU-seconds; a forked
+child must not use OpenMP's pool, which one thread never does); otherwise `python -m models.parts`
+children are spawned, and import torch while process 0 already scores. Chunks are dealt as they are
+asked for, so a process that starts later or sits on a busier core takes fewer. A chunk is scored by the same code
 on the same rows whichever process takes it, so the day's file is the one a single process writes:
 the batches are read back in chunk order (tests/models/test_predict_parts.py checks bit for bit).
 
@@ -213,12 +215,16 @@ def _manifest(path: Path) -> dict | None:
 class Pool:
     """`processes` scoring processes for a run: this one (process 0, on `devices[0]`) and children
     1.. on `devices[i]`, `threads` torch threads each. Use as a context manager; `day` scores one
-    day's parts whole."""
+    day's parts whole. `start`: auto (fork where it is safe: CPUs, one thread each), or spawn."""
 
-    def __init__(self, scorer: Scorer, processes: int, devices: list[str], threads: int, log=print):
+    def __init__(self, scorer: Scorer, processes: int, devices: list[str], threads: int, log=print,
+                 start: str = "auto"):
         if processes < 1 or len(devices) != processes:
             raise ValueError(f"{processes} scoring processes need as many devices, got {devices}")
+        if start not in ("auto", "spawn"):
+            raise ValueError(f"start {start!r}: choose auto or spawn")
         self.scorer, self.processes, self.devices, self.threads, self.log = scorer, processes, devices, threads, log
+        self.start = start
         self.children: list[subprocess.Popen] = []
         self._score: Score | None = None
         self._threads_before: int | None = None
@@ -229,12 +235,20 @@ class Pool:
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
-            for rank in range(1, self.processes):  # they import torch while process 0 gets on with it
-                self.children.append(_start(self.scorer, rank, self.devices[rank], self.threads))
+            # one thread per process on CPUs: fork, the children start with this one's model and no import
+            # (torch's OpenMP pool does not survive a fork, and one thread never uses it); else spawn
+            forked = (self.start == "auto" and self.threads == 1 and all(d == "cpu" for d in self.devices)
+                      and hasattr(os, "fork"))
+            if forked:
+                self._score = self.scorer.make(self.devices[0])
+            for rank in range(1, self.processes):  # spawned, they import torch while process 0 gets on with it
+                self.children.append(_fork(self._score, rank, self.children) if forked else
+                                     _start(self.scorer, rank, self.devices[rank], self.threads))
             self.log(f"scoring processes: 0 (pid {os.getpid()}, {self.devices[0]}) and "
                      + ", ".join(f"{r} (pid {c.pid}, {self.devices[r]})" for r, c in enumerate(self.children, 1))
-                     + f"; {self.threads} torch thread(s) each")
-            self._score = self.scorer.make(self.devices[0])
+                     + f"; {self.threads} torch thread(s) each, {'forked' if forked else 'spawned'}")
+            if not forked:
+                self._score = self.scorer.make(self.devices[0])
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -308,12 +322,12 @@ def _start(scorer: Scorer, rank: int, device: str, threads: int) -> subprocess.P
 
 
 def child_main() -> None:
-    """A child process: build the scorer, then one part per day asked for on stdin, one reply line each
-    on the original stdout (what libraries print goes to stderr, so it cannot break a reply)."""
+    """A spawned child: build the scorer, then serve (what libraries print goes to stderr, so it cannot
+    break a reply on the original stdout)."""
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     job = json.loads(sys.stdin.readline())
-    failed = None
+    score: Score | str
     try:
         import torch
 
@@ -322,19 +336,76 @@ def child_main() -> None:
             torch.cuda.set_device(torch.device(job["device"]))
         score = Scorer(job["build"], job["params"]).make(job["device"], job["rank"])
     except BaseException:
-        failed = traceback.format_exc()
-    for line in sys.stdin:
+        score = traceback.format_exc()
+    _serve(score, job["rank"], sys.stdin, replies)
+
+
+def _serve(score: "Score | str", rank: int, days, replies) -> None:
+    """One part per day asked for on `days` (a line each), one reply line each on `replies`; `score`:
+    the Score, or the traceback of its failed build (every day then fails with it)."""
+    for line in days:
         day = json.loads(line)
         try:
-            if failed:
-                raise PartsError(failed)
+            if isinstance(score, str):
+                raise PartsError(score)
             parts = Parts.existing(day["parts"], day["key"], day["chunks"])
             record = parts.write(lambda chunks: score(day["cutoff"], chunks), parts.taken())
-            reply = {"rank": job["rank"], "rows": record["rows"], "chunks": len(record["chunks"])}
+            reply = {"rank": rank, "rows": record["rows"], "chunks": len(record["chunks"])}
         except BaseException:
-            reply = {"rank": job["rank"], "error": failed or traceback.format_exc()}
+            reply = {"rank": rank, "error": score if isinstance(score, str) else traceback.format_exc()}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+
+
+class _Forked:
+    """A forked child, driven like the spawned ones (subprocess.Popen's stdin, stdout, poll, wait, kill)."""
+
+    def __init__(self, pid: int, stdin, stdout):
+        self.pid, self.stdin, self.stdout, self.returncode = pid, stdin, stdout, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"scoring process {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, 9)
+
+
+def _fork(score: Score, rank: int, siblings: list) -> _Forked:
+    """A child forked from this process, serving with its `score` (the model already loaded)."""
+    to_child, from_parent = os.pipe()[::-1]
+    from_child, to_parent = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:  # the child: none of the parent's ends, nor its siblings' (their EOF is how they leave)
+            os.close(to_child)
+            os.close(from_child)
+            for sibling in siblings:
+                sibling.stdin.close()
+                sibling.stdout.close()
+            os.dup2(2, 1)  # what libraries print goes to stderr
+            _serve(score, rank, os.fdopen(from_parent), os.fdopen(to_parent, "w"))
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(0)  # never the parent's teardown (atexit, buffered output, Dagster's handlers)
+    os.close(from_parent)
+    os.close(to_parent)
+    return _Forked(pid, os.fdopen(to_child, "w"), os.fdopen(from_child))
 
 
 if __name__ == "__main__":

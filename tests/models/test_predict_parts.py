@@ -79,9 +79,10 @@ def paced_scorer(p: dict):
     """The real scorer of `p["what"]`, paced so that both processes score chunks whatever the load:
     process 0 starts once the child has scored its first chunk, which then waits for process 0's
     first. With `p["die"]`, the child kills itself (SIGKILL) after its first chunk, before its part is
-    complete."""
+    complete. (A forked child runs process 0's scorer: it knows itself by its pid.)"""
     score = (scenario_scorer if p["what"] == "predict" else embedding_scorer)(p)
     one, zero = Path(p["flags"]) / "child-scored", Path(p["flags"]) / "parent-scored"
+    builder = os.getpid()
 
     def wait(flag: Path):
         deadline = time.time() + 300
@@ -91,11 +92,12 @@ def paced_scorer(p: dict):
             time.sleep(0.02)
 
     def paced(cutoff, chunks):
-        if p["rank"] == 0:
+        child = p["rank"] > 0 or os.getpid() != builder
+        if not child:
             wait(one)
         for n, (c, batch) in enumerate(score(cutoff, chunks)):
             yield c, batch
-            if n == 0 and p["rank"] == 0:
+            if n == 0 and not child:
                 zero.touch()
             elif n == 0:
                 one.touch()
@@ -131,8 +133,8 @@ def _two_processes(world, pool: Pool, folder: Path, path: Path, cutoff: int, key
     return rows, done
 
 
-@pytest.mark.parametrize("what", ["predict", "embed"])
-def test_two_processes_write_the_file_one_process_writes(world, tmp_path, what, monkeypatch):
+@pytest.mark.parametrize("what, start", [("predict", "auto"), ("embed", "auto"), ("predict", "spawn")])
+def test_two_processes_write_the_file_one_process_writes(world, tmp_path, what, start, monkeypatch):
     import assets.predictions as ap
 
     monkeypatch.setattr(ap, "CHUNK_ENTITIES", CHUNK)  # the asset's day, on this cache's small chunks
@@ -142,7 +144,7 @@ def test_two_processes_write_the_file_one_process_writes(world, tmp_path, what, 
     (tmp_path / "flags").mkdir()
     scorer = Scorer(f"{HERE}:paced_scorer", {**_params(world, what), "flags": str(tmp_path / "flags")})
     folder = tmp_path / "out"
-    with Pool(scorer, 2, ["cpu", "cpu"], 1) as pool:
+    with Pool(scorer, 2, ["cpu", "cpu"], 1, start=start) as pool:  # auto: forked (one thread each)
         parts = parts_of_day(QUIET, pool, folder, DAY, f"key-{what}", cache, cutoff)
         records = parts.complete()
         two = folder / f"{DAY}.parquet"
@@ -154,7 +156,8 @@ def test_two_processes_write_the_file_one_process_writes(world, tmp_path, what, 
     assert pq.ParquetFile(one).schema_arrow.equals(pq.ParquetFile(two).schema_arrow)
 
 
-def test_a_killed_process_leaves_the_previous_day_whole_and_a_rerun_finishes_it(world, tmp_path):
+@pytest.mark.parametrize("start", ["auto", "spawn"])
+def test_a_killed_process_leaves_the_previous_day_whole_and_a_rerun_finishes_it(world, tmp_path, start):
     cache, cutoff = world[0], world[1]
     folder = tmp_path / "out"
     path = folder / f"{DAY}.parquet"
@@ -163,7 +166,7 @@ def test_a_killed_process_leaves_the_previous_day_whole_and_a_rerun_finishes_it(
     (tmp_path / "flags").mkdir()
     params = {**_params(world, "predict"), "flags": str(tmp_path / "flags")}
     with pytest.raises(PartsError, match=r"scoring process 1 \(pid \d+\) exited with status -9"):
-        with Pool(Scorer(f"{HERE}:paced_scorer", {**params, "die": True}), 2, ["cpu", "cpu"], 1) as pool:
+        with Pool(Scorer(f"{HERE}:paced_scorer", {**params, "die": True}), 2, ["cpu", "cpu"], 1, start=start) as pool:
             _two_processes(world, pool, folder, path, cutoff, "key")
     assert path.read_bytes() == before  # not replaced, not touched
     assert sorted(p.name for p in folder.iterdir()) == [f".{DAY}.parts", f"{DAY}.parquet"]
@@ -176,7 +179,8 @@ def test_a_killed_process_leaves_the_previous_day_whole_and_a_rerun_finishes_it(
 
     # the re-run: the same key keeps the complete part and scores only the missing chunks
     missing = parts.todo()
-    with Pool(Scorer("models.predict:scenario_scorer", _params(world, "predict")), 2, ["cpu", "cpu"], 1) as pool:
+    with Pool(Scorer("models.predict:scenario_scorer", _params(world, "predict")), 2, ["cpu", "cpu"], 1,
+              start=start) as pool:
         rows, done = _two_processes(world, pool, folder, path, cutoff, "key")
     assert sum(d["chunks"] for d in done) == len(missing)
     one = tmp_path / "one.parquet"
