@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from explain_setup import scenario, setup  # noqa: E402
@@ -71,8 +72,42 @@ def explaining(model, cache, spec, task, cutoff, groups, steps: int, select: str
             "steps_mean": summary.steps_mean, "over_tolerance": summary.over_tolerance / max(summary.pairs, 1)}
 
 
+def split(model, head, cache, spec, task, cutoff, groups, n: int) -> dict:
+    """Seconds of each part of a served explanation of the first block's first `n` eligible entities, at
+    DEFAULT_STEPS: the stack's rows, the trees' pred_contrib, the network's and the trunk's integrations."""
+    from models.explain import ServedExplainer
+    from models.features import chunk_at
+    from models.labels import task_inputs
+    from models.tasks import task as task_of
+
+    e = ServedExplainer(model, head, spec, task, groups, steps=DEFAULT_STEPS)
+    table = cache.entity_table()
+    vs = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
+    chunk = chunk_at(cache.shard(0), 0, len(cache.shard(0).entities), cutoff)
+    keep = np.flatnonzero(task_of(task).eligible(chunk, task.target))[:n]
+    x, h = task_inputs(chunk, spec, task, table, vs)
+    col = np.zeros(len(keep), np.int64)
+    out = {"entities": int(len(keep))}
+
+    def timed(name, fn):
+        t = time.perf_counter()
+        v = fn()
+        out[name] = time.perf_counter() - t
+        return v
+
+    si = timed("stack_rows", lambda: e.inputs(model, chunk, keep, x, table, vs))
+    pos = si.position[keep]
+    _, _, c = timed("trees", lambda: e.trees(si.rows.hand[pos], si.rows.embedding[pos], col))
+    timed("network_ig", lambda: e.net.explain(x, h, keep, None, steps=DEFAULT_STEPS))
+    H = si.rows.hand.shape[1]
+    timed("trunk_ig", lambda: e.representation(x[keep], si.rows.embedding[pos], c[:, H:], col, DEFAULT_STEPS))
+    timed("explain", lambda: e.explain(x, h, keep, None, si))
+    out["trees_in_stack"] = head.stack.info.get("trees")
+    return out
+
+
 def run(customers: int, steps: list[int], foundation_epochs: int, epochs: int, hidden: int, names: list[str],
-        log=print, stacked: bool = False, trees_weight: float | None = None) -> dict:
+        log=print, stacked: bool = False, trees_weight: float | None = None, split_entities: int = 0) -> dict:
     t_run = time.time()
     import os
 
@@ -92,6 +127,11 @@ def run(customers: int, steps: list[int], foundation_epochs: int, epochs: int, h
             groups = input_groups(spec, s.vocab, model.trunk, s.sources)
             served = "network" if head is None or head.weight == 0 else f"{head.chosen} (trees weighted {head.weight:.2f})"
             log(f"{name}: serving head {served}")
+            if split_entities and head is not None and head.weight > 0:  # where a served explanation's time goes
+                result["tasks"][name] = {"head": served, "split": split(model, head, cache, spec, task, test_cutoff,
+                                                                         groups, split_entities)}
+                log(f"{name}: {result['tasks'][name]['split']}")
+                continue
             row = {"head": served, "scoring": scoring(model, cache, spec, task, test_cutoff, head=head)}
             log(f"{name}: scoring {row['scoring']['entities_per_s']:.0f} entities/s")
             row["all"] = []
@@ -118,6 +158,12 @@ def table(result: dict) -> str:
            f"epoch(s), fine-tuning {result['epochs']['finetune']}; default: select {d['select']}, share "
            f"{d['share']}, {d['steps']} steps; whole run {result['total_s']}s"]
     for name, r in result["tasks"].items():
+        if "split" in r:
+            sp = r["split"]
+            out.append(f"\n{name} (serving head: {r['head']}, {sp['trees_in_stack']} trees): {sp['entities']} entities, "
+                       + ", ".join(f"{k} {sp[k]:.2f}s" for k in ("stack_rows", "trees", "network_ig", "trunk_ig",
+                                                                   "explain")))
+            continue
         sc = r["scoring"]
         out.append(f"\n{name} (serving head: {r['head']}): scoring run {sc['entities']:,} entities in {sc['seconds']:.1f}s = "
                    f"{sc['entities_per_s']:,.0f} entities/s (again after the explanations: "
@@ -146,12 +192,14 @@ def main() -> None:
                         "fits it: scored and explained as served")
     parser.add_argument("--trees-weight", type=float, help="a stacked head with this blend weight of the trees "
                         "(the demo's churn serves 0.8)")
+    parser.add_argument("--split", type=int, default=0, help="with a stacked head: only time the parts of a served "
+                        "explanation of this many entities (rows, trees, network, trunk)")
     parser.add_argument("--json", help="also write the figures as JSON to this path")
     args = parser.parse_args()
     torch.manual_seed(0)
     result = run(args.customers, args.steps, args.foundation_epochs, args.epochs, args.hidden, args.tasks,
                  log=lambda m: print(m, file=sys.stderr, flush=True), stacked=args.stacked,
-                 trees_weight=args.trees_weight)
+                 trees_weight=args.trees_weight, split_entities=args.split)
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
