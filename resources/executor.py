@@ -39,9 +39,11 @@ def cpu_cores() -> int:
 # 2-4 CPU-seconds each) costs more than they score (a chunk of 8,192 entities takes seconds on a core)
 CHUNKS_PER_PROCESS = 2
 # CPU cores per scoring process by default. Half a chunk's CPU time is featurization (NumPy, one
-# thread), so one process leaves extra cores idle half the time; but on this 2-core machine, shared,
-# 2 processes were not faster than 1 with 2 threads (bench/inference_procs.py: 0.79-0.93x at load
-# 7-18) and cost a second copy of torch and the model: one process per 2 cores (1 here, 8 on 16)
+# thread: 0.45 of 0.95 CPU-s per 8,192 entities), so one process leaves extra cores idle half the time;
+# but on this 2-core machine, shared (our runs got 0.2-0.5 of its 2 cores), 2 processes over 1 with 2
+# threads measured 0.50-1.36x spawned and 1.01-2.17x forked (median 1.15; bench/inference_procs.py,
+# load 7-24): no gain that stands out of the noise, for a second process's memory. So one per 2 cores
+# (1 here, 8 on 16); `inference_processes` asks for more.
 CORES_PER_PROCESS = 2
 
 
