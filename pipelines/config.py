@@ -214,6 +214,9 @@ class ExecutorSettings(Strict):
     threads: int | None = Field(None, ge=1, description="CPU threads of each process")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="training precision (bf16: autocast on GPUs)")
     inference_precision: Precision = Field("fp32", description="predictions and embeddings (int8: CPU only)")
+    inference_processes: int | None = Field(None, ge=1, description="processes scoring predictions and embeddings "
+                                            "(models/parts.py); default one per GPU, or one per 2 CPU cores, "
+                                            "while each gets 2 chunks of the cache")
 
 
 class ExplainSettings(Strict):

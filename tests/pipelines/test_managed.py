@@ -168,10 +168,11 @@ def test_executor_settings_come_from_the_yaml_and_the_command_line(tmp_path, sma
     import argparse
 
     path = _project(small_project, tmp_path, executor={"device": "cpu", "processes": 2, "precision": "fp32",
-                                        "inference_precision": "int8", "threads": 3})
+                                        "inference_precision": "int8", "threads": 3, "inference_processes": 2})
     project = load_project(path)
     executor = build_resources(project)["executor"]
     assert (executor.device, executor.processes, executor.threads, executor.inference_precision) == ("cpu", 2, 3, "int8")
+    assert executor.inference_processes == 2
     args = argparse.Namespace(device="cuda", processes=None, threads=None, precision="bf16", inference_precision=None)
     over = build_resources(with_executor(project, args))["executor"]
     assert (over.device, over.processes, over.threads, over.precision, over.inference_precision) == \
