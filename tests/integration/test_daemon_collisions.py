@@ -18,7 +18,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -241,7 +240,8 @@ def instance_home(folder: Path, storage: str, request) -> tuple[Path, dict]:
 
 
 class Daemon:
-    """`dagster-daemon run` on a workspace file, in its own process group, SIGTERM then SIGKILL by PID."""
+    """`dagster-daemon run` on a workspace file, in its own process group (stopped with conftest's
+    stop_process_group: SIGTERM, then SIGKILL by PID)."""
 
     def __init__(self, folder: Path, env: dict):
         self.workspace = folder / "workspace.yaml"
@@ -260,15 +260,6 @@ class Daemon:
     def cli(self, *args: str) -> subprocess.Popen:
         return subprocess.Popen([str(Path(sys.executable).parent / "dagster"), *args, "-w", str(self.workspace)],
                                 cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(30)
 
 
 def wait_until_drained(instance, daemon: Daemon, stall: float = 900, settle: float = 20) -> list:
@@ -328,7 +319,7 @@ def run_log(instance, run) -> list[str]:
 
 @pytest.mark.parametrize("storage", ["sqlite", "postgres"])
 def test_sensor_backfill_and_a_manual_training_run_collide_through_the_daemon(storage, warehouse, serial_sources,
-                                                                              tmp_path, request):
+                                                                              tmp_path, request, stop_process_group):
     from dagster import DagsterInstance
 
     folder = project(tmp_path / "p", warehouse)
@@ -358,7 +349,7 @@ def test_sensor_backfill_and_a_manual_training_run_collide_through_the_daemon(st
             runs = wait_until_drained(instance, daemon)
             drained_s = time.time() - started
         finally:
-            daemon.stop()
+            stop_process_group(daemon.proc, grace=30, kill_grace=30)
         by_job = {}
         for r in runs:
             by_job.setdefault(r.job_name, []).append(r)
