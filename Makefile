@@ -80,7 +80,7 @@ test: $(VENV)/.installed-dev
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
-	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	DAGSTER_GRPC_TIMEOUT_SECONDS=$${DAGSTER_GRPC_TIMEOUT_SECONDS:-300} $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 clean:
 	rm -rf .habitus

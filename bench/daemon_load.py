@@ -145,7 +145,10 @@ def main() -> None:
     shutil.copy(ROOT / ("deploy/dagster.postgres.yaml" if args.storage == "postgres" else "dagster.yaml"),
                 home / "dagster.yaml")
     config = make_project(folder, args.days, start)
-    env = {**os.environ, "DAGSTER_HOME": str(home), "HABITUS_CONFIG": str(config), "OMP_NUM_THREADS": "1"}
+    # what deploy/dagster.postgres.yaml asks of a deployment: Dagster's 60 s code-server deadline is too short
+    # for starting a run on a loaded small machine (the queue fails the run)
+    env = {"DAGSTER_GRPC_TIMEOUT_SECONDS": "300", **os.environ, "DAGSTER_HOME": str(home), "HABITUS_CONFIG": str(config),
+           "OMP_NUM_THREADS": "1"}
     os.environ.update(DAGSTER_HOME=str(home), HABITUS_CONFIG=str(config))
     from dagster import DagsterInstance
 

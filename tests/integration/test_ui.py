@@ -63,7 +63,7 @@ class DagsterDev:
         self.log = root / "dagster_dev.log"
         env = {**os.environ, "DAGSTER_HOME": str(root / "dagster_home"), "HABITUS_CONFIG": str(ROOT / "examples" / "demo.yaml"),
                "HABITUS_WORKSPACE": str(root / "ws"), "HABITUS_DEMO_WAREHOUSE": str(root / "warehouse.duckdb"),
-               "HABITUS_SENSOR_INTERVAL": "5"}
+               "HABITUS_SENSOR_INTERVAL": "5", "DAGSTER_GRPC_TIMEOUT_SECONDS": "300"}  # (what `make ui` sets)
         Path(env["DAGSTER_HOME"]).mkdir()
         shutil.copy(ROOT / "dagster.yaml", Path(env["DAGSTER_HOME"]) / "dagster.yaml")  # what `make ui` copies
         dagster = str(Path(sys.executable).parent / "dagster")
