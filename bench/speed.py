@@ -46,6 +46,7 @@ TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
 # customers, products -> ~1.03M / ~10.3M / ~103M purchases (measured); 100m written a block of customers at a time
 GENERATED = {"1m": (17_500, 20_000), "10m": (175_000, 20_000), "100m": (1_750_000, 100_000)}
 BIG = {"100m"}  # datasets whose variants and references run only with --full
+PROCS_DATASET = "10m"  # where 1 against 2 inference processes is measured (inference_speedup_2proc)
 SAMPLE_16K = 0.1  # at those, the 16k scenario trains on this share of the entities (10M's count at 100M)
 LABELS = 16_000
 # the issue's targets on a 2-core CPU (the reference profile per GPU, per entity)
@@ -611,6 +612,8 @@ def bench_dataset(name: str, work: Path, args, say) -> dict:
             for precision in args.precisions:
                 step(f"predict_churn_{precision}", "predict", name="churn", precision=precision,
                      profile=_prof(args, name, f"predict_churn_{precision}") if precision == "fp32" else None)
+            if name == PROCS_DATASET and args.procs and "error" not in r.get("predict_churn_fp32", {"error": 1}):
+                r["inference_procs"] = inference_procs(config, work / name, say)
         if lora:
             step("finetune_churn_lora", "finetune", name="churn", method="lora", epochs=None)
         if lightgbm:
@@ -624,6 +627,21 @@ def bench_dataset(name: str, work: Path, args, say) -> dict:
                 epochs=args.finetune_16k_epochs, entity_share=SAMPLE_16K):
             step("predict_16k_fp32", "predict", name="propensity_16k", precision="fp32")
     return r
+
+
+def inference_procs(config: Path, folder: Path, say) -> dict:
+    """1 against 2 inference processes on this dataset's trained checkpoints (bench/inference_procs.py):
+    predictions and embeddings, 3 repetitions each, the median ratio and whether the files are identical."""
+    import inference_procs as procs
+
+    say(f"  {folder.name}: inference 1 vs 2 processes ...")
+    try:
+        keys = procs.speed_keys(config, folder / "procs")
+    except RuntimeError as e:
+        return {"error": str(e)[-500:]}
+    say(f"  {folder.name}: inference 2 processes / 1: {keys['inference_speedup_2proc']:.2f}x, "
+        f"identical {keys['inference_2proc_identical']}")
+    return keys
 
 
 def _prof(args, dataset: str, stage: str) -> str | None:
@@ -672,6 +690,10 @@ def summary(results: dict) -> dict:
     out, measured_on = {}, {}
     for name, (stage, key) in keys.items():
         out[name], measured_on[name] = pick(stage, key)
+    procs = next((results[d]["inference_procs"] for d in order if "inference_speedup_2proc" in
+                  results[d].get("inference_procs", {})), {})
+    out["inference_speedup_2proc"] = procs.get("inference_speedup_2proc")
+    out["inference_2proc_identical"] = procs.get("inference_2proc_identical")
     out["peak_rss_gb_1m"], out["peak_rss_gb_10m"] = peak_gb(results.get("1m")), peak_gb(results.get("10m"))
     out.update(scale_keys(results))
     out["measured_on"] = measured_on
@@ -743,6 +765,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     ap.add_argument("--precisions", default="fp32,int8,bf16", help="inference precisions to measure")
     ap.add_argument("--no-lora", dest="lora", action="store_false", help="leave out LoRA fine-tuning")
+    ap.add_argument("--no-procs", dest="procs", action="store_false",
+                    help=f"leave out 1 against 2 inference processes at {PROCS_DATASET} (inference_speedup_2proc)")
     ap.add_argument("--skip-16k", action="store_true", help="leave out the 16,000-label propensity scenario")
     ap.add_argument("--full", action="store_true",
                     help="at 100m too: LoRA, LightGBM and the 16k scenario (hours on 2 cores; left out by default)")
