@@ -136,7 +136,7 @@ def row_names(label_share: float) -> tuple[str, ...]:
 def run(dataset: str, customers: int, log=print, only: tuple[str, ...] | None = None, label_share: float = 0.1) -> dict:
     """The dataset's table; `only`: the rows to run (names of row_names; default all)."""
     only = row_names(label_share) if only is None else only
-    quiet = lambda _: None  # noqa: E731
+    quiet = lambda msg: print(f"  {name}: {msg}", file=sys.stderr) if " start" in msg else None  # noqa: E731
     t_run = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -184,7 +184,7 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, fspec: FeatureS
     """The fine-tuned scenario, the same network from scratch and LightGBM, trained on `train_cache`
     (default: the whole cache; an EntitySubset for the few-labels rows), all scored at the test
     cut-off on every eligible entity of `cache`."""
-    quiet = lambda _: None  # noqa: E731
+    quiet = lambda msg: print(f"  {name}: {msg}", file=sys.stderr) if " start" in msg else None  # noqa: E731
     train = cache if train_cache is None else train_cache
     # ranking the whole catalog is the slow part: 3 epochs for recommendation, on every dataset
     epochs = task_of(task).bench_epochs
@@ -224,7 +224,7 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, fspec: FeatureS
                      **({} if train_cache is None else {"labeled_entities": train_cache.n_entities,
                                                         "val_rows": tuned.info["val_rows"]}),
                      "finetune_s": round(tuned_s, 1), "no_pretraining_s": round(scratch_s, 1),
-                     "soup_epochs": tuned.info["soup_epochs"],
+                     "soup_epochs": tuned.info["soup_epochs"], "head_start": tuned.info.get("head_start"),
                      "soup_epochs_no_pretraining": scratch.info["soup_epochs"],
                      "val_loss": tuned.curves["val_loss"],
                      "val_loss_no_pretraining": scratch.curves["val_loss"]})

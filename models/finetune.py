@@ -17,6 +17,7 @@ from models.labels import task_inputs
 from models.loop import (Log, TrainResult, batches, by_shard, chunk_plan, epoch_loss, fast_bf16, fused, iso, processes,
                          processes_info, seeded, state_copy, step)
 from models.network import Model, NetConfig
+from models.prior import foundation_forecast
 from models.resume import Resumer
 from models.scoring import build_model
 from models.specs import FinetuneConfig, TaskSpec
@@ -93,6 +94,21 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     with mixed():
         best = (_val_criterion(model, task, val, dev, negatives=val_negatives), state_copy(model), -1)
     log(f"{task.task} start: validation criterion {best[0]:.4f}")
+    forecast = None if from_scratch or not cfg.foundation_start else foundation_forecast(
+        foundation_state, spec, task.target, task.outputs)
+    start = "baseline"
+    if forecast is not None:  # more starts: the foundation's own forecast, recalibrated; validation chooses
+        calibration = (kept.get((s, lo, hi, c)) for c in reversed(train_cutoffs) for s, lo, hi in plan)
+        for name, apply in t.forecast_starts(model, forecast, calibration, dev, spec):
+            with torch.no_grad():
+                apply()
+            with mixed():
+                criterion = _val_criterion(model, task, val, dev, negatives=val_negatives)
+            log(f"{task.task} start at the foundation's forecast, {name} ({len(forecast.positions)} of "
+                f"{task.outputs} outputs): validation criterion {criterion:.4f}")
+            if criterion < best[0]:
+                best, start = (criterion, state_copy(model), -1), f"foundation ({name})"
+        model.load_state_dict(best[1])
     rows = 0
     # >>> resume hook (models/resume.py): continue a killed run from its last saved state
     modules = {"model": model, "opt": opt}
@@ -138,7 +154,7 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
         log(f"{task.task} epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}, "
             f"validation loss {curves['val_loss'][-1]:.4f}")
         criterion = _val_criterion(model, task, val, dev, curves["val_loss"][-1], negatives=val_negatives)
-        if not t.criterion_is_loss:
+        if not t.loss_is_criterion(task):
             log(f"{task.task} epoch {epoch + 1}: validation criterion {criterion:.4f}")
         snapshots.append((criterion, state_copy(model), epoch))
         if criterion < best[0]:
@@ -150,7 +166,7 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     rows = int(sum_over_ranks([rows], dist)[0]) if dist.enabled else rows
     info = {"best_epoch": best[2] + 1, "soup_epochs": [e + 1 for e in soup], "seconds": round(time.time() - started, 2), "rows_seen": rows,
             "train_cutoffs": [iso(c) for c in train_cutoffs], "val_cutoff": iso(val_cutoff),
-            "val_rows": int(n_val), "val_target_mean": float(np.mean(y_mean)) if n_val else 0.0,
+            "val_rows": int(n_val), "head_start": start, "val_target_mean": float(np.mean(y_mean)) if n_val else 0.0,
             "device": str(dev), **processes_info(dist), **({"sampled_negatives": negatives} if negatives else {})}
     return TrainResult(model, curves, info)
 
@@ -186,7 +202,7 @@ def batch_loss(model: Model, task: TaskSpec, arrays, b: np.ndarray, dev, rng: np
 def _val_criterion(model, task: TaskSpec, val, dev, loss: float | None = None, negatives: int = 0) -> float:
     """What picks the epoch (lower is better): the validation loss, or the task's own criterion."""
     t = task_of(task)
-    if t.criterion_is_loss:
+    if t.loss_is_criterion(task):
         return _val_loss(model, task, val, dev, negatives=negatives) if loss is None else loss
     return t.val_criterion(model, task, val, dev)
 

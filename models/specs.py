@@ -119,6 +119,9 @@ class FinetuneConfig:
     # (CUDA with bf16, CPUs with AVX-512 BF16 or AMX): 16k fine-tuning at 1M, one thread, CPU time
     # 76 s -> 36 s with fused AdamW, test macro AUROC 0.91579 -> 0.91582 (the same epochs chosen)
     sampled_bf16: bool = True
+    # a second starting point for heads the foundation already forecasts (churn, propensity over a
+    # categorical column): its own forecast, recalibrated (models/prior.py); validation chooses
+    foundation_start: bool = True
 
 
 def config_dict(cfg) -> dict:

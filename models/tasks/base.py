@@ -84,6 +84,16 @@ class Task:
         if HEAD_ZERO_INIT:
             model.head.linear.weight.zero_()
 
+    def forecast_starts(self, model: Model, forecast, arrays, dev, features: FeatureSpec):
+        """(name, apply) of the starts from the foundation's own forecast of this head's outputs
+        (models/prior.py); each `apply()` sets the head (under torch.no_grad) and validation keeps
+        the best start. Default: the forecast recalibrated on training rows (`arrays`), with each
+        label's own history where the head reads it."""
+        from models.prior import start_at_forecast
+
+        channels = features.channels if self.uses_label_history else 0
+        yield "calibrated", lambda: start_at_forecast(model, forecast, arrays, dev, channels)
+
     def sampled_negatives(self, spec, cfg) -> int:
         """Labels drawn per batch by a sampled loss (0: the full loss)."""
         return 0
@@ -102,6 +112,10 @@ class Task:
         return batch
 
     criterion_is_loss = True  # the validation loss picks the epoch, else val_criterion
+
+    def loss_is_criterion(self, spec) -> bool:
+        """Whether the validation loss picks the epoch for this scenario (else val_criterion)."""
+        return self.criterion_is_loss
 
     def val_criterion(self, model, spec, val, dev) -> float:
         """What picks the epoch where the loss does not (lower is better)."""
