@@ -187,6 +187,8 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
             "test_cutoff": _iso(plan.test_cutoff),
             "loss_curves": dg.MetadataValue.md(plot),
             "best_epoch": dg.MetadataValue.int(result.info["best_epoch"]),
+            # where fine-tuning started: the task's own head, or the foundation's forecast (models/prior.py)
+            "head_start": result.info.get("head_start", "baseline"),
             "seconds": dg.MetadataValue.float(result.info["seconds"]),
             "path": dg.MetadataValue.path(str(path)),
         })

@@ -15,7 +15,6 @@ from models.tasks.base import Task, event_column, function_label_target
 
 POPULARITY_INIT = 0.2  # the start: "what they bought, habitually" blended with what sells now
 HABITUAL_SKIP = 5.0
-FORECAST_WEIGHTS = (0.5, 1.0, 2.0)  # the foundation forecast's weights tried as starts (models/prior.py)
 
 
 class Recommendation(Task):
@@ -48,14 +47,6 @@ class Recommendation(Task):
         model.head.query.bias.zero_()
         model.head.skip.weight.zero_()
         model.head.skip.weight[0, features.habitual_channel] = HABITUAL_SKIP
-
-    def forecast_starts(self, model, forecast, arrays, dev, features):
-        """The foundation's forecast of the items that have one added to the start at a few weights
-        (the start's other terms are hand-set logits, not probabilities: no calibration to fit)."""
-        from models.prior import items_at_forecast
-
-        for weight in FORECAST_WEIGHTS:
-            yield f"x{weight:g}", lambda weight=weight: items_at_forecast(model.head, forecast, weight)
 
     def batch_loss(self, model, spec, arrays, b, dev, rng, negatives=0):
         x, h, y, popularity = arrays[:4]

@@ -36,6 +36,8 @@ def test_each_label_reads_the_foundation_column_of_its_own_value(segment_labels)
     churn = foundation_forecast(state, spec, TargetSpec("no_event", 14), 1)
     torch.testing.assert_close(churn.weight, -state["head.linear.weight"][:1])
     assert foundation_forecast(state, spec, TargetSpec("sum", 14, "price"), 1) is None
+    items = TargetSpec("items", 14, "product_id", task.target.labels)  # recommendation: measured worse
+    assert foundation_forecast(state, spec, items, task.outputs) is None
     assert foundation_forecast(state, spec, TargetSpec("any_event", 14, "store", (1, 2)), 2) is None
 
 
