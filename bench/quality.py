@@ -136,7 +136,7 @@ def row_names(label_share: float) -> tuple[str, ...]:
 def run(dataset: str, customers: int, log=print, only: tuple[str, ...] | None = None, label_share: float = 0.1) -> dict:
     """The dataset's table; `only`: the rows to run (names of row_names; default all)."""
     only = row_names(label_share) if only is None else only
-    quiet = lambda msg: print(f"  {name}: {msg}", file=sys.stderr) if " start" in msg else None  # noqa: E731
+    quiet = lambda msg: print(f"  {name}: {msg}", file=sys.stderr) if " start" in msg or "re-ranking" in msg else None  # noqa: E731
     t_run = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -184,7 +184,7 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, fspec: FeatureS
     """The fine-tuned scenario, the same network from scratch and LightGBM, trained on `train_cache`
     (default: the whole cache; an EntitySubset for the few-labels rows), all scored at the test
     cut-off on every eligible entity of `cache`."""
-    quiet = lambda msg: print(f"  {name}: {msg}", file=sys.stderr) if " start" in msg else None  # noqa: E731
+    quiet = lambda msg: print(f"  {name}: {msg}", file=sys.stderr) if " start" in msg or "re-ranking" in msg else None  # noqa: E731
     train = cache if train_cache is None else train_cache
     # ranking the whole catalog is the slow part: 3 epochs for recommendation, on every dataset
     epochs = task_of(task).bench_epochs

@@ -161,12 +161,16 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
             best = (criterion, state_copy(model), epoch)
     with mixed():
         soup = greedy_soup(model, task, val, dev, best, snapshots, val_negatives) if cfg.soup else [best[2]]
+    model.eval()
+    # a second stage where the task has one (recommendation: re-ranking trees), chosen on validation too
+    second = t.second_stage(model, task, (kept.get((s, lo, hi, c)) for s, lo, hi in plan for c in train_cutoffs),
+                            val, str(dev), log) if cfg.second_stage else None
     kept.close()
     model.eval()
     rows = int(sum_over_ranks([rows], dist)[0]) if dist.enabled else rows
     info = {"best_epoch": best[2] + 1, "soup_epochs": [e + 1 for e in soup], "seconds": round(time.time() - started, 2), "rows_seen": rows,
             "train_cutoffs": [iso(c) for c in train_cutoffs], "val_cutoff": iso(val_cutoff),
-            "val_rows": int(n_val), "head_start": start, "val_target_mean": float(np.mean(y_mean)) if n_val else 0.0,
+            "val_rows": int(n_val), "head_start": start, **({"second_stage": second} if second else {}), "val_target_mean": float(np.mean(y_mean)) if n_val else 0.0,
             "device": str(dev), **processes_info(dist), **({"sampled_negatives": negatives} if negatives else {})}
     return TrainResult(model, curves, info)
 

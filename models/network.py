@@ -221,6 +221,29 @@ class ItemHead(nn.Module):
     def n_items(self) -> int:
         return self.items.num_embeddings
 
+    def set_reranker(self, text: str) -> None:
+        """Trees that re-order the head's best items (models/rerank.py), kept in the state as the bytes of
+        their text dump, so a checkpoint carries them."""
+        self.register_buffer("reranker", torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8).clone())
+        self._booster = None
+
+    @property
+    def booster(self):
+        """The re-ranking trees (LightGBM), or None where the head ranks alone."""
+        if getattr(self, "reranker", None) is None:
+            return None
+        if getattr(self, "_booster", None) is None:
+            from models.rerank import booster_of
+
+            self._booster = booster_of(bytes(self.reranker.cpu().numpy()).decode())
+        return self._booster
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        text = state_dict.get(prefix + "reranker")
+        if text is not None and getattr(self, "reranker", None) is None:  # (a head saved with its trees)
+            self.set_reranker(bytes(text.cpu().numpy()).decode())
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def dense(self, h: torch.Tensor, item_features: torch.Tensor, lo: int = 0, hi: int | None = None,
               cand: torch.Tensor | None = None) -> torch.Tensor:
         """[rows, items] scores without the history term: items lo..hi, or the candidate positions.

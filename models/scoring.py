@@ -34,9 +34,18 @@ def scores(model: Model, task: str | TaskSpec, x: np.ndarray, h: np.ndarray | Sp
 
 @torch.no_grad()
 def rank_items(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.ndarray, k: int, *,
-               device: str = "cpu", batch: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+               device: str = "cpu", batch: int = 8192, rerank: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The k best items of every row over the whole catalog, best first: (label positions, scores).
-    `popularity`: item_popularity at the rows' cut-off."""
+    `popularity`: item_popularity at the rows' cut-off. A head with re-ranking trees (models/rerank.py)
+    retrieves RERANK_CANDIDATES items and returns the trees' k best (their scores); `rerank=False`
+    ranks with the network alone."""
+    booster = model.head.booster if rerank and hist is not None else None
+    if booster is not None:
+        from models.rerank import RERANK_CANDIDATES, rerank as reorder
+
+        top, scores = rank_items(model, x, hist, popularity, max(k, RERANK_CANDIDATES), device=device, batch=batch,
+                                 rerank=False)
+        return reorder(booster, top, scores, hist, popularity, k)
     dev = next(model.parameters()).device if device == "auto" else torch.device(device)
     model.eval()
     head = model.head

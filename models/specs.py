@@ -122,6 +122,9 @@ class FinetuneConfig:
     # a second starting point for heads the foundation already forecasts (churn, propensity over a
     # categorical column): its own forecast, recalibrated (models/prior.py); validation chooses
     foundation_start: bool = True
+    # recommendation: re-ranking trees over the network's best items, kept where they win on validation
+    # (models/rerank.py; LightGBM)
+    second_stage: bool = True
 
 
 def config_dict(cfg) -> dict:

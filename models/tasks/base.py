@@ -94,6 +94,12 @@ class Task:
         channels = features.channels if self.uses_label_history else 0
         yield "calibrated", lambda: start_at_forecast(model, forecast, arrays, dev, channels)
 
+    def second_stage(self, model: Model, spec, train, val, device: str, log) -> dict | None:
+        """After fine-tuning: a second stage fitted on the training chunks `train` and chosen on the
+        validation chunks `val` (recommendation: re-ranking trees, models/rerank.py). Returns what
+        was measured, or None where the task has none."""
+        return None
+
     def sampled_negatives(self, spec, cfg) -> int:
         """Labels drawn per batch by a sampled loss (0: the full loss)."""
         return 0

@@ -48,6 +48,11 @@ class Recommendation(Task):
         model.head.skip.weight.zero_()
         model.head.skip.weight[0, features.habitual_channel] = HABITUAL_SKIP
 
+    def second_stage(self, model, spec, train, val, device, log):
+        from models.rerank import fit_reranker
+
+        return fit_reranker(model, train, val, spec.k, device=device, log=log)
+
     def batch_loss(self, model, spec, arrays, b, dev, rng, negatives=0):
         x, h, y, popularity = arrays[:4]
         if model.training:
