@@ -225,6 +225,7 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, fspec: FeatureS
                                                         "val_rows": tuned.info["val_rows"]}),
                      "finetune_s": round(tuned_s, 1), "no_pretraining_s": round(scratch_s, 1),
                      "soup_epochs": tuned.info["soup_epochs"], "head_start": tuned.info.get("head_start"),
+                     "second_stage": tuned.info.get("second_stage"),
                      "soup_epochs_no_pretraining": scratch.info["soup_epochs"],
                      "val_loss": tuned.curves["val_loss"],
                      "val_loss_no_pretraining": scratch.curves["val_loss"]})
@@ -257,7 +258,11 @@ def table(result: dict) -> str:
         if "labeled_entities" in r:
             lines.append(f"{'':<38}  labels of {r['labeled_entities']} entities only "
                          f"({r['val_rows']} validation rows); scored on all {r['entities']}")
-        if r.get("head") is not None:
+        if r.get("second_stage"):  # recommendation: re-ranking trees, chosen on validation (models/rerank.py)
+            st = r["second_stage"]
+            figures = ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in st.items() if k.startswith("val_"))
+            lines.append(f"{'':<38}  re-ranking on validation: {st['chosen']} ({figures or st.get('reason', '')})")
+        if r.get("head") is not None and not r.get("second_stage"):
             lines.append(f"{'':<38}  head chosen on validation: {r['head']} (trees' weight {r['head_weight']}; "
                          f"fitting it {r.get('head_s')}s); network alone and no pretraining: the network's own")
         lines.append(f"{'':<38}  fine-tune {r['finetune_s']}s (epochs averaged {r['soup_epochs']}); "

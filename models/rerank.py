@@ -17,6 +17,7 @@ checkpoint, its fingerprint and every reader of the model carry them without ano
 """
 
 import time
+import warnings
 
 import numpy as np
 
@@ -109,19 +110,22 @@ def fit_reranker(model, train, val, k: int, device: str = "cpu", log=print) -> d
         return {"chosen": "network", "reason": "no entity bought anything at a training or the validation cut-off"}
     x, y = np.concatenate(feats), np.concatenate(rel)
     vx, vy, vtop = np.concatenate(vfeats), np.concatenate(vrel), np.concatenate(vtops)
-    vhist = SparseRows.stack(vys, vys[0].n_cols)
+    bought = SparseRows.stack(vys, vys[0].n_cols)  # what the validation entities bought
     stop, held = np.arange(len(vx)) % 2 == 0, np.arange(len(vx)) % 2 == 1  # early stopping / the choice
     if held.sum() == 0 or y.sum() == 0:
         return {"chosen": "network", "reason": "too few validation entities"}
     width, f = x.shape[1], x.shape[-1]  # (a catalog smaller than RERANK_CANDIDATES: all of it)
     ranker = lgb.LGBMRanker(**TREES)
-    ranker.fit(x.reshape(-1, f), y.reshape(-1), group=np.full(len(x), width),
-               eval_set=[(vx[stop].reshape(-1, f), vy[stop].reshape(-1))], eval_group=[np.full(int(stop.sum()), width)],
-               eval_at=[k], callbacks=[lgb.early_stopping(30, verbose=False)])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*'eval_set' is deprecated")  # the spelling 4.0-4.6 know
+        ranker.fit(x.reshape(-1, f), y.reshape(-1), group=np.full(len(x), width),
+                   eval_set=[(vx[stop].reshape(-1, f), vy[stop].reshape(-1))],
+                   eval_group=[np.full(int(stop.sum()), width)], eval_at=[k],
+                   callbacks=[lgb.early_stopping(30, verbose=False)])
     booster = ranker.booster_
     s = booster.predict(vx[held].reshape(-1, f), num_iteration=ranker.best_iteration_).reshape(-1, width)
     reordered = np.take_along_axis(vtop[held], np.argsort(-s, axis=1, kind="stable"), 1)
-    held_y = vhist[np.flatnonzero(held)]
+    held_y = bought[np.flatnonzero(held)]
     network, trees = _ndcg([vtop[held]], [held_y], k), _ndcg([reordered], [held_y], k)
     chosen = "trees" if trees > network else "network"
     if chosen == "trees":
