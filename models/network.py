@@ -233,9 +233,9 @@ class ItemHead(nn.Module):
         if getattr(self, "reranker", None) is None:
             return None
         if getattr(self, "_booster", None) is None:
-            from models.rerank import booster_of
+            import lightgbm
 
-            self._booster = booster_of(bytes(self.reranker.cpu().numpy()).decode())
+            self._booster = lightgbm.Booster(model_str=bytes(self.reranker.cpu().numpy()).decode())
         return self._booster
 
     def _load_from_state_dict(self, state_dict, prefix, *args):

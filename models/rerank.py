@@ -66,18 +66,16 @@ def rerank(booster, top: np.ndarray, scores: np.ndarray, hist: SparseRows, popul
     return np.take_along_axis(top, order, 1), np.take_along_axis(s, order, 1).astype(np.float32)
 
 
-def _lists(model, arrays, m: int, device: str, rows_cap: int):
-    """(features [groups, m, F], relevance [groups, m], bought-item rows and columns, top) of the entities
-    that bought something, from (features, history, targets, popularity) chunks, at most rows_cap of them."""
-    from models.scoring import rank_items
-
+def _lists(retrieve, arrays, m: int, rows_cap: int):
+    """(features [groups, m, F], relevance [groups, m], candidates, bought items) of the entities that
+    bought something, from (features, history, targets, popularity) chunks, at most rows_cap of them."""
     feats, rel, tops, ys, n = [], [], [], [], 0
     for x, h, y, pop, *_ in arrays:
         bought = np.flatnonzero(np.diff(y.indptr) > 0)[: rows_cap - n]
         if not len(bought):
             continue
         hb, yb = h[bought], y[bought]
-        top, scores = rank_items(model, x[bought], hb, pop, m, device=device, rerank=False)
+        top, scores = retrieve(x[bought], hb, pop, m)
         ykeys = yb.rows * np.int64(yb.n_cols) + yb.cols
         rel.append(np.isin(np.arange(len(bought))[:, None] * np.int64(yb.n_cols) + top, ykeys).astype(np.float32))
         feats.append(candidate_features(top, scores, hb, pop))
@@ -94,18 +92,20 @@ def _ndcg(tops: list[np.ndarray], ys: list[SparseRows], k: int) -> float:
     return total / max(sum(len(t) for t in tops), 1)
 
 
-def fit_reranker(model, train, val, k: int, device: str = "cpu", log=print) -> dict:
+def fit_reranker(head, retrieve, train, val, k: int, log=print) -> dict:
     """Train the trees on the training cut-offs' chunks `train` (iterables of (x, h, y, popularity)),
-    choose them on the validation chunks `val`; sets `model.head.reranker` where they win. Returns
-    what was measured (validation NDCG@k of the network and of the trees, on the held half)."""
+    choose them on the validation chunks `val`; sets the item head's reranker where they win.
+    `retrieve(x, h, popularity, m)`: the network's m best items of those rows and their scores
+    (models.scoring.rank_items without re-ranking). Returns what was measured (validation NDCG@k of
+    the network and of the trees, on the held half)."""
     try:
         import lightgbm as lgb
     except ImportError:
         return {"chosen": "network", "reason": "LightGBM is not installed"}
     started = time.time()
     m = max(RERANK_CANDIDATES, k)
-    feats, rel, _, _ = _lists(model, train, m, device, RERANK_GROUPS)
-    vfeats, vrel, vtops, vys = _lists(model, val, m, device, RERANK_GROUPS)
+    feats, rel, _, _ = _lists(retrieve, train, m, RERANK_GROUPS)
+    vfeats, vrel, vtops, vys = _lists(retrieve, val, m, RERANK_GROUPS)
     if not feats or not vfeats:
         return {"chosen": "network", "reason": "no entity bought anything at a training or the validation cut-off"}
     x, y = np.concatenate(feats), np.concatenate(rel)
@@ -129,17 +129,11 @@ def fit_reranker(model, train, val, k: int, device: str = "cpu", log=print) -> d
     network, trees = _ndcg([vtop[held]], [held_y], k), _ndcg([reordered], [held_y], k)
     chosen = "trees" if trees > network else "network"
     if chosen == "trees":
-        model.head.set_reranker(booster.model_to_string(num_iteration=ranker.best_iteration_))
+        head.set_reranker(booster.model_to_string(num_iteration=ranker.best_iteration_))
     out = {"chosen": chosen, f"val_ndcg@{k}_network": network, f"val_ndcg@{k}_trees": trees,
            "trees": int(ranker.best_iteration_ or TREES["n_estimators"]), "candidates": width, "lists": len(x),
            "seconds": round(time.time() - started, 1)}
     log(f"recommendation re-ranking: validation NDCG@{k} network {network:.4f}, trees {trees:.4f} "
         f"({out['trees']} trees on {len(x):,} lists): {chosen}")
     return out
-
-
-def booster_of(text: str):
-    import lightgbm as lgb
-
-    return lgb.Booster(model_str=text)
 

@@ -50,8 +50,12 @@ class Recommendation(Task):
 
     def second_stage(self, model, spec, train, val, device, log):
         from models.rerank import fit_reranker
+        from models.scoring import rank_items
 
-        return fit_reranker(model, train, val, spec.k, device=device, log=log)
+        def retrieve(x, h, popularity, m):  # the network's own best items: the candidates
+            return rank_items(model, x, h, popularity, m, device=device, rerank=False)
+
+        return fit_reranker(model.head, retrieve, train, val, spec.k, log=log)
 
     def batch_loss(self, model, spec, arrays, b, dev, rng, negatives=0):
         x, h, y, popularity = arrays[:4]
