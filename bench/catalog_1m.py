@@ -97,7 +97,7 @@ def stage(name: str, folder: Path, items: int) -> dict:
     vocab = cache.columns["item_id"]["vocab_size"]
     task = TaskSpec("recommendation", TargetSpec("items", WINDOW, "item_id", tuple(range(1, vocab + 1))), k=10,
                     item_dim=32)
-    saved = torch.load(folder / "foundation.pt", weights_only=False)
+    saved = torch.load(folder / "foundation.pt", weights_only=True)  # tensors and plain values only
     spec = FeatureSpec.from_dict(saved["info"]["feature_spec"])
     plan = protocol(test_cutoff, WINDOW, 4, cache.time_range[0])
     if name == "finetune":
@@ -110,7 +110,7 @@ def stage(name: str, folder: Path, items: int) -> dict:
     from models.network import NetConfig
 
     model = build_model(NetConfig(**saved["info"]["net"]), task, spec)
-    model.load_state_dict(torch.load(folder / "scenario.pt"))
+    model.load_state_dict(torch.load(folder / "scenario.pt", weights_only=True))
     model.eval()
     if name == "evaluate":
         report = evaluate(model, cache, spec, task, plan.test_cutoff)
