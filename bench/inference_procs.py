@@ -14,7 +14,8 @@ fresh process; the timed span is what the asset does after loading: building the
 starting the other processes, which import torch), scoring every chunk, writing the day's file.
 Runs alternate 1, N, 1, N...; the ratio of each repetition is N's entities/s over 1's, the median
 is reported with the load average (`os.getloadavg`) at each run, since the machine is shared.
-`inference_speedup` is what bench/speed.py puts in its JSON (`inference_speedup_2proc`).
+`inference_speedup` is what bench/speed.py puts in its JSON (`inference_speedup_2proc`), running this
+script with --scenario, --foundation and --json.
 """
 
 import argparse
@@ -113,8 +114,7 @@ def timed(what: str, processes: int, cache_path: str, checkpoint: str, out: Path
 def measure(cache_path: str, scenario: str, foundation: str, work: Path, *, repeats: int = 3,
             processes: tuple[int, int] = (1, 2), device: str = "cpu", what=("predict", "embed"), say=print) -> dict:
     """1 against N processes, `repeats` times each, alternating; the median ratio per task and over
-    both (`inference_speedup`), and whether every N-process file equals the 1-process one. What
-    bench/speed.py calls for `inference_speedup_2proc` (with its trained checkpoints)."""
+    both (`inference_speedup`), and whether every N-process file equals the 1-process one."""
     import pyarrow.parquet as pq
 
     from models.storage import file_sha256
@@ -144,19 +144,6 @@ def measure(cache_path: str, scenario: str, foundation: str, work: Path, *, repe
     return {"processes": list(processes), "device": device, "runs": runs, "tasks": summary,
             "inference_speedup": statistics.median(every),
             "identical": all(t["identical"] for t in summary.values())}
-
-
-def speed_keys(config: Path, work: Path, repeats: int = 3) -> dict:
-    """What bench/speed.py adds to its JSON for a dataset it benchmarked (`config`: its project.yaml,
-    with the trained churn and foundation checkpoints): `inference_speedup_2proc` (median ratio of
-    2 processes over 1, predictions and embeddings), `inference_2proc_identical`, and the runs."""
-    import speed
-
-    st = speed.Stage(str(config), "cpu")
-    r = measure(str(st.cache.path), str(st.workspace.scenario("churn")), str(st.workspace.foundation), work,
-                repeats=repeats)
-    return {"inference_speedup_2proc": r["inference_speedup"], "inference_2proc_identical": r["identical"],
-            "inference_2proc_runs": r["runs"]}
 
 
 def table(result: dict) -> str:

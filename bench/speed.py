@@ -630,15 +630,22 @@ def bench_dataset(name: str, work: Path, args, say) -> dict:
 
 
 def inference_procs(config: Path, folder: Path, say) -> dict:
-    """1 against 2 inference processes on this dataset's trained checkpoints (bench/inference_procs.py):
-    predictions and embeddings, 3 repetitions each, the median ratio and whether the files are identical."""
-    import inference_procs as procs
-
+    """1 against 2 inference processes on this dataset's trained checkpoints: bench/inference_procs.py
+    run as a command (it reads this module; importing it here would tie the two in a circle), 3
+    repetitions of predictions and embeddings, the median ratio and whether the files are identical."""
     say(f"  {folder.name}: inference 1 vs 2 processes ...")
-    try:
-        keys = procs.speed_keys(config, folder / "procs")
-    except RuntimeError as e:
-        return {"error": str(e)[-500:]}
+    st = Stage(str(config), "cpu")
+    out = folder / "procs" / "procs.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "inference_procs.py"), "--work", str(folder.parent),
+                           "--customers", str(GENERATED[folder.name][0]), "--scenario",
+                           str(st.workspace.scenario("churn")), "--foundation", str(st.workspace.foundation),
+                           "--json", str(out)], capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode:
+        return {"error": proc.stderr[-500:]}
+    r = json.loads(out.read_text())
+    keys = {"inference_speedup_2proc": r["inference_speedup"], "inference_2proc_identical": r["identical"],
+            "inference_2proc_runs": r["runs"]}
     say(f"  {folder.name}: inference 2 processes / 1: {keys['inference_speedup_2proc']:.2f}x, "
         f"identical {keys['inference_2proc_identical']}")
     return keys
