@@ -17,7 +17,7 @@ from models.labels import task_inputs
 from models.loop import (Log, TrainResult, batches, by_shard, chunk_plan, epoch_loss, fast_bf16, fused, iso, processes,
                          processes_info, seeded, state_copy, step)
 from models.network import Model, NetConfig
-from models.prior import foundation_forecast
+from models.prior import foundation_forecast, start_at_forecast
 from models.resume import Resumer
 from models.scoring import build_model
 from models.specs import FinetuneConfig, TaskSpec
@@ -97,17 +97,16 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     forecast = None if from_scratch or not cfg.foundation_start else foundation_forecast(
         foundation_state, spec, task.target, task.outputs)
     start = "baseline"
-    if forecast is not None:  # more starts: the foundation's own forecast, recalibrated; validation chooses
+    if forecast is not None:  # a second start: the foundation's own forecast, recalibrated; validation chooses
         calibration = (kept.get((s, lo, hi, c)) for c in reversed(train_cutoffs) for s, lo, hi in plan)
-        for name, apply in t.forecast_starts(model, forecast, calibration, dev, spec):
-            with torch.no_grad():
-                apply()
-            with mixed():
-                criterion = _val_criterion(model, task, val, dev, negatives=val_negatives)
-            log(f"{task.task} start at the foundation's forecast, {name} ({len(forecast.positions)} of "
-                f"{task.outputs} outputs): validation criterion {criterion:.4f}")
-            if criterion < best[0]:
-                best, start = (criterion, state_copy(model), -1), f"foundation ({name})"
+        with torch.no_grad():
+            start_at_forecast(model, forecast, calibration, dev, spec.channels if t.uses_label_history else 0)
+        with mixed():
+            criterion = _val_criterion(model, task, val, dev, negatives=val_negatives)
+        log(f"{task.task} start at the foundation's forecast, calibrated ({len(forecast.positions)} of "
+            f"{task.outputs} outputs): validation criterion {criterion:.4f}")
+        if criterion < best[0]:
+            best, start = (criterion, state_copy(model), -1), "foundation (calibrated)"
         model.load_state_dict(best[1])
     rows = 0
     # >>> resume hook (models/resume.py): continue a killed run from its last saved state
@@ -166,7 +165,6 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     second = t.second_stage(model, task, (kept.get((s, lo, hi, c)) for s, lo, hi in plan for c in train_cutoffs),
                             val, str(dev), log) if cfg.second_stage else None
     kept.close()
-    model.eval()
     rows = int(sum_over_ranks([rows], dist)[0]) if dist.enabled else rows
     info = {"best_epoch": best[2] + 1, "soup_epochs": [e + 1 for e in soup], "seconds": round(time.time() - started, 2), "rows_seen": rows,
             "train_cutoffs": [iso(c) for c in train_cutoffs], "val_cutoff": iso(val_cutoff),

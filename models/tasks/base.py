@@ -84,16 +84,6 @@ class Task:
         if HEAD_ZERO_INIT:
             model.head.linear.weight.zero_()
 
-    def forecast_starts(self, model: Model, forecast, arrays, dev, features: FeatureSpec):
-        """(name, apply) of the starts from the foundation's own forecast of this head's outputs
-        (models/prior.py); each `apply()` sets the head (under torch.no_grad) and validation keeps
-        the best start. Default: the forecast recalibrated on training rows (`arrays`), with each
-        label's own history where the head reads it."""
-        from models.prior import start_at_forecast
-
-        channels = features.channels if self.uses_label_history else 0
-        yield "calibrated", lambda: start_at_forecast(model, forecast, arrays, dev, channels)
-
     def second_stage(self, model: Model, spec, train, val, device: str, log) -> dict | None:
         """After fine-tuning: a second stage fitted on the training chunks `train` and chosen on the
         validation chunks `val` (recommendation: re-ranking trees, models/rerank.py). Returns what
