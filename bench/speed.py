@@ -337,7 +337,9 @@ def _holdout(st: Stage, model, cache, task, cutoff: int, precision: str) -> dict
     with precision_context(precision, st.device):
         report = evaluate(model, cache, spec, task, cutoff, device=st.device)
     key = headline(task)
-    out = {"metric": key, "metric_value": report["model"][key], "holdout_entities": report["entities"]}
+    out = {"metric": key, "metric_value": report["model"][key], "holdout_entities": report["entities"],
+           # the baselines of the same hold-out (past frequency, popularity): the metric means little alone
+           "baseline_values": {name: m[key] for name, m in report.get("baselines", {}).items() if key in m}}
     if "labels_measured" in report:
         out["labels_measured"] = report["labels_measured"]
     return out

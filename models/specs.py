@@ -42,6 +42,10 @@ class FoundationConfig:
 
 PAIR_WIDTH = 128
 PAIR_LAYERS = 2
+# heads wider than this (sampled negatives) leave the pairwise scorer out: on the 16,000-label scenario
+# it made the fine-tuning 1.6-2x slower and the model no better (1M events: macro AUROC 0.9107 with it,
+# 0.9123 without; docs/speed.md "The 16k fine-tuning's regression")
+PAIR_MAX_LABELS = 2048
 
 
 @dataclass
@@ -52,9 +56,14 @@ class TaskSpec:
     item_dim: int = 64  # recommendation: width of the item embeddings
     # multilabel: width and depth of the shared pairwise scorer of (entity, label, its own history of
     # that label) (network.PairScorer; 0: the per-label linear head alone, as checkpoints before it).
-    # Propensity macro AUROC, demo 0.9119 -> 0.9134, Ta-Feng 0.7722 -> 0.7720 (docs/quality.md)
-    pair_width: int = PAIR_WIDTH
+    # Propensity macro AUROC, demo 0.9119 -> 0.9134, Ta-Feng 0.7722 -> 0.7720 (docs/quality.md).
+    # None: PAIR_WIDTH for heads of up to PAIR_MAX_LABELS labels, 0 above (what is saved is the number)
+    pair_width: int | None = None
     pair_layers: int = PAIR_LAYERS
+
+    def __post_init__(self):
+        if self.pair_width is None:
+            self.pair_width = PAIR_WIDTH if self.outputs <= PAIR_MAX_LABELS else 0
 
     @property
     def outputs(self) -> int:

@@ -15,7 +15,7 @@ from models.predict import load_model
 from models.targets import TargetSpec
 from models.tasks.multilabel import multilabel_loss
 from models.scoring import build_model
-from models.specs import PAIR_WIDTH, TaskSpec
+from models.specs import PAIR_MAX_LABELS, PAIR_WIDTH, TaskSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -138,6 +138,10 @@ def test_checkpoints_name_their_head():
         config = {"feature_spec": spec.to_dict(), "task": t.to_dict(), "net": net.to_dict()}
         again, _, loaded = load_model(model.state_dict(), config)
         assert (again.head.pair is not None) == has and loaded == t
+    # heads wider than PAIR_MAX_LABELS (sampled negatives) leave it out, and say so in what they save
+    wide = TaskSpec("multilabel", TargetSpec("any_event", 14, "brand", tuple(range(1, PAIR_MAX_LABELS + 2))))
+    assert wide.pair_width == 0 and TaskSpec.from_dict(wide.to_dict()).pair_width == 0
+    assert TaskSpec("multilabel", wide.target, pair_width=16).pair_width == 16  # asked for: kept
     # binary and recommendation tasks never get one
     assert build_model(net, TaskSpec("binary", TargetSpec("no_event", 14)), spec).head.pair is None
 
