@@ -150,12 +150,20 @@ class Head(nn.Module):
             term = term + self.pair(h, rows, cols, values).to(term.dtype)
         return term
 
+    def _linear(self, h: torch.Tensor) -> torch.Tensor:
+        """The linear outputs. One output (churn, spend) is a row-wise sum, not a matrix-vector product:
+        the CPU BLAS splits that product's sum by thread count, so one process of 2 threads and two of
+        1 wrote scores 1 ulp apart (23 of 126,129 at 10M events); each row's sum here is one thread's."""
+        if isinstance(self.linear, nn.Linear) and self.linear.out_features == 1:
+            return (h * self.linear.weight[0]).sum(-1, keepdim=True) + self.linear.bias
+        return self.linear(h)
+
     def forward(self, h: torch.Tensor, history=None) -> torch.Tensor:
         """`history`: each label's own history, dense [rows, labels, channels] or sparse (row, label,
         values [entries, channels]) as items.batch_history gives it. A label the row never touched
         has zero history and adds nothing either way; the sparse form costs what the rows touched,
         not rows x labels x channels (a 16,000-label head)."""
-        out = self.linear(h)
+        out = self._linear(h)
         if self.skip is None or history is None:
             return out
         if torch.is_tensor(history):
