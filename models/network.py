@@ -153,8 +153,9 @@ class Head(nn.Module):
     def _linear(self, h: torch.Tensor) -> torch.Tensor:
         """The linear outputs. One output (churn, spend) is a row-wise sum, not a matrix-vector product:
         the CPU BLAS splits that product's sum by thread count, so one process of 2 threads and two of
-        1 wrote scores 1 ulp apart (23 of 126,129 at 10M events); each row's sum here is one thread's."""
-        if isinstance(self.linear, nn.Linear) and self.linear.out_features == 1:
+        1 wrote scores 1 ulp apart (23 of 126,129 at 10M events); each row's sum here is one thread's.
+        Scoring only (no gradients): training keeps the product, so its steps are what they were."""
+        if not torch.is_grad_enabled() and isinstance(self.linear, nn.Linear) and self.linear.out_features == 1:
             return (h * self.linear.weight[0]).sum(-1, keepdim=True) + self.linear.bias
         return self.linear(h)
 
