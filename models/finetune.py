@@ -12,6 +12,7 @@ from models import item_graph
 from models.cache import Cache
 from models.distributed import Dist, Lockstep, shard, sum_over_ranks, wrap
 from models.features import FeatureSpec, chunk_at
+from models.heap import keep_on_heap
 from models.items import SparseRows
 from models.labels import task_inputs
 from models.loop import (Log, TrainResult, batches, by_shard, chunk_plan, epoch_loss, fast_bf16, fused, iso, processes,
@@ -43,6 +44,7 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     net = NetConfig(**foundation_info["net"])
     t = task_of(task)
     model = build_model(net, task, spec).to(dev)
+    keep_on_heap(max(p.numel() * p.element_size() for p in model.parameters()))  # (its gradient, every step)
     trunk_state = {k.removeprefix("trunk."): v for k, v in foundation_state.items() if k.startswith("trunk.")}
     if from_scratch:
         trunk_state = {k: v for k, v in trunk_state.items() if k.startswith("in_")}

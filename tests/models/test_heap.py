@@ -39,3 +39,43 @@ def test_freed_chunks_leave_the_process_only_with_the_bound():
 
     assert held("dynamic") > 100 << 20  # the 160 MB of chunks stay resident
     assert held("bound") < 20 << 20
+
+
+
+KEEP = """
+import sys
+import numpy as np
+sys.path.insert(0, {root!r})
+from models import heap
+assert heap.bound_heap() and heap._fixed == 4 << 20
+if sys.argv[1] == "keep":
+    assert heap.keep_on_heap(16 << 20) and heap._fixed == 17 << 20
+    heap.bound_heap.cache_clear()
+    assert heap.bound_heap() and heap._fixed == 17 << 20  # never lowered
+block = np.ones(2 << 20)  # a training step's gradient of a [16,000, 256] weight (16 MB)
+at = block.ctypes.data
+lo, hi = next([int(a, 16) for a in line.split()[0].split("-")] for line in open("/proc/self/maps")
+              if line.rstrip().endswith("[heap]"))
+print(int(lo <= at < hi))
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_a_step_sized_block_comes_from_the_heap_once_kept():
+    """Bound at 4 MB, a 16 MB block is a mapping of its own (faulted in again at every step of a wide
+    head); kept, it comes from the heap and its pages are reused."""
+    def on_heap(mode):
+        out = subprocess.run([sys.executable, "-c", KEEP.format(root=str(ROOT)), mode], capture_output=True,
+                             text=True, check=True)
+        return out.stdout.strip() == "1"
+
+    assert not on_heap("bound")
+    assert on_heap("keep")
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_the_threshold_asked_for_is_clamped_to_glibcs_largest():
+    out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+                          "from models import heap\nheap.keep_on_heap(1 << 30); print(heap._fixed)"],
+                         capture_output=True, text=True, check=True)
+    assert int(out.stdout) == 32 << 20
