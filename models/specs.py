@@ -123,6 +123,7 @@ class FinetuneConfig:
     sampled_negatives: int = 1024
     sampled_above_labels: int = 2048
     val_sampled_negatives: int = 2048
+    val_sampled_rows: int = 32768  # sampled heads: about this many validation rows pick the epochs
     # sampled heads train and validate with their matrix products in bfloat16 (torch.autocast; the
     # weights, their updates and the losses stay float32) where the hardware multiplies bf16 natively
     # (CUDA with bf16, CPUs with AVX-512 BF16 or AMX): 16k fine-tuning at 1M, one thread, CPU time

@@ -404,3 +404,25 @@ def test_spilled_features_read_back_equal(tmp_path):
     for a, b in ((h, h2), (y, y2)):
         assert isinstance(b, SparseRows) and b.n_cols == a.n_cols
         assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("indptr", "cols", "values"))
+
+
+def test_sampled_heads_pick_epochs_on_a_spread_subset_of_validation(world):
+    """A wide head's sampled validation loss (after every epoch, for every soup candidate) reads every
+    k-th validation chunk, about val_sampled_rows rows; base rates still count every row, and a head
+    trained on the full loss reads all of validation."""
+    cache, test_cutoff, foundation, task = world
+    plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
+    state = foundation.model.state_dict()
+    infos = {}
+    for above, rows in ((6, 40), (6, 1 << 20), (1000, 40)):
+        cfg = FinetuneConfig(**{**asdict(FINETUNE), "sampled_above_labels": above, "sampled_negatives": 3,
+                                "val_sampled_negatives": 6, "chunk_entities": 32, "val_sampled_rows": rows,
+                                "epochs": 2})
+        run = finetune(cache, state, foundation.info, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
+                       device="cpu", log=lambda _: None)
+        assert np.isfinite(run.curves["val_loss"]).all()
+        infos[(above, rows)] = run.info
+    small = infos[(6, 40)]
+    assert small["val_chunk_stride"] == -(-small["val_rows"] // 40) > 1
+    assert infos[(6, 1 << 20)]["val_chunk_stride"] == 1
+    assert infos[(1000, 40)]["val_chunk_stride"] == 1 and "sampled_negatives" not in infos[(1000, 40)]
