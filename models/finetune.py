@@ -83,7 +83,8 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     # about cfg.val_sampled_rows rows: every k-th chunk (a fifth of the 16k fine-tuning at 10M events
     # when it read all of them); the base rates above count every row
     stride = max(1, math.ceil(n_val / cfg.val_sampled_rows)) if negatives else 1
-    scored = val if stride == 1 else Recomputed(lambda: (kept.get((s, lo, hi, val_cutoff)) for s, lo, hi in plan[::stride]))
+    scored = val if stride == 1 else Recomputed(
+        lambda: (kept.get((s, lo, hi, val_cutoff)) for s, lo, hi in plan[::stride]))
     label_skip = [p for n, p in model.head.named_parameters() if n == "label_skip"]
     pair_labels = [p for n, p in model.head.named_parameters() if n == "pair.label.weight"]
     params = [{"params": model.trunk.parameters(), "lr": cfg.learning_rate * cfg.trunk_lr_scale},

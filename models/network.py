@@ -186,9 +186,7 @@ class Head(nn.Module):
         `entries` (a batch's positives), [entries]. Only those rows of `linear` are read, so the cost
         grows with len(cols) + entries, never rows x labels; `history` is sparse (row, label, values)."""
         out = nn.functional.linear(h, self.linear.weight[cols], self.linear.bias[cols])
-        # (no entries: no indexing of the weight, whose backward would fill a [labels, hidden] zero gradient)
-        z = ((h[entry_rows] * self.linear.weight[entry_cols]).sum(-1) + self.linear.bias[entry_cols]
-             if len(entry_rows) else out.new_zeros(0))
+        z = (h[entry_rows] * self.linear.weight[entry_cols]).sum(-1) + self.linear.bias[entry_cols]
         if self.skip is None or history is None:
             return out, z
         rows, hcols, values = history  # (with no entries the skip still takes part, as in forward)

@@ -43,8 +43,8 @@ class FoundationConfig:
 PAIR_WIDTH = 128
 PAIR_LAYERS = 2
 # heads wider than this (sampled negatives) leave the pairwise scorer out: on the 16,000-label scenario
-# it made the fine-tuning 1.6-2x slower and the model no better (1M events: macro AUROC 0.9107 with it,
-# 0.9123 without; docs/speed.md "The 16k fine-tuning's regression")
+# it made the fine-tuning 1.25-1.6x slower and the model no better (macro AUROC with / without it: 0.9107
+# / 0.9123 at 1M events, 0.9343 / 0.9336 at 10M; docs/speed.md "Where the 16k fine-tuning's speed went")
 PAIR_MAX_LABELS = 2048
 
 

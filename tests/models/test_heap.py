@@ -41,7 +41,6 @@ def test_freed_chunks_leave_the_process_only_with_the_bound():
     assert held("bound") < 20 << 20
 
 
-
 KEEP = """
 import sys
 import numpy as np

@@ -5,6 +5,9 @@ machines: 1-ulp differences in 23 of 126,129 churn scores)."""
 
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import hashlib, sys, torch
@@ -21,7 +24,7 @@ print(hashlib.sha256(out.numpy().tobytes()).hexdigest())
 
 def _digest(threads: int, outputs: int) -> str:
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(threads), str(outputs)], capture_output=True, text=True,
-                          check=True)
+                          check=True, cwd=ROOT)
     return done.stdout.strip()
 
 
