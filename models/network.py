@@ -261,6 +261,12 @@ class ItemHead(nn.Module):
         feats = item_features[lo:hi] if cand is None else item_features[cand]
         return self.query(h) @ weight.T + self.popularity(feats).squeeze(-1)
 
+    def scorer(self, h: torch.Tensor, item_features: torch.Tensor):
+        """dense() by blocks, (row lo, row hi, item lo, item hi) -> scores, for a full-catalog ranking
+        (models.items.top_k_items): the query and the popularity term are computed once, not per block."""
+        query, bias = self.query(h), self.popularity(item_features).squeeze(-1)
+        return lambda r0, r1, i0, i1: query[r0:r1] @ self.items.weight[i0:i1].T + bias[i0:i1]
+
     def history_scores(self, h: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """The history term of each sparse entry (row, values)."""
         return (values * (self.skip.weight[0] + self.gate(h)[rows])).sum(-1)

@@ -57,6 +57,6 @@ def rank_items(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.nda
         values = head.history_scores(h, rows, torch.from_numpy(hist.values).to(dev)).float().cpu().numpy()
         extra = SparseRows(hist.indptr, hist.cols, values[:, None], hist.n_cols)
     pop = torch.from_numpy(popularity).to(dev)
-    return top_k_items(len(x), head.n_items, k, lambda r0, r1, i0, i1: head.dense(h[r0:r1], pop, i0, i1), extra)
+    return top_k_items(len(x), head.n_items, k, head.scorer(h, pop), extra)
 
 

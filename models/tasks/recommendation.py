@@ -77,12 +77,13 @@ class Recommendation(Task):
         model.eval()
         total, n = 0.0, 0
         for x, h, y, pop in val:
-            rows = int((np.diff(y.indptr) > 0).sum()) if len(y) else 0
-            if rows == 0:
+            bought = np.flatnonzero(np.diff(y.indptr) > 0)  # the metric counts only these: rank only them
+            if not len(bought):
                 continue
-            top, _ = rank_items(model, x, h, pop, spec.k, device=str(dev))
-            total += ranking_metrics_at(top, y.rows, y.cols, spec.k)[f"ndcg@{spec.k}"] * rows
-            n += rows
+            top, _ = rank_items(model, x[bought], h[bought], pop, spec.k, device=str(dev))
+            yb = y[bought]
+            total += ranking_metrics_at(top, yb.rows, yb.cols, spec.k)[f"ndcg@{spec.k}"] * len(bought)
+            n += len(bought)
         return -total / n if n else 0.0
 
     def label_names(self, cache, spec, names):

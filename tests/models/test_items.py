@@ -62,6 +62,37 @@ def test_blockwise_top_k_equals_the_dense_top_k():
     np.testing.assert_array_equal(idx, [[1, 2, 0], [1, 2, 0]])
 
 
+@pytest.mark.parametrize("k,row_block,item_block", [(5, 16, 9), (12, 7, 5), (1, 64, 64)])
+def test_blockwise_top_k_with_signed_entries_over_many_blocks(k, row_block, item_block):
+    """Many item blocks (the running threshold skips most of them), history entries of either sign (one
+    that lowers a row's best item, one that lifts an item past the threshold), k wider than a block:
+    the same items as ranking the whole matrix, and the matrix `dense` hands out is not written to."""
+    rng = np.random.default_rng(5)
+    n_rows, n_items = 40, 300
+    base = torch.from_numpy(rng.normal(size=(n_rows, n_items)).astype(np.float32))
+    before = base.clone()
+    rows, cols = np.nonzero(rng.random((n_rows, n_items)) < 0.05)
+    values = rng.normal(scale=3.0, size=len(rows)).astype(np.float32)
+    sparse = SparseRows.from_pairs(rows, cols, values, n_rows, n_items)
+    full = base.numpy().copy()
+    full[rows, cols] += values
+    idx, score = top_k_items(n_rows, n_items, k, lambda r0, r1, i0, i1: base[r0:r1, i0:i1], sparse,
+                             row_block=row_block, item_block=item_block)
+    np.testing.assert_array_equal(idx, top_k(full, k))
+    np.testing.assert_allclose(score, np.take_along_axis(full, idx, 1), rtol=1e-6)
+    assert torch.equal(base, before)
+
+
+def test_item_head_scorer_is_its_dense_scores_by_block():
+    torch.manual_seed(0)
+    head = ItemHead(16, 50, 3, 8, 4).eval()
+    h, feats = torch.randn(9, 16), torch.rand(50, 4)
+    with torch.no_grad():
+        score = head.scorer(h, feats)
+        for r0, r1, i0, i1 in [(0, 9, 0, 50), (2, 5, 10, 31), (8, 9, 49, 50)]:
+            torch.testing.assert_close(score(r0, r1, i0, i1), head.dense(h[r0:r1], feats, i0, i1), rtol=0, atol=1e-6)
+
+
 def test_softmax_loss_hand_case_and_sampled_candidates():
     # two rows over 3 items: row 0 bought items 0 and 2 (half the mass each), row 1 bought nothing
     logits = torch.tensor([[0.0, 0.0, math.log(2.0)], [5.0, 0.0, 0.0]])
