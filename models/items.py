@@ -172,7 +172,7 @@ def top_k_items(n_rows: int, n_items: int, k: int, dense: DenseBlock, sparse: Sp
         for i0 in range(0, n_items, item_block):
             i1 = min(i0 + item_block, n_items)
             block = dense(r0, r1, i0, i1).float()  # read only: `dense` may hand out a view
-            er, ec, ev = _entries(entries, i0, i1)
+            er, ec, ev = (t.to(block.device) for t in _entries(entries, i0, i1))
             if top_s is None or top_s.shape[1] < k:  # the first k items: rank the whole block
                 s, i = torch.topk(block.clone().index_put_((er, ec), ev, accumulate=True), min(k, i1 - i0), dim=1)
                 i = i + i0
