@@ -167,51 +167,49 @@ def top_k_items(n_rows: int, n_items: int, k: int, dense: DenseBlock, sparse: Sp
     best_s = np.zeros((n_rows, k), np.float32)
     for r0 in range(0, n_rows, row_block):
         r1 = min(r0 + row_block, n_rows)
-        entries = _by_item(sparse[np.arange(r0, r1)]) if sparse is not None else None
+        entries = _by_item(sparse[np.arange(r0, r1)] if sparse is not None else None)
         top_s = top_i = None
         for i0 in range(0, n_items, item_block):
             i1 = min(i0 + item_block, n_items)
             block = dense(r0, r1, i0, i1).float()  # read only: `dense` may hand out a view
             er, ec, ev = (t.to(block.device) for t in _entries(entries, i0, i1))
-            if top_s is None or top_s.shape[1] < k:  # the first k items: rank the whole block
-                s, i = torch.topk(block.clone().index_put_((er, ec), ev, accumulate=True), min(k, i1 - i0), dim=1)
-                i = i + i0
-                if top_s is not None:
-                    s, j = torch.topk(torch.cat([top_s, s], 1), min(k, top_s.shape[1] + s.shape[1]), dim=1)
-                    i = torch.gather(torch.cat([top_i, i], 1), 1, j)
+            if top_s is None or top_s.shape[1] < k:  # the first k items: every row is ranked
+                rows = torch.arange(r1 - r0, device=block.device)
+            else:  # a row's best here is at most its dense best or an entry's own score
+                most = block.amax(1).scatter_reduce(0, er, block[er, ec] + ev, "amax")
+                rows = torch.nonzero(most > top_s[:, -1]).squeeze(1)
+                if not len(rows):
+                    continue
+            sub = block.index_select(0, rows)
+            at = torch.searchsorted(rows, er).clamp_max(len(rows) - 1)
+            keep = rows[at] == er
+            sub.index_put_((at[keep], ec[keep]), ev[keep], accumulate=True)
+            s, i = torch.topk(sub, min(k, i1 - i0), dim=1)
+            i = i + i0
+            if top_s is None:
                 top_s, top_i = s, i
                 continue
-            most = block.amax(1)  # at least each row's best (an entry's own score where that is higher)
-            if len(er):
-                most = most.scatter_reduce(0, er, block[er, ec] + ev, "amax")
-            rows = torch.nonzero(most > top_s[:, -1]).squeeze(1)
-            if not len(rows):
-                continue
-            sub = block.index_select(0, rows)
-            if len(er):
-                at = torch.searchsorted(rows, er).clamp_max(len(rows) - 1)
-                keep = rows[at] == er
-                sub.index_put_((at[keep], ec[keep]), ev[keep], accumulate=True)
-            s, i = torch.topk(sub, min(k, i1 - i0), dim=1)
-            s, j = torch.topk(torch.cat([top_s[rows], s], 1), k, dim=1)
-            top_i[rows] = torch.gather(torch.cat([top_i[rows], i + i0], 1), 1, j)
-            top_s[rows] = s
+            s, j = torch.topk(torch.cat([top_s[rows], s], 1), min(k, top_s.shape[1] + s.shape[1]), dim=1)
+            i = torch.gather(torch.cat([top_i[rows], i], 1), 1, j)
+            if s.shape[1] > top_s.shape[1]:  # (still filling the first k: every row was ranked)
+                top_s, top_i = s, i
+            else:
+                top_s[rows], top_i[rows] = s, i
         best_i[r0:r1], best_s[r0:r1] = top_i.cpu().numpy(), top_s.cpu().numpy()
     return best_i, best_s
 
 
-def _by_item(rows: SparseRows) -> tuple[np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A block of rows' sparse entries ordered by item: (items, row tensor, item tensor, first-channel values)."""
+def _by_item(rows: SparseRows | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A block of rows' sparse entries ordered by item: (row, item, first-channel value) tensors."""
+    if rows is None:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0)
     order = np.argsort(rows.cols, kind="stable")
-    cols = rows.cols[order]
-    return (cols, torch.from_numpy(rows.rows[order]), torch.from_numpy(cols),
-            torch.from_numpy(np.ascontiguousarray(rows.values[order, 0])))
+    return (torch.from_numpy(rows.rows[order]), torch.from_numpy(rows.cols[order]),
+            torch.from_numpy(np.ascontiguousarray(rows.values[order, 0], np.float32)))
 
 
 def _entries(entries, i0: int, i1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(row, item - i0, value) of the sparse entries of items i0..i1 (empty tensors without any)."""
-    if entries is None:
-        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0)
-    cols, r, c, v = entries
-    lo, hi = np.searchsorted(cols, [i0, i1])
+    """(row, item - i0, value) of the sparse entries of items i0..i1."""
+    r, c, v = entries
+    lo, hi = torch.searchsorted(c, torch.tensor([i0, i1])).tolist()
     return r[lo:hi], c[lo:hi] - i0, v[lo:hi]
