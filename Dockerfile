@@ -36,24 +36,30 @@ RUN set -e; PY=python3; \
     $PY -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
-WORKDIR /app
-# dependencies first (a layer that survives source edits), then the source
+# dependencies first (a layer that survives source edits): pyproject's requirements and those of EXTRAS;
+# then the source, installed as habitus.* (not editable). /app holds only the configs and workspace.yaml,
+# so no folder there can shadow the installed package.
+WORKDIR /src
 RUN pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX}"
 COPY pyproject.toml README.md ./
-RUN mkdir -p pipelines assets resources models \
- && touch pipelines/__init__.py assets/__init__.py resources/__init__.py models/__init__.py \
- && pip install ".${EXTRAS:+[$EXTRAS]}" && pip uninstall -y habitus
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+extras = [e for e in '${EXTRAS}'.split(',') if e]; \
+print('\n'.join(p['dependencies'] + [r for e in extras for r in p['optional-dependencies'][e]]))" > requirements.txt \
+ && pip install -r requirements.txt
+COPY habitus habitus
 COPY pipelines pipelines
 COPY assets assets
 COPY resources resources
 COPY models models
+RUN pip install --no-deps . && rm -rf /src
+
+WORKDIR /app
 COPY examples examples
 COPY workspace.yaml ./
-RUN pip install --no-deps .
 
 RUN useradd --create-home --uid 10001 habitus && mkdir -p /data && chown habitus /data
 USER habitus
 ENV HABITUS_WORKSPACE=/data/workspace HABITUS_DEMO_WAREHOUSE=/data/demo_warehouse.duckdb
 EXPOSE 4000
 # the code location, served to a Dagster webserver/daemon; `habitus demo` or `dagster dev` also work
-CMD ["dagster", "api", "grpc", "-h", "0.0.0.0", "-p", "4000", "-m", "pipelines.definitions"]
+CMD ["dagster", "api", "grpc", "-h", "0.0.0.0", "-p", "4000", "-m", "habitus.pipelines.definitions"]

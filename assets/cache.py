@@ -1,4 +1,4 @@
-"""cache: the extracted sources encoded for the model (see models.cache). Reused while its inputs are
+"""cache: the extracted sources encoded for the model (see habitus.models.cache). Reused while its inputs are
 unchanged; new source partitions are appended to the cache in use (ids never change), so models
 trained on it keep scoring new data until their scheduled retraining."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.parquet as pq
 
-from assets.sources import events_partitions, source_key
-from models.cache import Cache, CacheSpec, TableInput, build_cache, infer_column_type
-from models.storage import folder_bytes, read_json, write_json
-from resources.workspace import Workspace, locked
+from habitus.assets.sources import events_partitions, source_key
+from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache, infer_column_type
+from habitus.models.storage.files import folder_bytes, read_json, write_json
+from habitus.resources.workspace import Workspace, locked
 
 CACHE_KEY = dg.AssetKey("cache")
 # the volume below which models are unreliable (the product's data guidelines)

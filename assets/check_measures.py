@@ -8,8 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from models.evaluate import LOWER_IS_BETTER
-from models.storage import folder_bytes
+from habitus.models.evaluate.holdout import LOWER_IS_BETTER
+from habitus.models.storage.files import folder_bytes
 
 SEVERE_SHARE = 0.05  # above this share of rows with null or duplicate keys a source is broken, not noisy
 MIN_JOIN_COVERAGE = 0.9
@@ -144,7 +144,7 @@ def key_mismatch(events_files: list[str], event_key: str, attr_name: str, attr_f
 
 def categorical_cardinality(project, source, files: list[str]) -> dict[str, int]:
     """Approximate distinct values of each categorical column (HyperLogLog: one pass, little memory)."""
-    from models.cache import infer_column_type
+    from habitus.models.cache import infer_column_type
 
     schema = pq.read_schema(files[0])
     skip = {project.entity, source.timestamp}
@@ -157,7 +157,7 @@ def categorical_cardinality(project, source, files: list[str]) -> dict[str, int]
 
 
 def quarantine_counts(manifest: dict) -> dict:
-    """The cache's quarantine counts (models.quarantine); for a cache built before the quarantine
+    """The cache's quarantine counts (habitus.models.cache.quarantine); for a cache built before the quarantine
     existed, the null ids and timestamps it dropped."""
     if "quarantine" in manifest:
         return dict(manifest["quarantine"])

@@ -10,13 +10,13 @@
                                                         below 90%; ERROR below 5%, naming both key types: the
                                                         silent no-match join of `123` against `'P-123'`)
                      rows_quarantined       (blocking)  events dropped / repaired by the quarantine
-                                                        (models.quarantine), ERROR above quality.max_*_share
+                                                        (habitus.models.cache.quarantine), ERROR above quality.max_*_share
                      free_space_for_training (blocking) free >= (sources + checkpoints) * 1.2
     scenario/<name>  beats_baselines        (blocking)  the hold-out metric beats every baseline's
 
 A blocking check that fails with ERROR stops the assets after it in the same run (no training on
 broken data, no predictions from a worse model); across runs, predictions use the newest checkpoint
-that passed (assets.serving). The checks read the extracted Parquet with DuckDB and the manifests
+that passed (habitus.assets.serving). The checks read the extracted Parquet with DuckDB and the manifests
 and checkpoints' config.json: they are fast and never load a table into memory.
 """
 
@@ -28,16 +28,16 @@ import pyarrow.parquet as pq
 from dagster._core.storage.tags import (ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG,
                                        PARTITION_NAME_TAG)
 
-from assets.cache import CACHE_KEY, guideline_warnings
-from assets.check_measures import (MIN_JOIN_COVERAGE, MISMATCH_COVERAGE, SEVERE_SHARE, baseline_margin,
+from habitus.assets.cache import CACHE_KEY, guideline_warnings
+from habitus.assets.check_measures import (MIN_JOIN_COVERAGE, MISMATCH_COVERAGE, SEVERE_SHARE, baseline_margin,
                                    categorical_cardinality, entity_coverage, extracted_files, key_counts,
                                    key_mismatch, keys_message, quarantine_counts, schema_problems, space_needed,
                                    volume)
-from assets.scenarios import scenario_key
-from assets.serving import serving_note
-from assets.sources import connection_key, source_key
-from models.storage import read_json
-from resources.workspace import HEADROOM, WorkspaceError
+from habitus.assets.scenarios import scenario_key
+from habitus.assets.serving import serving_note
+from habitus.assets.sources import connection_key, source_key
+from habitus.models.storage.files import read_json
+from habitus.resources.workspace import HEADROOM, WorkspaceError
 
 EPOCH = datetime(1970, 1, 1)
 
@@ -136,7 +136,7 @@ def source_checks(project, source) -> list[dg.AssetChecksDefinition]:
                     description=f"No row of table {source.table!r} is dated in the future or before 1970 (such rows "
                                 f"fall outside every partition and are never extracted)")
     def timestamps_plausible(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from resources.sql import utc_naive
+        from habitus.resources.sql import utc_naive
 
         first, last = (utc_naive(t) for t in getattr(context.resources, conn_key).time_range(source.table,
                                                                                               source.timestamp))
@@ -178,7 +178,7 @@ def cache_checks(project) -> list[dg.AssetChecksDefinition]:
                                 f"{MIN_JOIN_COVERAGE:.0%}): unmatched events get no attributes; below "
                                 f"{MISMATCH_COVERAGE:.0%} the key's type or format differs (ERROR, blocking)")
     def join_coverage(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from assets.cache import current_cache
+        from habitus.assets.cache import current_cache
 
         workspace = context.resources.workspace
         cache = current_cache(workspace)
@@ -206,8 +206,8 @@ def cache_checks(project) -> list[dg.AssetChecksDefinition]:
                                 f"{project.quality.max_dropped_share:.1%} and repaired (inf, NaN, not a number) at most "
                                 f"{project.quality.max_repaired_share:.1%} of all events (quality.max_*_share)")
     def rows_quarantined(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from assets.cache import current_cache
-        from models.quarantine import summary
+        from habitus.assets.cache import current_cache
+        from habitus.models.cache.quarantine import summary
 
         counts = quarantine_counts(current_cache(context.resources.workspace).manifest)
         q = project.quality

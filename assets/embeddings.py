@@ -12,23 +12,23 @@ from datetime import datetime, timezone
 import dagster as dg
 import numpy as np
 
-from assets.cache import CACHE_KEY, current_cache
-from assets.foundation import FOUNDATION_KEY
-from assets.predictions import CHUNK_ENTITIES, as_of_time, parts_of_day, scoring_pool, write_entity_file
-from models.checkpoint import load_checkpoint
-from models.features import WINDOWS, FeatureSpec
-from models.network import NetConfig, Trunk
-from models.parts import Scorer
-from models.predict import embed, embedding_width
-from models.quantize import for_inference
-from models.storage import combine
-from resources.workspace import Workspace, locked
+from habitus.assets.cache import CACHE_KEY, current_cache
+from habitus.assets.foundation import FOUNDATION_KEY
+from habitus.assets.predictions import CHUNK_ENTITIES, as_of_time, parts_of_day, scoring_pool, write_entity_file
+from habitus.models.nn.checkpoint import load_checkpoint
+from habitus.models.data.features import WINDOWS, FeatureSpec
+from habitus.models.nn.network import NetConfig, Trunk
+from habitus.models.serve.parts import Scorer
+from habitus.models.serve.predict import embed, embedding_width
+from habitus.models.nn.quantize import for_inference
+from habitus.models.storage.files import combine
+from habitus.resources.workspace import Workspace, locked
 
 EMBEDDINGS_KEY = dg.AssetKey("embeddings")
 
 
 def scalar_column_names(spec: FeatureSpec) -> list[str]:
-    """Names of the scalars after the trunk's columns, in the order of models.features'
+    """Names of the scalars after the trunk's columns, in the order of habitus.models.data.features'
     scalar_features then visit_features (all log1p of the figure unless said; ages in days)."""
     h = [f"{x:g}d" for x in spec.half_lives]
     names = ["events", "days_since_last_event", "days_since_first_event"]
@@ -75,7 +75,7 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
                   "checkpoint": str(workspace.foundation), "weights_sha256": config["weights_sha256"],
                   "precision": executor.inference_precision, "chunk_entities": CHUNK_ENTITIES, "scalars": True}
         rows, files = 0, []
-        with scoring_pool(context, executor, device, Scorer("models.predict:embedding_scorer", params),
+        with scoring_pool(context, executor, device, Scorer("habitus.models.serve.predict:embedding_scorer", params),
                           cache) as pool:
             for day in context.partition_keys:  # a backfill embeds up to 31 days in one run
                 as_of = as_of_time(day)

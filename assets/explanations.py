@@ -12,10 +12,10 @@ from datetime import datetime
 
 import dagster as dg
 
-from assets.plots import importance_chart
-from assets.predictions import scoring_asset, scoring_inputs, write_days
-from assets.serving import CHECKPOINT_NOTE, serving_checkpoint
-from resources.workspace import locked
+from habitus.assets.plots import importance_chart
+from habitus.assets.predictions import scoring_asset, scoring_inputs, write_days
+from habitus.assets.serving import CHECKPOINT_NOTE, serving_checkpoint
+from habitus.resources.workspace import locked
 
 
 def explanations_key(name: str) -> dg.AssetKey:
@@ -43,10 +43,10 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
                    f"and value)")
     @locked(f"explanations/{name}")
     def _explanations(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        from models.explain import Summary, column_sources, explain_cutoff, input_groups, vocab_reader
-        from models.predict import load_model
-        from models.stacking_head import load_head
-        from models.tasks import task as task_of
+        from habitus.models.explain import Summary, column_sources, explain_cutoff, input_groups, vocab_reader
+        from habitus.models.serve.predict import load_model
+        from habitus.models.heads.stacked_head import load_head
+        from habitus.models.tasks import task as task_of
 
         started = time.time()
         workspace, executor, device, cache, state, config, passed = scoring_inputs(context, name, "explaining")

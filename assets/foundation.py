@@ -4,18 +4,18 @@ import calendar
 
 import dagster as dg
 
-from assets.cache import CACHE_KEY, current_cache
-from assets.plots import loss_curves
-from models.checkpoint import save_checkpoint
-from models.launch import foundation_job
-from models.resume import Resumer
-from models.storage import combine
-from models.features import DAY
-from models.foundation_training import train_foundation
-from models.loop import day_floor
-from models.specs import config_dict
-from resources.executor import TrainingExecutor
-from resources.workspace import Workspace, locked
+from habitus.assets.cache import CACHE_KEY, current_cache
+from habitus.assets.plots import loss_curves
+from habitus.models.nn.checkpoint import save_checkpoint
+from habitus.models.train.launch import foundation_job
+from habitus.models.train.resume import Resumer
+from habitus.models.storage.files import combine
+from habitus.models.data.features import DAY
+from habitus.models.train.foundation import train_foundation
+from habitus.models.train.loop import day_floor
+from habitus.models.specs import config_dict
+from habitus.resources.executor import TrainingExecutor
+from habitus.resources.workspace import Workspace, locked
 
 FOUNDATION_KEY = dg.AssetKey("foundation_model")
 

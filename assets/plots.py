@@ -3,7 +3,7 @@
 import base64
 from pathlib import Path
 
-from models.storage import atomic_path
+from habitus.models.storage.files import atomic_path
 
 
 def _pyplot():

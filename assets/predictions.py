@@ -16,20 +16,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from assets.cache import CACHE_KEY, current_cache
-from assets.scenarios import scenario_key
-from assets.serving import CHECKPOINT_NOTE, load_serving, serving_checkpoint
-from assets.sources import connection_key
-from models.cache import Cache
-from models.loop import chunk_plan
-from models.parts import Parts, Pool, Scorer, staging
-from models.predict import load_model, predict
-from models.quantize import for_inference
-from models.storage import DiskFullError, combine, durable_replace, is_disk_full
-from models.stacking_head import load_head
-from models.tasks import task as task_of
-from resources.executor import TrainingExecutor
-from resources.workspace import Workspace, locked
+from habitus.assets.cache import CACHE_KEY, current_cache
+from habitus.assets.scenarios import scenario_key
+from habitus.assets.serving import CHECKPOINT_NOTE, load_serving, serving_checkpoint
+from habitus.assets.sources import connection_key
+from habitus.models.cache import Cache
+from habitus.models.train.loop import chunk_plan
+from habitus.models.serve.parts import Parts, Pool, Scorer, staging
+from habitus.models.serve.predict import load_model, predict
+from habitus.models.nn.quantize import for_inference
+from habitus.models.storage.files import DiskFullError, combine, durable_replace, is_disk_full
+from habitus.models.heads.stacked_head import load_head
+from habitus.models.tasks import task as task_of
+from habitus.resources.executor import TrainingExecutor
+from habitus.resources.workspace import Workspace, locked
 
 
 def scoring_asset(key: dg.AssetKey, name: str, partitions_def, sink, kinds: set[str], description: str):
@@ -76,7 +76,7 @@ def write_entity_file(cache, batches, path: Path, entity_column: str, fingerprin
             rows += len(out)
         if writer is not None:
             writer.close()
-            durable_replace(tmp, path)  # write -> fsync -> rename -> fsync(folder): a commit (models/storage.py)
+            durable_replace(tmp, path)  # write -> fsync -> rename -> fsync(folder): a commit (models/storage/files.py)
     except OSError as e:
         if is_disk_full(e):  # the partial copy goes (finally); the day's previous file, if any, is intact
             raise DiskFullError(path, tmp.stat().st_size if tmp.exists() else 0, None) from e
@@ -139,7 +139,7 @@ def write_days(context, asset: str, name: str, folder: Path, batches_of, cache, 
 
 @contextlib.contextmanager
 def scoring_pool(context, executor: TrainingExecutor, device: str, scorer: Scorer, cache):
-    """The run's scoring processes (models/parts.py), as many as the executor gives `device` for the
+    """The run's scoring processes (models/serve/parts.py), as many as the executor gives `device` for the
     cache's chunks (inference_processes; by default one per GPU or core, a small cache one); None when
     that is one: this process scores alone, nothing is staged."""
     devices, threads = executor.inference_plan(device, len(chunk_plan(cache, CHUNK_ENTITIES)))
@@ -163,7 +163,7 @@ def parts_of_day(context, pool: Pool, folder: Path, day: str, key: str, cache, c
     return parts
 
 
-CHUNK_ENTITIES = 8192  # models.predict's chunk: the same chunks whatever the number of processes
+CHUNK_ENTITIES = 8192  # habitus.models.serve.predict's chunk: the same chunks whatever the number of processes
 
 
 def without_history(cache, cutoff: int) -> np.ndarray:
@@ -248,7 +248,7 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
                 batches = staged[day].batches()
             return flag_without_history(batches, cache, cutoff) if settings.without_history == "flag" else batches
 
-        with scoring_pool(context, executor, device, Scorer("models.predict:scenario_scorer", params),
+        with scoring_pool(context, executor, device, Scorer("habitus.models.serve.predict:scenario_scorer", params),
                           cache) as pool:
             rows, written_back, files = write_days(context, "predictions", name, folder, batches_of, cache,
                                                    project.entity, fingerprint, sink,

@@ -6,24 +6,24 @@ import math
 import dagster as dg
 import numpy as np
 
-from assets.cache import current_cache
-from assets.foundation import FOUNDATION_KEY, test_cutoff
-from assets.plots import calibration_and_lift, loss_curves
-from assets.serving import promote, serving_note
-from models.baselines import lightgbm_scores
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.launch import scenario_job
-from models.resume import Resumer
-from models.storage import combine
-from models.evaluate import LOWER_IS_BETTER, headline, protocol, score_holdout
-from models.features import FeatureSpec
-from models.finetune import finetune
-from models.specs import TaskSpec, config_dict
-from models.stacking_head import fit_head, save_head, trunk_of
-from models.tasks import task as task_of
-from models.tasks.base import TargetError
-from resources.executor import TrainingExecutor
-from resources.workspace import Workspace, locked
+from habitus.assets.cache import current_cache
+from habitus.assets.foundation import FOUNDATION_KEY, test_cutoff
+from habitus.assets.plots import calibration_and_lift, loss_curves
+from habitus.assets.serving import promote, serving_note
+from habitus.models.evaluate.baselines import lightgbm_scores
+from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
+from habitus.models.train.launch import scenario_job
+from habitus.models.train.resume import Resumer
+from habitus.models.storage.files import combine
+from habitus.models.evaluate.holdout import LOWER_IS_BETTER, headline, protocol, score_holdout
+from habitus.models.data.features import FeatureSpec
+from habitus.models.train.finetune import finetune
+from habitus.models.specs import TaskSpec, config_dict
+from habitus.models.heads.stacked_head import fit_head, save_head, trunk_of
+from habitus.models.tasks import task as task_of
+from habitus.models.tasks.base import TargetError
+from habitus.resources.executor import TrainingExecutor
+from habitus.resources.workspace import Workspace, locked
 
 
 def scenario_key(name: str) -> dg.AssetKey:
@@ -104,8 +104,8 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
                          combine(foundation["weights_sha256"], task.to_dict(), config_dict(cfg), list(plan.train_cutoffs),
                                  plan.val_cutoff, *([lora] if lora else [])),
                          every_steps=scenario.save_every_steps, log=context.log.info)
-        if lora:  # adapters on the frozen trunk (models/lora.py), merged into plain weights for scoring
-            from models.lora import finetune_lora, merge_lora
+        if lora:  # adapters on the frozen trunk (models/nn/lora.py), merged into plain weights for scoring
+            from habitus.models.nn.lora import finetune_lora, merge_lora
 
             if executor.distributed:
                 context.log.warning(f"{name}: LoRA fine-tuning runs in this one process (processes > 1 is for full "
@@ -159,7 +159,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
                                                                                  "weight": head.weight},
         }, extra=None if head is None else lambda folder: {"stack": save_head(folder, head)})
         resume.clear()
-        if better:  # predictions use the newest checkpoint that beat its baselines (assets.serving)
+        if better:  # predictions use the newest checkpoint that beat its baselines (habitus.assets.serving)
             promote(workspace, name)
         else:
             context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions keep "
@@ -187,7 +187,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
             "test_cutoff": _iso(plan.test_cutoff),
             "loss_curves": dg.MetadataValue.md(plot),
             "best_epoch": dg.MetadataValue.int(result.info["best_epoch"]),
-            # where fine-tuning started: the task's own head, or the foundation's forecast (models/prior.py)
+            # where fine-tuning started: the task's own head, or the foundation's forecast (models/train/prior.py)
             "head_start": result.info.get("head_start", "baseline"),
             "seconds": dg.MetadataValue.float(result.info["seconds"]),
             "path": dg.MetadataValue.path(str(path)),
@@ -206,7 +206,7 @@ def head_note(report: dict, key: str) -> str:
 
 
 def head_metadata(key: str, report: dict) -> dict:
-    """The head chosen on validation (models/stacking_head.py) and the network's own headline figure."""
+    """The head chosen on validation (models/heads/stacked_head.py) and the network's own headline figure."""
     h = report.get("head")
     if not h:
         return {"head": "network"}

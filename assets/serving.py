@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from models.storage import atomic_path, read_json
+from habitus.models.storage.files import atomic_path, read_json
 
 # the metadata line of a predictions or explanations run: which checkpoint scored
 CHECKPOINT_NOTE = {True: "passed its check (beats_baselines)",
@@ -53,7 +53,7 @@ def serving_note(workspace, name: str) -> str:
 def load_serving(workspace, cache, name: str, doing: str) -> tuple[dict, dict, bool]:
     """(state, config, passed) of the checkpoint serving scenario `name`; fails when the cache was
     rebuilt with other settings since it was trained (`doing`: what the caller is about to do)."""
-    from models.checkpoint import load_checkpoint
+    from habitus.models.nn.checkpoint import load_checkpoint
 
     checkpoint, passed = serving_checkpoint(workspace, name)
     state, config = load_checkpoint(checkpoint)

@@ -10,9 +10,9 @@ import time
 import dagster as dg
 import pyarrow as pa
 
-from resources.canonical import write_canonical_parquet
-from resources.retries import extraction_retry_policy, retry_transient_only
-from resources.workspace import Workspace, locked
+from habitus.resources.canonical import write_canonical_parquet
+from habitus.resources.retries import extraction_retry_policy, retry_transient_only
+from habitus.resources.workspace import Workspace, locked
 
 
 def events_partitions(source) -> dg.TimeWindowPartitionsDefinition:

@@ -36,13 +36,13 @@ def build(name: str, work: Path, customers: int) -> tuple[Path, int]:
 
     os.environ["HABITUS_WORKSPACE"] = str(work / "ws")
     if name == "demo":
-        from pipelines.demo_data import generate_demo_warehouse
+        from habitus.pipelines.demo_data import generate_demo_warehouse
 
         os.environ["HABITUS_DEMO_WAREHOUSE"] = str(work / "warehouse.duckdb")
         generate_demo_warehouse(work / "warehouse.duckdb", customers=customers, products=max(100, customers // 10))
-    from assets.cache import current_cache
-    from pipelines.config import load_project
-    from pipelines.definitions import build_assets, build_resources
+    from habitus.assets.cache import current_cache
+    from habitus.pipelines.config import load_project
+    from habitus.pipelines.definitions import build_assets, build_resources
 
     project = load_project(CONFIGS[name])
     assets, resources = build_assets(project), build_resources(project)
@@ -77,8 +77,8 @@ def read_format2(paths: list[Path]) -> float:
 
 
 def measure(name: str, customers: int, repeats: int) -> dict:
-    from models.cache import Cache
-    from models.storage import folder_bytes
+    from habitus.models.cache import Cache
+    from habitus.models.storage.files import folder_bytes
 
     with tempfile.TemporaryDirectory(prefix=f"habitus-cache-{name}-") as tmp:
         work = Path(tmp)

@@ -12,7 +12,7 @@ sold once in the first 60 days to a random entity, so that the whole catalog is 
 vocabulary (the items the head ranks). The project's own
 code runs every stage, as the assets do: build_cache, train_foundation (1 epoch, hidden 64), finetune
 of a recommendation scenario over every item (`items: item_id`, k 10; 2 epochs; the re-ranking trees
-of models/rerank.py included), evaluate at the test cut-off (14-day window), predict (the asset's
+of models/heads/rerank.py included), evaluate at the test cut-off (14-day window), predict (the asset's
 top-10 lists). Each stage runs in a fresh process; "peak GB" is its maximum RSS (ru_maxrss), and
 entities/s is the entities scored over the wall time of the predict stage.
 Never part of the tests.
@@ -73,13 +73,13 @@ def stage(name: str, folder: Path, items: int) -> dict:
     """One stage in this (child) process."""
     import torch
 
-    from models.cache import Cache, CacheSpec, TableInput, build_cache
-    from models.evaluate import evaluate, protocol
-    from models.features import FeatureSpec
-    from models.finetune import finetune
-    from models.foundation_training import train_foundation
-    from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
-    from models.targets import TargetSpec
+    from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache
+    from habitus.models.evaluate.holdout import evaluate, protocol
+    from habitus.models.data.features import FeatureSpec
+    from habitus.models.train.finetune import finetune
+    from habitus.models.train.foundation import train_foundation
+    from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+    from habitus.models.data.targets import TargetSpec
 
     test_cutoff = T0 + (SPAN_DAYS - WINDOW) * DAY
     started = time.perf_counter()
@@ -106,8 +106,8 @@ def stage(name: str, folder: Path, items: int) -> dict:
         torch.save(result.model.state_dict(), folder / "scenario.pt")
         return {"seconds": time.perf_counter() - started, "catalog": vocab,
                 "second_stage": result.info.get("second_stage")}
-    from models.scoring import build_model
-    from models.network import NetConfig
+    from habitus.models.tasks.scoring import build_model
+    from habitus.models.nn.network import NetConfig
 
     model = build_model(NetConfig(**saved["info"]["net"]), task, spec)
     model.load_state_dict(torch.load(folder / "scenario.pt", weights_only=True))
@@ -117,7 +117,7 @@ def stage(name: str, folder: Path, items: int) -> dict:
         return {"seconds": time.perf_counter() - started, "entities": report["entities"], "model": report["model"],
                 "baselines": report["baselines"]}
     if name == "predict":
-        from models.predict import predict
+        from habitus.models.serve.predict import predict
 
         rows = sum(b.num_rows for b in predict(model, cache, spec, task, plan.test_cutoff + WINDOW * DAY, k=10))
         seconds = time.perf_counter() - started

@@ -29,13 +29,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from quality import demo_spec, tafeng_spec, tasks  # noqa: E402
 
-from models.baselines import hand_features  # noqa: E402
-from models.cache import Cache, build_cache  # noqa: E402
-from models.evaluate import protocol  # noqa: E402
-from models.features import DAY, FeatureSpec, chunk_at  # noqa: E402
-from models.metrics import auroc  # noqa: E402
-from models.targets import compute_target, eligible  # noqa: E402
-from models.loop import chunk_plan  # noqa: E402
+from habitus.models.evaluate.baselines import hand_features  # noqa: E402
+from habitus.models.cache import Cache, build_cache  # noqa: E402
+from habitus.models.evaluate.holdout import protocol  # noqa: E402
+from habitus.models.data.features import DAY, FeatureSpec, chunk_at  # noqa: E402
+from habitus.models.evaluate.metrics import auroc  # noqa: E402
+from habitus.models.data.targets import compute_target, eligible  # noqa: E402
+from habitus.models.train.loop import chunk_plan  # noqa: E402
 
 PARAMS = dict(n_estimators=2000, learning_rate=0.02, num_leaves=31, min_child_samples=50, subsample=0.8,
               subsample_freq=1, colsample_bytree=0.8, max_bin=63, random_state=0, verbose=-1, n_jobs=0)
@@ -121,7 +121,7 @@ def run(name: str, customers: int) -> list[tuple[str, float, str]]:
     import lightgbm as lgb
     from sklearn.model_selection import StratifiedKFold
 
-    warnings.filterwarnings("ignore", message=".*'eval_set' is deprecated")  # (as models/baselines.py)
+    warnings.filterwarnings("ignore", message=".*'eval_set' is deprecated")  # (as models/evaluate/baselines.py)
 
     with tempfile.TemporaryDirectory() as tmp:
         spec, test_cutoff, params = tafeng_spec() if name == "tafeng" else demo_spec(customers, Path(tmp))

@@ -60,8 +60,8 @@ def sensor_ticks(config: Path, instance) -> list[dict]:
     import dagster as dg
     import duckdb
 
-    from pipelines.config import load_project
-    from pipelines.definitions import build_definitions, build_resources
+    from habitus.pipelines.config import load_project
+    from habitus.pipelines.definitions import build_definitions, build_resources
 
     project = load_project(config)
     defs = build_definitions(project)
@@ -94,7 +94,7 @@ def drain(config: Path, home: Path, runs: int, start: date, env: dict) -> tuple:
     from dagster import DagsterInstance
 
     workspace = config.parent / "workspace.yaml"
-    workspace.write_text(f"load_from:\n  - python_module:\n      module_name: pipelines.definitions\n"
+    workspace.write_text(f"load_from:\n  - python_module:\n      module_name: habitus.pipelines.definitions\n"
                          f"      working_directory: {ROOT}\n")
     log = open(config.parent / "daemon.log", "wb")
     bin_dir = Path(sys.executable).parent

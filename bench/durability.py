@@ -1,4 +1,4 @@
-"""What the fsync before and after each commit (models/storage.py) costs, against the same commits
+"""What the fsync before and after each commit (models/storage/files.py) costs, against the same commits
 without it, in one run, alternating the two.
 
     .venv/bin/python bench/durability.py [--repeats 7] [--folder /path/on/the/workspace/disk]
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import models.storage as storage  # noqa: E402
+import habitus.models.storage.files as storage  # noqa: E402
 
 
 def _manifest(folder: Path) -> None:

@@ -10,20 +10,20 @@ bench/quality.py, which this is not about; --customers samples Ta-Feng) for chur
 
 - completeness: |score - baseline score - sum of attributions| per explained score;
 - deletion: for each explained score, mask k of its groups (inputs at the "no history" baseline,
-  history entries dropped: models.explain.Explainer.masked) chosen three ways: the k largest
+  history entries dropped: habitus.models.explain.Explainer.masked) chosen three ways: the k largest
   |attributions| (Integrated Gradients), k random groups among those the entity has (inputs off the
   baseline), and the entity's k groups ranked highest by a global permutation importance (mean
   |score change| when a group's inputs are shuffled across entities). The mean |score change| per
   k; a faithful attribution moves the score most;
 - cost: explained scores per second by the number of integration steps, next to a scoring run's
-  entities per second (models.predict.predict, same entities), and every eligible entity of the
+  entities per second (habitus.models.serve.predict.predict, same entities), and every eligible entity of the
   dataset explained at the default steps (the daily asset's work).
 
 Propensity explains each entity's 3 most probable labels (pairs), as the asset does by default.
 
 With --stacked (the head chosen on validation, as a scenario fits it) or --trees-weight W (that head
 with its trees' blend weight forced to W; the demo's churn serves 0.8), everything above is of the
-served score (models.explain.ServedExplainer): the deletion masks a group's network inputs and the
+served score (habitus.models.explain.ServedExplainer): the deletion masks a group's network inputs and the
 trees' hand features of it (the representation group: the stranger's representation), and permutation
 importance shuffles both.
 """
@@ -44,13 +44,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from explain_setup import scenario, setup  # noqa: E402
-from models.explain import DEFAULT_STEPS, Explainer, ServedExplainer, column_totals, input_groups, rendered  # noqa: E402
-from models.explain.served import StackInputs  # noqa: E402
-from models.features import chunk_at  # noqa: E402
-from models.predict import predict, top_labels  # noqa: E402
-from models.targets import eligible  # noqa: E402
-from models.labels import task_inputs  # noqa: E402
-from models.loop import chunk_plan  # noqa: E402
+from habitus.models.explain import DEFAULT_STEPS, Explainer, ServedExplainer, column_totals, input_groups, rendered  # noqa: E402
+from habitus.models.explain.served import StackInputs  # noqa: E402
+from habitus.models.data.features import chunk_at  # noqa: E402
+from habitus.models.serve.predict import predict, top_labels  # noqa: E402
+from habitus.models.data.targets import eligible  # noqa: E402
+from habitus.models.data.labels import task_inputs  # noqa: E402
+from habitus.models.train.loop import chunk_plan  # noqa: E402
 from quality import demo_spec, machine, tafeng_spec, tasks  # noqa: E402
 
 KS = (1, 3, 5, 10)
@@ -101,7 +101,7 @@ def sample(cache, spec, task, cutoff, n, rng, model=None, head=None):
             stack.append(head.rows(chunk, np.flatnonzero(keep), x, spec, task, entity_table, vs,
                                    model=None if task.task == "multilabel" else model))
     x = np.concatenate(xs)
-    from models.items import SparseRows
+    from habitus.models.data.items import SparseRows
 
     h = None if hs[0] is None else SparseRows.stack(hs, hs[0].n_cols, spec.channels)
     pick = np.sort(rng.choice(len(x), min(n, len(x)), replace=False))
@@ -186,7 +186,7 @@ def active_groups(subject, x, h, rows):
 def permutation_importance(subject, x, h, rows, target, rng) -> np.ndarray:
     """[groups]: mean |score change| when one group's inputs (and history entries; served: hand features)
     are shuffled across the sampled entities; groups no sampled entity has stay at 0."""
-    from models.items import SparseRows
+    from habitus.models.data.items import SparseRows
 
     g = subject.groups
     m = len(rows)

@@ -8,7 +8,7 @@ foundation model and fine-tunes churn (binary) and brand propensity (multilabel,
 (this is about cost, not quality: 1 epoch each by default, the demo's 256-wide trunk), then at the
 test cut-off, every eligible entity of the cache:
 
-- a scoring run: models.predict.predict (features and a forward pass, fp32), twice; the faster
+- a scoring run: habitus.models.serve.predict.predict (features and a forward pass, fp32), twice; the faster
   counts (the machine is shared);
 - explanations of every entity (explain_cutoff, `select: all`, what the asset does: features, the
   scores, Integrated Gradients, the rendered reasons) at each fixed number of integration steps,
@@ -16,7 +16,7 @@ test cut-off, every eligible entity of the cache:
   default): entities per second, the time against the scoring run's, the mean steps per explained
   score, the completeness gap (mean |gap|, and over mean |score - baseline|) and the share of scores
   whose gap is over the tolerance (1% of |score - baseline| + 1e-4);
-- the default (models.explain: `select: top`, `share: 0.1`, DEFAULT_STEPS): the same figures for a
+- the default (habitus.models.explain: `select: top`, `share: 0.1`, DEFAULT_STEPS): the same figures for a
   daily run as the asset runs it, and `select: sample` at the same share.
 
 Propensity explains each entity's 3 most probable brands (the default for label heads). With --stacked or
@@ -40,10 +40,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from explain_setup import scenario, setup  # noqa: E402
-from models.explain import (DEFAULT_SELECT, DEFAULT_SHARE, DEFAULT_STEPS, Summary, explain_cutoff,  # noqa: E402
+from habitus.models.explain import (DEFAULT_SELECT, DEFAULT_SHARE, DEFAULT_STEPS, Summary, explain_cutoff,  # noqa: E402
                             input_groups)
-from models.explain.integrated import MAX_STEPS  # noqa: E402
-from models.predict import predict  # noqa: E402
+from habitus.models.explain.integrated import MAX_STEPS  # noqa: E402
+from habitus.models.serve.predict import predict  # noqa: E402
 from quality import demo_spec, machine, tasks  # noqa: E402
 from tables import text_table  # noqa: E402
 
@@ -75,10 +75,10 @@ def explaining(model, cache, spec, task, cutoff, groups, steps: int, select: str
 def split(model, head, cache, spec, task, cutoff, groups, n: int) -> dict:
     """Seconds of each part of a served explanation of the first block's first `n` eligible entities, at
     DEFAULT_STEPS: the stack's rows, the trees' pred_contrib, the network's and the trunk's integrations."""
-    from models.explain import ServedExplainer
-    from models.features import chunk_at
-    from models.labels import task_inputs
-    from models.tasks import task as task_of
+    from habitus.models.explain import ServedExplainer
+    from habitus.models.data.features import chunk_at
+    from habitus.models.data.labels import task_inputs
+    from habitus.models.tasks import task as task_of
 
     e = ServedExplainer(model, head, spec, task, groups, steps=DEFAULT_STEPS)
     table = cache.entity_table()

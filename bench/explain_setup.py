@@ -1,22 +1,22 @@
 """What bench/explain.py and bench/explain_cost.py both start from: the cache of a generated or
 downloaded warehouse, a short foundation model, and each task fine-tuned on it, with the head chosen
-on validation when asked (models/stacking_head.py, as a scenario fits it)."""
+on validation when asked (models/heads/stacked_head.py, as a scenario fits it)."""
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.cache import Cache, build_cache
-from models.evaluate import protocol
-from models.features import DAY, FeatureSpec
-from models.finetune import finetune
-from models.foundation_training import train_foundation
-from models.specs import FinetuneConfig, FoundationConfig
+from habitus.models.cache import Cache, build_cache
+from habitus.models.evaluate.holdout import protocol
+from habitus.models.data.features import DAY, FeatureSpec
+from habitus.models.train.finetune import finetune
+from habitus.models.train.foundation import train_foundation
+from habitus.models.specs import FinetuneConfig, FoundationConfig
 
 
 @dataclass
 class Setup:
     cache: Cache
-    sources: dict  # column -> source name, as models.explain.column_sources gives a project's
+    sources: dict  # column -> source name, as habitus.models.explain.column_sources gives a project's
     foundation: object  # TrainResult
     spec: FeatureSpec
 
@@ -39,15 +39,15 @@ def setup(cspec, test_cutoff: int, folder: Path, foundation_epochs: int, hidden:
 def scenario(s: Setup, task, test_cutoff: int, epochs: int, trees_weight: float | None = None,
              stacked: bool = False):
     """(the fine-tuned network in eval mode, the head chosen on validation or None): with `stacked`, the head
-    as a scenario fits it (models.stacking_head.fit_head); `trees_weight` forces its blend weight (the
+    as a scenario fits it (habitus.models.heads.stacked_head.fit_head); `trees_weight` forces its blend weight (the
     demo's churn serves trees weighted 0.8), else the choice is the validation cut-off's."""
     plan = protocol(test_cutoff, task.target.window_days, 4, s.cache.time_range[0])
     model = finetune(s.cache, s.foundation.model.state_dict(), s.foundation.info, task, list(plan.train_cutoffs),
                      plan.val_cutoff, FinetuneConfig(epochs=epochs), log=lambda _: None).model.eval()
     if not stacked and trees_weight is None:
         return model, None
-    from models.stacking import StackConfig
-    from models.stacking_head import fit_head, trunk_of
+    from habitus.models.heads.stacking import StackConfig
+    from habitus.models.heads.stacked_head import fit_head, trunk_of
 
     cfg = StackConfig() if trees_weight is None else StackConfig(weights=(float(trees_weight),))
     trunk = trunk_of(s.foundation.model.state_dict(), s.foundation.info["net"])

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: the speed benchmark on one GPU, then data-parallel foundation training on one GPU
 # and on all GPUs (torchrun, DDP over NCCL), printing entities/s and events/s per GPU; then
-# predictions and embeddings in one process on one GPU against one process per GPU (models/parts.py).
+# predictions and embeddings in one process on one GPU against one process per GPU (models/serve/parts.py).
 #
 #   bench/gpu.sh                      # 1M generated events (DATASETS=1m,10m,tafeng for more)
 #   WORK=/scratch/speed PRECISION=bf16 bench/gpu.sh

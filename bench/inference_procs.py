@@ -1,4 +1,4 @@
-"""Inference in 1 process against N processes (models/parts.py), on the demo data, the way the
+"""Inference in 1 process against N processes (models/serve/parts.py), on the demo data, the way the
 predictions and embeddings assets run it: churn scores and embeddings of every entity of the cache,
 written to the day's Parquet file. Entities/s, the ratio, and whether the two files are identical.
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "bench"))  # bench/speed.py's dataset and stages
 
-BUILD = {"predict": "models.predict:scenario_scorer", "embed": "models.predict:embedding_scorer"}
+BUILD = {"predict": "habitus.models.serve.predict:scenario_scorer", "embed": "habitus.models.serve.predict:embedding_scorer"}
 CUSTOMERS, PRODUCTS = 175_000, 20_000
 
 
@@ -44,13 +44,13 @@ def run_once(what: str, processes: int, cache_path: str, checkpoint: str, out: s
     day's file to `out`, as the assets do. Returns seconds, rows and where the time went."""
     from datetime import datetime, timezone
 
-    from assets.predictions import write_entity_file
-    from models.cache import Cache
-    from models.checkpoint import load_checkpoint
-    from models.loop import chunk_plan
-    from models.parts import Parts, Pool, Scorer, staging
-    from models.storage import combine
-    from resources.executor import TrainingExecutor
+    from habitus.assets.predictions import write_entity_file
+    from habitus.models.cache import Cache
+    from habitus.models.nn.checkpoint import load_checkpoint
+    from habitus.models.train.loop import chunk_plan
+    from habitus.models.serve.parts import Parts, Pool, Scorer, staging
+    from habitus.models.storage.files import combine
+    from habitus.resources.executor import TrainingExecutor
 
     cache = Cache(cache_path)
     config = load_checkpoint(checkpoint)[1]
@@ -117,7 +117,7 @@ def measure(cache_path: str, scenario: str, foundation: str, work: Path, *, repe
     both (`inference_speedup`), and whether every N-process file equals the 1-process one."""
     import pyarrow.parquet as pq
 
-    from models.storage import file_sha256
+    from habitus.models.storage.files import file_sha256
 
     work.mkdir(parents=True, exist_ok=True)
     runs, summary = [], {}
@@ -177,11 +177,11 @@ def random_checkpoints(config: Path, work: Path) -> tuple[str, str]:
     import torch
 
     import speed
-    from models.checkpoint import save_checkpoint
-    from models.features import FeatureSpec, chunk_at, featurize
-    from models.network import NetConfig
-    from models.scoring import build_model
-    from models.specs import FoundationConfig
+    from habitus.models.nn.checkpoint import save_checkpoint
+    from habitus.models.data.features import FeatureSpec, chunk_at, featurize
+    from habitus.models.nn.network import NetConfig
+    from habitus.models.tasks.scoring import build_model
+    from habitus.models.specs import FoundationConfig
 
     scenario, foundation = work / "random-churn", work / "random-foundation"
     if (scenario / "config.json").exists() and (foundation / "config.json").exists():
@@ -214,7 +214,7 @@ def dataset(work: Path, customers: int, say) -> tuple[Path, str]:
     log = work / f"{name}.log"
     try:
         return config, str(speed.Stage(str(config), "cpu").cache.path)
-    except Exception:  # no cache yet (assets.cache.current_cache: none built)
+    except Exception:  # no cache yet (habitus.assets.cache.current_cache: none built)
         stages = [("extract", {}), ("cache", {})]
         if not (work / name / "warehouse.duckdb").exists():
             stages.insert(0, ("generate", {"customers": customers, "products": PRODUCTS}))

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from models.cache import Cache, Shard
+from habitus.models.cache import Cache, Shard
 
 
 def labeled_entities(cache: Cache, share: float, seed: int = 0) -> np.ndarray:
@@ -55,11 +55,11 @@ class EntitySubset(Cache):
 
 @contextlib.contextmanager
 def lightgbm_trained_on(subset: Cache, test_cutoff: int):
-    """Within the block, models.baselines.lightgbm_scores builds its training and validation rows
+    """Within the block, habitus.models.evaluate.baselines.lightgbm_scores builds its training and validation rows
     from `subset` and its test rows (every eligible entity at `test_cutoff`) from the cache it is
     given: the same LightGBM, fitted on the labeled entities only. lightgbm_scores takes one cache
     for all three, so its row builder is wrapped here, by cut-off, not by call order."""
-    from models import baselines
+    from habitus.models.evaluate import baselines
 
     original = baselines._dataset
 

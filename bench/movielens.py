@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from models.cache import CacheSpec, TableInput
+from habitus.models.cache import CacheSpec, TableInput
 
 WHEEL = "recbole==1.2.1"
 MEMBER = "recbole/dataset_example/ml-100k/ml-100k.{}"

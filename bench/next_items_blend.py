@@ -16,8 +16,8 @@ kept at the hand blend's 0.2 x 30-day popularity: only the history part is learn
 Fitted on the four training cut-offs by the exact softmax over the whole catalog (an item outside
 an entity's history scores the same for everyone, so the normalizer is one sum over the catalog plus
 one correction per history entry: O(history + catalog), no [entities, catalog] matrix), each
-entity's bought items sharing its probability mass as in models.items.sampled_softmax_loss. Ranked
-with models.items.top_k_items (blockwise, so 1M items work) and scored at the validation and the
+entity's bought items sharing its probability mass as in habitus.models.data.items.sampled_softmax_loss. Ranked
+with habitus.models.data.items.top_k_items (blockwise, so 1M items work) and scored at the validation and the
 test cut-off; the validation cut-off is what the product would choose on.
 """
 
@@ -36,14 +36,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from quality import dataset_parser, dataset_spec, machine, tasks  # noqa: E402
 
-from models.cache import Cache, build_cache  # noqa: E402
-from models.evaluate import protocol  # noqa: E402
-from models.features import HALF_LIVES, chunk_at  # noqa: E402
-from models.items import SparseRows, top_k_items  # noqa: E402
-from models.labels import item_popularity, label_history  # noqa: E402
-from models.loop import chunk_plan  # noqa: E402
-from models.metrics import ranking_metrics_at  # noqa: E402
-from models.tasks import task as task_of  # noqa: E402
+from habitus.models.cache import Cache, build_cache  # noqa: E402
+from habitus.models.evaluate.holdout import protocol  # noqa: E402
+from habitus.models.data.features import HALF_LIVES, chunk_at  # noqa: E402
+from habitus.models.data.items import SparseRows, top_k_items  # noqa: E402
+from habitus.models.data.labels import item_popularity, label_history  # noqa: E402
+from habitus.models.train.loop import chunk_plan  # noqa: E402
+from habitus.models.evaluate.metrics import ranking_metrics_at  # noqa: E402
+from habitus.models.tasks import task as task_of  # noqa: E402
 
 HAND = {"w_hist": (0.0, 5.0, 0.0), "w_item": (0.0, 0.2, 0.0, 0.0)}  # the head's start (recommendation.init_head)
 PAST_FREQUENCY = {"w_hist": (0.0, 1.0, 0.0), "w_item": (0.0, 1e-4, 0.0, 0.0)}  # popularity breaks ties

@@ -2,10 +2,10 @@
 
 A 5-fold cross-validated logistic regression (sklearn, standardized inputs, L2) predicts churn at
 the test cut-off among the entities the churn scenario scores, once from the embeddings
-(models.predict.embed, the function the asset calls, in float16 as the asset writes them), once
+(habitus.models.serve.predict.embed, the function the asset calls, in float16 as the asset writes them), once
 from their first `hidden` columns only (the trunk's representation: what the asset wrote before
 the scalars were appended), and once from the plain recency / frequency / monetary / visit scalars
-(models.features.scalar_features + visit_features, the leading columns of the network's input).
+(habitus.models.data.features.scalar_features + visit_features, the leading columns of the network's input).
 Out-of-fold scores, one AUROC each. Two readers: the headline one chooses its L2 strength C
 within each training fold (LogisticRegressionCV, C in 0.001-1, inner 3-fold AUROC), as a
 practitioner would; the other keeps sklearn's default C = 1, which a wide input on few entities
@@ -16,13 +16,13 @@ import warnings
 
 import numpy as np
 
-from models.cache import Cache
-from models.features import FeatureSpec, chunk_at, scalar_features, visit_features
-from models.metrics import auroc
-from models.network import Trunk
-from models.predict import embed
-from models.targets import TargetSpec, compute_target, eligible
-from models.loop import chunk_plan
+from habitus.models.cache import Cache
+from habitus.models.data.features import FeatureSpec, chunk_at, scalar_features, visit_features
+from habitus.models.evaluate.metrics import auroc
+from habitus.models.nn.network import Trunk
+from habitus.models.serve.predict import embed
+from habitus.models.data.targets import TargetSpec, compute_target, eligible
+from habitus.models.train.loop import chunk_plan
 
 FOLDS = 5
 

@@ -4,11 +4,11 @@
     python bench/quality.py --dataset demo      [--customers 20000]
     python bench/quality.py --dataset movielens [--tasks churn_10pct,embedding_probe] [--label-share 0.1]
 
-Same protocol as the scenario assets (models.evaluate): training cut-offs every window before a
+Same protocol as the scenario assets (habitus.models.evaluate.holdout): training cut-offs every window before a
 validation cut-off, a later test cut-off; features before a cut-off, targets after it. "habitus"
 is the product's head: the one chosen on the validation cut-off among the fine-tuned network,
 LightGBM over [hand features + the foundation trunk's PCA] and their blend, as the scenario asset
-chooses it (models/stacking_head.py); the row "habitus (network alone)" is the fine-tuned network
+chooses it (models/heads/stacked_head.py); the row "habitus (network alone)" is the fine-tuned network
 by itself. The row "habitus (no pretraining)" trains the same network and head from a random trunk
 (the network alone), to show what the foundation model is worth. Rows `churn_10pct` / `propensity_10pct` (`--label-share`, 0.1 by
 default, 0 to skip) train the scenario, the network from scratch and LightGBM on the labels of 10%
@@ -34,18 +34,18 @@ from label_share import EntitySubset, labeled_entities, lightgbm_trained_on  # n
 from movielens import movielens_spec  # noqa: E402
 from probe import embedding_probe  # noqa: E402
 
-from models.baselines import lightgbm_scores  # noqa: E402
-from models.cache import Cache, CacheSpec, TableInput, build_cache  # noqa: E402
-from models.evaluate import evaluate, protocol  # noqa: E402
-from models.features import DAY, FeatureSpec  # noqa: E402
-from models.quantize import for_inference  # noqa: E402
-from models.targets import TargetSpec  # noqa: E402
-from models.finetune import finetune  # noqa: E402
-from models.foundation_training import train_foundation  # noqa: E402
-from models.labels import top_values  # noqa: E402
-from models.specs import FinetuneConfig, FoundationConfig, TaskSpec  # noqa: E402
-from models.stacking_head import fit_head, trunk_of  # noqa: E402
-from models.tasks import task as task_of  # noqa: E402
+from habitus.models.evaluate.baselines import lightgbm_scores  # noqa: E402
+from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache  # noqa: E402
+from habitus.models.evaluate.holdout import evaluate, protocol  # noqa: E402
+from habitus.models.data.features import DAY, FeatureSpec  # noqa: E402
+from habitus.models.nn.quantize import for_inference  # noqa: E402
+from habitus.models.data.targets import TargetSpec  # noqa: E402
+from habitus.models.train.finetune import finetune  # noqa: E402
+from habitus.models.train.foundation import train_foundation  # noqa: E402
+from habitus.models.data.labels import top_values  # noqa: E402
+from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec  # noqa: E402
+from habitus.models.heads.stacked_head import fit_head, trunk_of  # noqa: E402
+from habitus.models.tasks import task as task_of  # noqa: E402
 
 TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
 DATASETS = ("tafeng", "demo", "movielens")
@@ -71,7 +71,7 @@ def tafeng_spec() -> tuple[CacheSpec, int, dict]:
 
 def demo_spec(customers: int, folder: Path) -> tuple[CacheSpec, int, dict]:
     import duckdb
-    from pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo_data import generate_demo_warehouse
 
     db = folder / "demo.duckdb"
     generate_demo_warehouse(db, customers=customers)
@@ -198,7 +198,7 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, fspec: FeatureS
                        log=quiet, from_scratch=True)
     scratch_s = time.time() - t0
     # the product's head: chosen on the validation cut-off as the scenario asset chooses it (the network,
-    # LightGBM over [hand features + the foundation trunk's PCA], or a blend; models/stacking_head.py),
+    # LightGBM over [hand features + the foundation trunk's PCA], or a blend; models/heads/stacked_head.py),
     # from the same (labeled) training and validation rows as the network
     t0 = time.time()
     head = fit_head(train, fspec, task, trunk_of(state, foundation_info["net"]), tuned.model, plan.train_cutoffs,
@@ -258,7 +258,7 @@ def table(result: dict) -> str:
         if "labeled_entities" in r:
             lines.append(f"{'':<38}  labels of {r['labeled_entities']} entities only "
                          f"({r['val_rows']} validation rows); scored on all {r['entities']}")
-        if r.get("second_stage"):  # recommendation: re-ranking trees, chosen on validation (models/rerank.py)
+        if r.get("second_stage"):  # recommendation: re-ranking trees, chosen on validation (models/heads/rerank.py)
             st = r["second_stage"]
             figures = ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in st.items() if k.startswith("val_"))
             lines.append(f"{'':<38}  re-ranking on validation: {st['chosen']} ({figures or st.get('reason', '')})")

@@ -18,7 +18,7 @@ training, fine-tuning (churn, and a propensity scenario over 16,000 products), i
 (predict, fp32 / int8 / bf16), embeddings export; LoRA fine-tuning of churn next to the full one.
 
 References in the same run: DuckDB's own scan and group-by over the extracted events (the I/O
-limit of the machine) and the LightGBM baseline (models/baselines.py) fit and predict.
+limit of the machine) and the LightGBM baseline (models/evaluate/baselines.py) fit and predict.
 
 Every stage runs in a fresh process; "peak GB" is that process's maximum RSS (os.wait4), so stages
 do not inherit each other's memory. Entities/s follows the issue's reference profile: entities
@@ -98,8 +98,8 @@ class Stage:
     """What a stage needs: the project, its workspace and the current cache (after `cache`)."""
 
     def __init__(self, config: str, device: str):
-        from pipelines.config import load_project
-        from resources.workspace import Workspace
+        from habitus.pipelines.config import load_project
+        from habitus.resources.workspace import Workspace
 
         self.project = load_project(config)
         self.workspace = Workspace(root=self.project.workspace)
@@ -107,17 +107,17 @@ class Stage:
 
     @property
     def cache(self):
-        from assets.cache import current_cache
+        from habitus.assets.cache import current_cache
         return current_cache(self.workspace)
 
     def cutoff(self, cache) -> int:
-        from assets.foundation import test_cutoff
+        from habitus.assets.foundation import test_cutoff
         return test_cutoff(self.project, cache)
 
     def scenario(self, name: str, cache):
         """(TaskSpec, Protocol, FinetuneConfig) of a scenario, as assets/scenarios.py builds them."""
-        from assets.scenarios import task_spec
-        from models.evaluate import protocol
+        from habitus.assets.scenarios import task_spec
+        from habitus.models.evaluate.holdout import protocol
 
         sc = self.project.scenarios[name]
         cutoff = self.cutoff(cache)
@@ -135,7 +135,7 @@ def _timed(fn):
 
 
 def stage_generate(st: Stage, customers: int, products: int) -> dict:
-    from pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo_data import generate_demo_warehouse
 
     path = st.project.connections["warehouse"].path
     counts, seconds = _timed(lambda: generate_demo_warehouse(path, customers=customers, products=products))
@@ -147,10 +147,10 @@ def stage_extract(st: Stage) -> dict:
     source assets do)."""
     import pyarrow as pa
 
-    from assets.sources import wanted_columns
-    from pipelines.definitions import connection_resource
-    from pipelines.partitions import events_partitions
-    from resources.canonical import write_canonical_parquet
+    from habitus.assets.sources import wanted_columns
+    from habitus.pipelines.definitions import connection_resource
+    from habitus.pipelines.partitions import events_partitions
+    from habitus.resources.canonical import write_canonical_parquet
 
     def extract():
         events = 0
@@ -182,8 +182,8 @@ def stage_duckdb(st: Stage) -> dict:
     """DuckDB's own scan and group-by over the extracted events files: what reading the data costs."""
     import duckdb
 
-    from assets.cache import cache_spec
-    from models.cache.sql import _files_sql
+    from habitus.assets.cache import cache_spec
+    from habitus.models.cache.sql import _files_sql
 
     t = cache_spec(st.project, st.workspace).events[0]
     numeric = next(c for c, kind in t.columns.items() if kind == "numeric")
@@ -202,9 +202,9 @@ def stage_cache(st: Stage) -> dict:
     """A fresh build_cache, as the cache asset runs it. With --threads, DuckDB runs that many threads too
     (overriding the project's cache.duckdb_threads; its default is one per core). cpu_seconds: the process's CPU time during
     the build, all threads (a busy machine stretches the wall time more than this)."""
-    from assets.cache import cache_spec
-    from models.cache import build_cache
-    from models.storage import write_json
+    from habitus.assets.cache import cache_spec
+    from habitus.models.cache import build_cache
+    from habitus.models.storage.files import write_json
 
     options = st.project.cache.build_options()  # the project's settings, as the asset passes them
     if os.environ.get("HABITUS_BENCH_THREADS"):
@@ -218,7 +218,7 @@ def stage_cache(st: Stage) -> dict:
     write_json(st.workspace.cache_root / "current.json", {"folder": folder.name, "at": datetime.now().isoformat()})
     cache = st.cache
     n = cache.manifest["n_events"]
-    from models.storage import folder_bytes
+    from habitus.models.storage.files import folder_bytes
     source = sum(Path(f).stat().st_size for t in spec.events + spec.entity_attributes + spec.attributes for f in t.files)
     size = folder_bytes(folder)  # (as the cache asset counts them)
     return {"seconds": seconds, "events": n, "entities": cache.manifest["n_entities"], "events_per_s": n / seconds,
@@ -229,10 +229,10 @@ def stage_cache(st: Stage) -> dict:
 
 def stage_foundation(st: Stage, profile: str | None = None) -> dict:
     """train_foundation + the checkpoint, as the foundation asset runs them."""
-    from models.checkpoint import save_checkpoint
-    from models.features import DAY
-    from models.foundation_training import train_foundation
-    from models.specs import config_dict
+    from habitus.models.nn.checkpoint import save_checkpoint
+    from habitus.models.data.features import DAY
+    from habitus.models.train.foundation import train_foundation
+    from habitus.models.specs import config_dict
 
     cache = st.cache
     cfg = st.project.foundation.config()
@@ -264,13 +264,13 @@ def stage_foundation(st: Stage, profile: str | None = None) -> dict:
 def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profile: str | None = None,
                    sampled_negatives: int | None = None, holdout: bool = True, entity_share: float | None = None) -> dict:
     """finetune (method full) or LoRA adapters on the frozen trunk (method lora), then the hold-out
-    metric (not timed): churn AUROC, or the macro AUROC of a multilabel scenario (models.evaluate scores
+    metric (not timed): churn AUROC, or the macro AUROC of a multilabel scenario (habitus.models.evaluate.holdout scores
     a wide head a block of labels at a time).
     `sampled_negatives`: FinetuneConfig's (0: the full loss even for a wide head; None: the default).
     `entity_share`: train and score on that seeded share of the entities only (bench/label_share.py's
     EntitySubset; entities/s counts those entities): the 16k scenario's cost per entity at 100M events."""
-    from models.checkpoint import load_checkpoint, save_checkpoint
-    from models.finetune import finetune
+    from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
+    from habitus.models.train.finetune import finetune
 
     cache = st.cache
     if entity_share:
@@ -291,7 +291,7 @@ def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profil
     def run():
         marks.append(time.perf_counter())
         if method == "lora":
-            from models.lora import finetune_lora
+            from habitus.models.nn.lora import finetune_lora
             return finetune_lora(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
                                  device=st.device, log=lambda _: None)
         return finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
@@ -312,7 +312,7 @@ def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profil
         out["entity_share"] = entity_share
     path = st.workspace.scenario(name if method == "full" else f"{name}_{method}")
     if method == "lora":
-        from models.lora import save_adapters
+        from habitus.models.nn.lora import save_adapters
         out["adapter_bytes"] = save_adapters(result.model, path / "adapters.safetensors")
     save_checkpoint(path, result.model if method == "full" else _merged(result.model), {
         "kind": "scenario", "scenario": name, "task": task.to_dict(), "feature_spec": foundation["feature_spec"],
@@ -324,14 +324,14 @@ def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profil
 
 
 def _merged(model):
-    from models.lora import merge_lora
+    from habitus.models.nn.lora import merge_lora
     return merge_lora(model)
 
 
 def _holdout(st: Stage, model, cache, task, cutoff: int, precision: str) -> dict:
-    from models.evaluate import evaluate, headline
-    from models.features import FeatureSpec
-    from models.quantize import precision_context
+    from habitus.models.evaluate.holdout import evaluate, headline
+    from habitus.models.data.features import FeatureSpec
+    from habitus.models.nn.quantize import precision_context
 
     spec = FeatureSpec.from_dict(json.loads((st.workspace.foundation / "config.json").read_text())["feature_spec"])
     with precision_context(precision, st.device):
@@ -347,11 +347,11 @@ def _holdout(st: Stage, model, cache, task, cutoff: int, precision: str) -> dict
 
 def stage_predict(st: Stage, name: str, precision: str, profile: str | None = None) -> dict:
     """predict() of a scenario checkpoint over the cache at the hold-out cut-off into Parquet, at a
-    precision (models/quantize.py); then, for churn, the hold-out metric at that precision."""
-    from assets.predictions import write_entity_file
-    from models.checkpoint import load_checkpoint
-    from models.predict import load_model, predict
-    from models.quantize import for_inference, precision_context
+    precision (models/nn/quantize.py); then, for churn, the hold-out metric at that precision."""
+    from habitus.assets.predictions import write_entity_file
+    from habitus.models.nn.checkpoint import load_checkpoint
+    from habitus.models.serve.predict import load_model, predict
+    from habitus.models.nn.quantize import for_inference, precision_context
 
     cache = st.cache
     state, config = load_checkpoint(st.workspace.scenario(name))
@@ -376,11 +376,11 @@ def stage_predict(st: Stage, name: str, precision: str, profile: str | None = No
 def stage_embed(st: Stage) -> dict:
     import numpy as np
 
-    from assets.predictions import write_entity_file
-    from models.checkpoint import load_checkpoint
-    from models.features import FeatureSpec
-    from models.network import NetConfig, Trunk
-    from models.predict import embed
+    from habitus.assets.predictions import write_entity_file
+    from habitus.models.nn.checkpoint import load_checkpoint
+    from habitus.models.data.features import FeatureSpec
+    from habitus.models.nn.network import NetConfig, Trunk
+    from habitus.models.serve.predict import embed
 
     cache = st.cache
     state, config = load_checkpoint(st.workspace.foundation)
@@ -397,13 +397,13 @@ def stage_embed(st: Stage) -> dict:
 
 
 def stage_lightgbm(st: Stage, name: str) -> dict:
-    """The LightGBM baseline of models/baselines.py as the scenario asset runs it; its fit and
+    """The LightGBM baseline of models/evaluate/baselines.py as the scenario asset runs it; its fit and
     predict calls are timed from inside (the rest is building the hand features)."""
     import lightgbm as lgb
 
-    from models.baselines import lightgbm_scores
-    from models.checkpoint import load_checkpoint
-    from models.features import FeatureSpec
+    from habitus.models.evaluate.baselines import lightgbm_scores
+    from habitus.models.nn.checkpoint import load_checkpoint
+    from habitus.models.data.features import FeatureSpec
 
     timings = {"fit": 0.0, "predict": 0.0, "predicted": 0}
 
@@ -436,18 +436,18 @@ def stage_lightgbm(st: Stage, name: str) -> dict:
 
 def ddp_foundation(config: str, device: str, precision: str) -> None:
     """One epoch of foundation training steps in every process of a torchrun launch (DDP over
-    models/distributed.py): each rank featurizes its share of the entity chunks and steps the
+    models/train/distributed.py): each rank featurizes its share of the entity chunks and steps the
     shared model. Rank 0 prints entities/s and events/s per process. What train_foundation gains
     once it takes the distributed hooks (docs/speed.md), measured before that."""
     import numpy as np
     import torch
 
-    from models.distributed import autocast, close, from_env, mean_over_ranks, shard, uneven, wrap
-    from models.features import DAY, FeatureSpec, chunk_at, featurize
-    from models.network import Model, NetConfig
-    from models.targets import foundation_target
-    from models.foundation_training import foundation_loss
-    from models.loop import chunk_plan, cutoff_grid
+    from habitus.models.train.distributed import autocast, close, from_env, mean_over_ranks, shard, uneven, wrap
+    from habitus.models.data.features import DAY, FeatureSpec, chunk_at, featurize
+    from habitus.models.nn.network import Model, NetConfig
+    from habitus.models.data.targets import foundation_target
+    from habitus.models.train.foundation import foundation_loss
+    from habitus.models.train.loop import chunk_plan, cutoff_grid
 
     dist = from_env(device)
     st = Stage(config, dist.device)
@@ -576,7 +576,7 @@ def prepare(name: str, work: Path) -> Path:
 
 
 def bench_dataset(name: str, work: Path, args, say) -> dict:
-    from models.storage import folder_bytes
+    from habitus.models.storage.files import folder_bytes
 
     config = prepare(name, work)
     log = work / f"{name}.log"

@@ -1,4 +1,4 @@
-"""Inference speed of churn with and without the head chosen on validation (models/stacking_head.py).
+"""Inference speed of churn with and without the head chosen on validation (models/heads/stacked_head.py).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/stack_speed.py [--dataset 1m] [--work DIR] [--rounds 2]
 
@@ -6,7 +6,7 @@ bench/speed.py's generated dataset and stages up to the fine-tuned churn checkpo
 alone, as speed.py writes it); then, in this process, the head is fitted on that checkpoint's
 training and validation cut-offs as the scenario asset fits it, saved as a second checkpoint
 (stack.json + stack_trunk.safetensors), and both checkpoints score every entity at the test cut-off
-through models.predict into Parquet (assets.predictions.write_entity_file), fp32, the two timed in
+through habitus.models.serve.predict into Parquet (habitus.assets.predictions.write_entity_file), fp32, the two timed in
 alternation `--rounds` times (a loaded machine: the best round of each). Entities/s are the rows
 written over the wall time, as bench/speed.py's inference stage counts them.
 """
@@ -58,10 +58,10 @@ def main() -> None:
 
 
 def measure(config: Path, rounds: int, say) -> dict:
-    from assets.predictions import write_entity_file
-    from models.checkpoint import load_checkpoint, save_checkpoint
-    from models.predict import load_model, predict
-    from models.stacking_head import fit_head, load_head, save_head, trunk_of
+    from habitus.assets.predictions import write_entity_file
+    from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
+    from habitus.models.serve.predict import load_model, predict
+    from habitus.models.heads.stacked_head import fit_head, load_head, save_head, trunk_of
 
     st = speed.Stage(str(config), "cpu")
     cache = st.cache

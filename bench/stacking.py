@@ -1,7 +1,7 @@
 """Heads chosen on validation (issue 15, item 6), measured: per dataset and task, at the test cut-off,
-the fine-tuned network, LightGBM on hand features (the baseline, models.baselines.lightgbm_scores),
+the fine-tuned network, LightGBM on hand features (the baseline, habitus.models.evaluate.baselines.lightgbm_scores),
 LightGBM on [the foundation's embedding + hand features], their blend, and what the validation
-cut-off chose (models.stacking), with every candidate's validation score.
+cut-off chose (habitus.models.heads.stacking), with every candidate's validation score.
 
     python bench/stacking.py --dataset tafeng [--tasks churn,propensity,spend] [--json out.json]
     python bench/stacking.py --dataset demo [--customers 20000]
@@ -35,16 +35,16 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from quality import dataset_parser, dataset_spec, machine, tasks  # noqa: E402
 
-from models.baselines import _top_labels, lightgbm_scores  # noqa: E402
-from models.cache import Cache, build_cache  # noqa: E402
-from models.evaluate import evaluate, headline, protocol  # noqa: E402
-from models.features import DAY, FeatureSpec  # noqa: E402
-from models.stacking import StackConfig, blend, fit_stack, score  # noqa: E402
-from models.stacking_rows import Rows, collect  # noqa: E402
+from habitus.models.evaluate.baselines import _top_labels, lightgbm_scores  # noqa: E402
+from habitus.models.cache import Cache, build_cache  # noqa: E402
+from habitus.models.evaluate.holdout import evaluate, headline, protocol  # noqa: E402
+from habitus.models.data.features import DAY, FeatureSpec  # noqa: E402
+from habitus.models.heads.stacking import StackConfig, blend, fit_stack, score  # noqa: E402
+from habitus.models.heads.stacked_rows import Rows, collect  # noqa: E402
 
-from models.finetune import finetune  # noqa: E402
-from models.foundation_training import train_foundation  # noqa: E402
-from models.specs import FinetuneConfig, FoundationConfig  # noqa: E402
+from habitus.models.train.finetune import finetune  # noqa: E402
+from habitus.models.train.foundation import train_foundation  # noqa: E402
+from habitus.models.specs import FinetuneConfig, FoundationConfig  # noqa: E402
 
 TASKS = ("churn", "propensity", "spend")
 
@@ -123,7 +123,7 @@ def run(dataset: str, customers: int, only: tuple[str, ...], embeddings: tuple[s
                 row["lightgbm_s"] = round(time.time() - t0, 1)
                 if labels is not None and hasattr(lgbm, "scores"):
                     lgbm = lgbm.scores
-                # the bench's own figure of the network, through models.evaluate (the check of the rows' order)
+                # the bench's own figure of the network, through habitus.models.evaluate.holdout (the check of the rows' order)
                 report = evaluate(tuned.model, cache, fspec, task, plan.test_cutoff)
                 row["network_evaluate"] = report["model"][row["metric"]]
                 if saved:

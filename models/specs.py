@@ -4,10 +4,10 @@ fine-tuning (FinetuneConfig) and a scenario's task (TaskSpec). Their defaults li
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from models.features import HALF_LIVES
+from habitus.models.data.features import HALF_LIVES
 
-if TYPE_CHECKING:  # (models.targets imports torch: the config loads without it)
-    from models.targets import TargetSpec
+if TYPE_CHECKING:  # (habitus.models.data.targets imports torch: the config loads without it)
+    from habitus.models.data.targets import TargetSpec
 
 
 @dataclass
@@ -32,12 +32,6 @@ class FoundationConfig:
     # quantile bins of the piecewise-linear scalar inputs (network.NetConfig.ple_bins; 0: off). Worth
     # +0.003 churn AUROC on Ta-Feng, +0.002 churn / +0.002 propensity on the demo (docs/quality.md)
     ple_bins: int = 16
-    # item embeddings from the entity-item graph as of each cut-off (models/item_graph.py): each
-    # entity's decayed-count-weighted mean of its items' embeddings, `graph_dim` more inputs (0: off).
-    # `graph_column` "": the event column with the largest vocabulary (docs/quality.md, issue 15 item 3)
-    graph_dim: int = 0
-    graph_column: str = ""
-    graph_iterations: int = 2
 
 
 PAIR_WIDTH = 128
@@ -50,7 +44,7 @@ PAIR_MAX_LABELS = 2048
 
 @dataclass
 class TaskSpec:
-    task: str  # a task type's name (models.tasks.TASKS)
+    task: str  # a task type's name (habitus.models.tasks.TASKS)
     target: "TargetSpec"
     k: int = 10
     item_dim: int = 64  # recommendation: width of the item embeddings
@@ -67,13 +61,13 @@ class TaskSpec:
 
     @property
     def outputs(self) -> int:
-        from models.tasks import task
+        from habitus.models.tasks import task
 
         return task(self.task).outputs(self)
 
     @property
     def uses_label_history(self) -> bool:
-        from models.tasks import task
+        from habitus.models.tasks import task
 
         return task(self.task).uses_label_history
 
@@ -83,7 +77,7 @@ class TaskSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TaskSpec":
-        from models.targets import TargetSpec
+        from habitus.models.data.targets import TargetSpec
 
         # (saved before the pairwise scorer: the linear head alone)
         return cls(d["task"], TargetSpec.from_dict(d["target"]), d["k"], d.get("item_dim", 64), d.get("pair_width", 0),
@@ -130,10 +124,10 @@ class FinetuneConfig:
     # 76 s -> 36 s with fused AdamW, test macro AUROC 0.91579 -> 0.91582 (the same epochs chosen)
     sampled_bf16: bool = True
     # a second starting point for heads the foundation already forecasts (churn, propensity over a
-    # categorical column): its own forecast, recalibrated (models/prior.py); validation chooses
+    # categorical column): its own forecast, recalibrated (models/train/prior.py); validation chooses
     foundation_start: bool = True
     # recommendation: re-ranking trees over the network's best items, kept where they win on validation
-    # (models/rerank.py; LightGBM)
+    # (models/heads/rerank.py; LightGBM)
     second_stage: bool = True
 
 

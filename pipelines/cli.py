@@ -31,9 +31,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipelines.config import ConfigError, load_project
-from pipelines.instance import dagster_instance
-from pipelines.report import failed_checks_table, failure_line, report
+from habitus.pipelines.config import ConfigError, load_project
+from habitus.pipelines.instance import dagster_instance
+from habitus.pipelines.report import failed_checks_table, failure_line, report
 
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_STAGE_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -51,7 +51,7 @@ def scoring_days(project, day: str | None = None, first: str | None = None, last
     that names the setting. [] means the newest day of the data (decided once the cache exists)."""
     from datetime import date, timedelta
 
-    from pipelines.partitions import predictions_partitions
+    from habitus.pipelines.partitions import predictions_partitions
 
     if day and (first or last):
         raise ConfigError("--date and --from/--to: give one day or one range")
@@ -94,12 +94,12 @@ def materialize_all(project, *, log=print, days: list[str] | None = None, displa
     import dagster as dg
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-    from assets.cache import current_cache
-    from assets.checks import build_checks
-    from assets.predictions import predictions_key
-    from assets.sources import source_key
-    from pipelines.definitions import build_assets, build_resources
-    from pipelines.progress import STAGE_TAG, PlainDisplay
+    from habitus.assets.cache import current_cache
+    from habitus.assets.checks import build_checks
+    from habitus.assets.predictions import predictions_key
+    from habitus.assets.sources import source_key
+    from habitus.pipelines.definitions import build_assets, build_resources
+    from habitus.pipelines.progress import STAGE_TAG, PlainDisplay
 
     display = display or PlainDisplay(log)
     assets, resources, instance = build_assets(project), build_resources(project), dagster_instance()
@@ -230,7 +230,7 @@ def _materialize_command(args, project) -> int:
     """demo and materialize: every asset, then the report, the failed checks and the exit code."""
     days = scoring_days(project, args.date, args.date_from, args.date_to)  # a bad day fails before any work
     if args.command == "demo":
-        from pipelines.demo_data import generate_demo_warehouse
+        from habitus.pipelines.demo_data import generate_demo_warehouse
 
         path = Path(project.connections["warehouse"].path)
         if args.regenerate or not path.exists():
@@ -241,7 +241,7 @@ def _materialize_command(args, project) -> int:
     if not args.verbose:
         import warnings
 
-        from pipelines.progress import RichDisplay
+        from habitus.pipelines.progress import RichDisplay
 
         warnings.filterwarnings("ignore", module=r"dagster(\..*)?$")  # preview/beta notices: -v shows them
         display = RichDisplay()
@@ -256,7 +256,7 @@ def _materialize_command(args, project) -> int:
         if display is not None:
             display.close()
     failures = result["failures"]
-    from assets.checks import PROMOTION_GATE
+    from habitus.assets.checks import PROMOTION_GATE
 
     blocking = [f for f in failures if f["blocking"] and f["severity"] == "error" and f["check"] != PROMOTION_GATE]
     print(f"{chr(10) if args.verbose else ''}{'stopped' if result['stopped'] else 'all assets materialized'} in {time.time() - started:.0f}s; "
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         _project_args(p, scoring=scoring)
         if name != "report":  # --device, --processes, ... over the project's `executor:` (pipelines/managed.py)
-            from pipelines.managed import add_executor_arguments
+            from habitus.pipelines.managed import add_executor_arguments
 
             add_executor_arguments(p)
         if name == "demo":
@@ -305,29 +305,29 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--regenerate", action="store_true", help="write the demo warehouse again")
     sub.add_parser("demo-data", add_help=False)
     sub.add_parser("init", add_help=False, help="suggest a project config from a connection's tables")
-    from pipelines.managed import COMMANDS as MANAGED
+    from habitus.pipelines.managed import COMMANDS as MANAGED
 
     for name in MANAGED:
         sub.add_parser(name, add_help=False, help="managed-job entry point (habitus NAME --help)")
     args, rest = parser.parse_known_args(argv)
     if args.command in MANAGED:
-        from pipelines.managed import main as managed
+        from habitus.pipelines.managed import main as managed
 
         return managed(args.command, rest)
     if args.command == "demo-data":
-        from pipelines.demo_data import main as demo_data
+        from habitus.pipelines.demo_data import main as demo_data
 
         return demo_data(rest) or 0
     if args.command == "init":
-        from pipelines.init import main as init
+        from habitus.pipelines.init import main as init
 
         return init(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    if args.config:  # the code location (pipelines.definitions) reads the same file
+    if args.config:  # the code location (habitus.pipelines.definitions) reads the same file
         os.environ["HABITUS_CONFIG"] = str(Path(args.config).resolve())
     try:
-        from pipelines.managed import with_executor
+        from habitus.pipelines.managed import with_executor
 
         project = with_executor(load_project(args.config), args)
         return PROJECT_COMMANDS[args.command][0](args, project)

@@ -15,12 +15,12 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
-from models.specs import FinetuneConfig, FoundationConfig
-from models.tasks import TASKS
-from pipelines.config_base import Strict
-from pipelines.config_operations import KubernetesSettings, RetrySettings, ScheduleSettings
-from pipelines.config_file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
+from habitus.models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
+from habitus.models.specs import FinetuneConfig, FoundationConfig
+from habitus.models.tasks import TASKS
+from habitus.pipelines.config_base import Strict
+from habitus.pipelines.config_operations import KubernetesSettings, RetrySettings, ScheduleSettings
+from habitus.pipelines.config_file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
 
 DEFAULT_CONFIG = "examples/demo.yaml"
 _DURATION = re.compile(r"^\s*(\d+)\s*([dw])\s*$")
@@ -142,7 +142,7 @@ class CacheSettings(Strict):
     part_events: int = Field(PART_EVENTS, ge=1, description="events sorted at a time (~150 MB of sort at 2M)")
 
     def build_options(self) -> dict:
-        """The keyword arguments of models.cache.build_cache."""
+        """The keyword arguments of habitus.models.cache.build_cache."""
         return {"duckdb_memory": self.duckdb_memory, "duckdb_threads": self.duckdb_threads,
                 "part_events": self.part_events}
 
@@ -173,7 +173,7 @@ class ItemsTarget(Strict):
 class FunctionTarget(Strict):
     function: str = Field(pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$",
                           description="package.module:function, called with (history, future, entities) Arrow "
-                                      "tables; see models/target_functions.py")
+                                      "tables; see models/data/target_functions.py")
     within: Duration
     by: str | None = Field(None, description="label tasks: the categorical column whose values the function "
                                              "returns (multiclass: one per entity; multilabel, recommendation: a list)")
@@ -199,7 +199,7 @@ Target = Annotated[
 
 
 class LoraSettings(Strict):
-    rank: int = Field(8, ge=1, description="rank of the adapters on the frozen trunk (models/lora.py)")
+    rank: int = Field(8, ge=1, description="rank of the adapters on the frozen trunk (models/nn/lora.py)")
     alpha: float = Field(16.0, gt=0)
 
 
@@ -215,7 +215,7 @@ class ExecutorSettings(Strict):
     precision: Literal["fp32", "bf16"] = Field("fp32", description="training precision (bf16: autocast on GPUs)")
     inference_precision: Precision = Field("fp32", description="predictions and embeddings (int8: CPU only)")
     inference_processes: int | None = Field(None, ge=1, description="processes scoring predictions and embeddings "
-                                            "(models/parts.py); default one per GPU, or one per 2 CPU cores, "
+                                            "(models/serve/parts.py); default one per GPU, or one per 2 CPU cores, "
                                             "while each gets 2 chunks of the cache")
 
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field
 
-from pipelines.config_base import Strict
+from habitus.pipelines.config_base import Strict
 
 
 def _cron(v: str) -> str:

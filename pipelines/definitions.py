@@ -1,7 +1,7 @@
 """The Dagster code location: every asset, resource and job of the project config.
 
 The config is chosen by $HABITUS_CONFIG (default examples/demo.yaml). Importing this module builds
-nothing: Dagster's workspace (workspace.yaml, `dagster dev -m pipelines.definitions`) calls `defs()`
+nothing: Dagster's workspace (workspace.yaml, `dagster dev -m habitus.pipelines.definitions`) calls `defs()`
 when it loads the code location, so `habitus init` and the other commands import the builders here
 from any folder, with or without a project config.
 """
@@ -11,36 +11,36 @@ import warnings
 
 import dagster as dg
 
-from assets.cache import build_cache_asset
-from assets.checks import build_checks
-from assets.embeddings import build_embeddings_asset
-from assets.explanations import build_explanations_asset
-from assets.foundation import build_foundation_asset
-from assets.predictions import build_predictions_asset
-from assets.scenarios import build_scenario_asset
-from assets.sources import build_source_asset, connection_key
-from pipelines.config import Project, load_project
-from pipelines.jobs import build_jobs
-from pipelines.kubernetes import pod_tags
-from pipelines.partitions import events_partitions, predictions_partitions
-from pipelines.schedules import build_schedules
-from pipelines.sensors import build_scoring_sensor, build_sensors, cache_automation_sensor, with_cache_automation
-from resources.duckdb import DuckDBWarehouse
-from resources.executor import TrainingExecutor
-from resources.parquet import ParquetWarehouse
-from resources.workspace import Workspace
+from habitus.assets.cache import build_cache_asset
+from habitus.assets.checks import build_checks
+from habitus.assets.embeddings import build_embeddings_asset
+from habitus.assets.explanations import build_explanations_asset
+from habitus.assets.foundation import build_foundation_asset
+from habitus.assets.predictions import build_predictions_asset
+from habitus.assets.scenarios import build_scenario_asset
+from habitus.assets.sources import build_source_asset, connection_key
+from habitus.pipelines.config import Project, load_project
+from habitus.pipelines.jobs import build_jobs
+from habitus.pipelines.kubernetes import pod_tags
+from habitus.pipelines.partitions import events_partitions, predictions_partitions
+from habitus.pipelines.schedules import build_schedules
+from habitus.pipelines.sensors import build_scoring_sensor, build_sensors, cache_automation_sensor, with_cache_automation
+from habitus.resources.duckdb import DuckDBWarehouse
+from habitus.resources.executor import TrainingExecutor
+from habitus.resources.parquet import ParquetWarehouse
+from habitus.resources.workspace import Workspace
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)  # backfill_policy is marked beta
 
 WAREHOUSES = {"duckdb": DuckDBWarehouse, "parquet": ParquetWarehouse}
 # The networked connectors, imported when a connection uses them (their drivers load lazily too).
 REMOTE_WAREHOUSES = {
-    "snowflake": ("resources.snowflake", "SnowflakeWarehouse"),
-    "clickhouse": ("resources.clickhouse", "ClickHouseWarehouse"),
-    "databricks": ("resources.databricks", "DatabricksWarehouse"),
-    "synapse": ("resources.synapse", "SynapseWarehouse"),
-    "hive": ("resources.hive", "HiveWarehouse"),
-    "bigquery": ("resources.bigquery", "BigQueryWarehouse"),
+    "snowflake": ("habitus.resources.snowflake", "SnowflakeWarehouse"),
+    "clickhouse": ("habitus.resources.clickhouse", "ClickHouseWarehouse"),
+    "databricks": ("habitus.resources.databricks", "DatabricksWarehouse"),
+    "synapse": ("habitus.resources.synapse", "SynapseWarehouse"),
+    "hive": ("habitus.resources.hive", "HiveWarehouse"),
+    "bigquery": ("habitus.resources.bigquery", "BigQueryWarehouse"),
 }
 
 
@@ -57,7 +57,7 @@ def _as_env_var(key: str, value):
     """A secret that came from ${VAR} becomes EnvVar(VAR): Dagster then shows the variable's name,
     never its value. (The config loader already substituted it; any variable holding exactly this
     value resolves to it.) A secret written literally in the file is kept, with a warning."""
-    from resources.remote import SECRET_KEYS
+    from habitus.resources.remote import SECRET_KEYS
 
     if key not in SECRET_KEYS or not isinstance(value, str) or not value:
         return value
@@ -123,7 +123,7 @@ def build_definitions(project: Project) -> dg.Definitions:
     sensors += [scoring] if scoring is not None else []
     executor = None
     if project.kubernetes is not None:  # every step its own Kubernetes Job, training on GPU pods
-        from pipelines.kubernetes import k8s_executor
+        from habitus.pipelines.kubernetes import k8s_executor
 
         executor = k8s_executor(project)
     return dg.Definitions(assets=assets, asset_checks=build_checks(project), resources=build_resources(project),

@@ -3,7 +3,7 @@
 The tables are simulated from a small behavioural model (pipelines/demo_simulation.py), so that the
 demo scenarios have something to learn. Same seed, same tables.
 
-Command line (wired as `habitus demo-data`):  python -m pipelines.demo_data --out demo.duckdb
+Command line (wired as `habitus demo-data`):  python -m habitus.pipelines.demo_data --out demo.duckdb
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.demo_simulation import simulate_blocks, simulate_tables
+from habitus.pipelines.demo_simulation import simulate_blocks, simulate_tables
 
 DEFAULT_OUT = ".habitus/demo_warehouse.duckdb"  # where examples/demo.yaml looks by default
 

@@ -20,13 +20,13 @@ import sys
 
 import yaml
 
-from pipelines.init_profile import OUTPUT_COLUMNS, habitus_output, profile_table, scan_events
-from pipelines.init_suggest import check_joins, pick_events, render, suggest
+from habitus.pipelines.init_profile import OUTPUT_COLUMNS, habitus_output, profile_table, scan_events
+from habitus.pipelines.init_suggest import check_joins, pick_events, render, suggest
 
 
 def _hide_secrets(name: str, conn: dict) -> dict:
     """The connection as printed: a secret not already a ${VAR} reference becomes one."""
-    from resources.remote import SECRET_KEYS
+    from habitus.resources.remote import SECRET_KEYS
 
     return {k: (v if k not in SECRET_KEYS or (isinstance(v, str) and v.startswith("${"))
                 else "${" + re.sub(r"[^A-Z0-9]", "_", f"{name}_{k}".upper()) + "}")
@@ -34,7 +34,7 @@ def _hide_secrets(name: str, conn: dict) -> dict:
 
 
 def _list_tables(kind: str, conn: dict) -> list[str]:
-    from pipelines.config import ConfigError
+    from habitus.pipelines.config import ConfigError
 
     if kind == "duckdb":
         import duckdb
@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from pydantic import TypeAdapter, ValidationError
 
-    from pipelines.config import Connection, ConfigError, load_project
-    from pipelines.config_file import substitute_env
-    from pipelines.definitions import connection_resource
-    from resources.errors import WarehouseError
+    from habitus.pipelines.config import Connection, ConfigError, load_project
+    from habitus.pipelines.config_file import substitute_env
+    from habitus.pipelines.definitions import connection_resource
+    from habitus.resources.errors import WarehouseError
 
     try:
         if args.config:

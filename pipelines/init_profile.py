@@ -152,7 +152,7 @@ def scan_events(warehouse, table: str, entity: str, ts: str, scan_rows: int = 5_
     stream of the two columns (at most `scan_rows` rows: memory stays bounded)."""
     import numpy as np
 
-    from resources.sql import utc_naive
+    from habitus.resources.sql import utc_naive
 
     counts = warehouse.partition_counts(table, ts, "month")
     per_month = {utc_naive(m).date() if isinstance(m, datetime) else m: n for m, (n, _) in sorted(counts.items())}

@@ -11,7 +11,7 @@ from datetime import date, datetime, timedelta
 import pyarrow as pa
 import yaml
 
-from pipelines.init_profile import ColumnProfile, EventsVolume, TableProfile, read_sample
+from habitus.pipelines.init_profile import ColumnProfile, EventsVolume, TableProfile, read_sample
 
 ENTITY_HINTS = ("customer", "user", "client", "member", "account", "visitor", "household", "person", "player",
                 "subscriber", "patient", "device", "card")
@@ -121,7 +121,7 @@ def pick_events(profiles: list[TableProfile], entity: str | None = None) -> tupl
     return events.table, entity, ts.name
 
 
-# the guidelines of the data (assets.cache.guideline_warnings checks the same on the extracted events)
+# the guidelines of the data (habitus.assets.cache.guideline_warnings checks the same on the extracted events)
 MIN_ENTITIES, MIN_EVENTS_PER_MONTH, MIN_HISTORY_DAYS, MIN_HISTORY_DAYS_INFREQUENT = 10_000, 100_000, 90, 365
 INFREQUENT_GAP_DAYS = 14  # a typical gap between two active days longer than two weeks: an infrequent domain
 DAILY_ABOVE_PER_MONTH = 3_000_000  # events a month above which partitions are days, not months

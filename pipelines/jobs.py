@@ -17,9 +17,9 @@ runs extractions side by side, and the RetryPolicy works the same in process.
 
 import dagster as dg
 
-from assets.cache import CACHE_KEY
-from assets.scenarios import scenario_key
-from assets.sources import source_key
+from habitus.assets.cache import CACHE_KEY
+from habitus.assets.scenarios import scenario_key
+from habitus.assets.sources import source_key
 
 
 KIND_TAG = "habitus/kind"

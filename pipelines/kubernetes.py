@@ -13,8 +13,8 @@ under torchrun when that is more than one. Nothing here needs a cluster to build
 plain dictionaries and dagster-k8s is imported only for the executor.
 """
 
-from pipelines.config import Project
-from pipelines.config_operations import KubernetesSettings, TrainingPod
+from habitus.pipelines.config import Project
+from habitus.pipelines.config_operations import KubernetesSettings, TrainingPod
 
 K8S_CONFIG_TAG = "dagster-k8s/config"  # dagster_k8s.job.USER_DEFINED_K8S_CONFIG_KEY
 GPU = "nvidia.com/gpu"

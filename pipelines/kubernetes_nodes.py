@@ -2,12 +2,12 @@
 Service that gives its pods stable DNS names, rendered from the project config's `kubernetes:` and
 `executor:` sections (docs/clusters.md, "Several machines on Kubernetes").
 
-    python -m pipelines.kubernetes_nodes --config examples/k8s.yaml --stage foundation --nodes 2 \\
+    python -m habitus.pipelines.kubernetes_nodes --config examples/k8s.yaml --stage foundation --nodes 2 \\
         --job-dir /data/workspace/jobs/foundation-2026-11-01 --image registry.example.com/habitus-gpu:1.0 \\
         | kubectl apply -f -
 
-Every pod runs the command an asset with `nnodes` > 1 prints (resources.executor.TrainingExecutor
-.torchrun_command): `torchrun --nnodes N --rdzv-backend c10d ... -m models.launch JOB_DIR`, with
+Every pod runs the command an asset with `nnodes` > 1 prints (habitus.resources.executor.TrainingExecutor
+.torchrun_command): `torchrun --nnodes N --rdzv-backend c10d ... -m habitus.models.train.launch JOB_DIR`, with
 `kubernetes.<stage>.gpus` processes per pod. The pod index (JOB_COMPLETION_INDEX, set by the Job
 controller) wires the rendezvous: pod 0 hosts the c10d store (`--rdzv-conf is_host=1`), the others
 join it at `<name>-0.<name>:<port>`, pod 0's name under the Service; the global ranks are then given
@@ -18,7 +18,7 @@ Why an indexed Job and not the Kubeflow training operator's PyTorchJob: it is ba
 cluster since Kubernetes 1.24, with nothing to install or upgrade (the training operator's v1 CRDs are
 being replaced by Kubeflow Trainer's TrainJob); torchrun's c10d rendezvous already does what the
 operator's MASTER_ADDR/RANK wiring does; and a restart of the group buys nothing here, since several
-processes cannot resume mid-training (models/resume.py is single-process): a failed pod fails the
+processes cannot resume mid-training (models/train/resume.py is single-process): a failed pod fails the
 Job (backoffLimit 0, no pod restarts) and the whole group is run again. Required pod anti-affinity
 on the node's hostname keeps it one pod per node.
 
@@ -30,8 +30,8 @@ import re
 import sys
 from pathlib import PurePosixPath
 
-from pipelines.config import Project
-from pipelines.kubernetes import GPU, WORKSPACE_VOLUME
+from habitus.pipelines.config import Project
+from habitus.pipelines.kubernetes import GPU, WORKSPACE_VOLUME
 
 RDZV_PORT = 29400
 GROUP_LABEL = "habitus/group"
@@ -47,7 +47,7 @@ def node_command(nodes: int, processes: int, endpoint: str, rdzv_id: str, target
     """The shell command of every pod: torchrun as TrainingExecutor builds it for `nodes` machines,
     pod 0 (by JOB_COMPLETION_INDEX) hosting the c10d store; every store read may wait for pod 0 as
     long as a join does (a pod scheduled later, an image still pulling)."""
-    from resources.executor import TrainingExecutor
+    from habitus.resources.executor import TrainingExecutor
 
     cmd = TrainingExecutor(device="auto", processes=processes, nnodes=nodes, rdzv_endpoint=endpoint,
                            rdzv_id=rdzv_id).torchrun_command(target)
@@ -65,7 +65,7 @@ def training_group(project: Project, stage: str, nodes: int, job_dir: str, *, na
                    target: list[str] | None = None) -> list[dict]:
     """[Service, Job]: `nodes` pods of `kubernetes.<stage>` (foundation or scenarios: GPUs, CPU and
     memory per pod), each running torchrun on JOB_DIR. `rdzv_host` replaces pod 0's DNS name (a test
-    on loopback); `target` replaces `-m models.launch JOB_DIR`."""
+    on loopback); `target` replaces `-m habitus.models.train.launch JOB_DIR`."""
     k8s = project.kubernetes
     if k8s is None:
         raise GroupError("the project config has no `kubernetes:` section")
@@ -90,7 +90,7 @@ def training_group(project: Project, stage: str, nodes: int, job_dir: str, *, na
     pod = getattr(k8s, stage)
     processes = max(pod.gpus, 1)
     host = rdzv_host or f"{name}-0.{name}"
-    command = node_command(nodes, processes, f"{host}:{port}", name, target or ["-m", "models.launch", job_dir])
+    command = node_command(nodes, processes, f"{host}:{port}", name, target or ["-m", "habitus.models.train.launch", job_dir])
     threads = project.executor.threads if project.executor else None
 
     labels = {"app.kubernetes.io/name": "habitus", "app.kubernetes.io/component": f"{stage}-training",
@@ -149,9 +149,9 @@ def to_yaml(manifests: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.config import ConfigError, load_project
+    from habitus.pipelines.config import ConfigError, load_project
 
-    parser = argparse.ArgumentParser(prog="python -m pipelines.kubernetes_nodes", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m habitus.pipelines.kubernetes_nodes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="project YAML with `kubernetes:` (default: $HABITUS_CONFIG)")
     parser.add_argument("--stage", choices=["foundation", "scenarios"], default="foundation",
                         help="whose pod size (kubernetes.<stage>) each node gets")

@@ -40,7 +40,7 @@ def with_executor(project, args):
     """The project with the executor settings given on the command line put over its `executor:`."""
     from pydantic import ValidationError
 
-    from pipelines.config import ConfigError, ExecutorSettings
+    from habitus.pipelines.config import ConfigError, ExecutorSettings
 
     given = {k: getattr(args, k, None) for k in ("device", "processes", "threads", "precision", "inference_precision")}
     given = {k: v for k, v in given.items() if v is not None}
@@ -68,10 +68,10 @@ class _Runner:
     """dg.materialize of a selection with its own asset checks, as `habitus materialize` runs them."""
 
     def __init__(self, project, log=print, verbose: bool = False):
-        from pipelines.instance import dagster_instance
-        from pipelines.definitions import build_assets, build_resources
+        from habitus.pipelines.instance import dagster_instance
+        from habitus.pipelines.definitions import build_assets, build_resources
 
-        from assets.checks import build_checks
+        from habitus.assets.checks import build_checks
 
         self.project, self.log = project, log
         self.assets, self.resources = build_assets(project), build_resources(project)
@@ -106,7 +106,7 @@ class _Runner:
         self.log(f"  done in {self.timings[what]}s")
 
     def partitions(self, source):
-        from assets.sources import source_key
+        from habitus.assets.sources import source_key
 
         return next(a for a in self.assets if a.key == source_key(source.name)).partitions_def
 
@@ -116,7 +116,7 @@ class _Runner:
         tables, which are small and extracted whole."""
         from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-        from assets.sources import source_key
+        from habitus.assets.sources import source_key
 
         ws = self.resources["workspace"]
         for s in self.project.events_sources:
@@ -139,7 +139,7 @@ class _Runner:
 
 def _restore_if_missing(project, log) -> None:
     """A fresh disk of a job that starts from trained checkpoints: bring them back from `output:`."""
-    from resources.workspace import Workspace
+    from habitus.resources.workspace import Workspace
 
     ws = Workspace(root=project.workspace, output=project.output)
     if (ws.foundation / "config.json").exists():
@@ -154,7 +154,7 @@ def _restore_if_missing(project, log) -> None:
 def train(project, stage: str = "all", log=print, verbose: bool = False) -> dict:
     import dagster as dg
 
-    from assets.scenarios import scenario_key
+    from habitus.assets.scenarios import scenario_key
 
     r = _Runner(project, log, verbose)
     if stage == "scenarios":
@@ -171,8 +171,8 @@ def score(project, day: str, *, embeddings: bool = False, predictions: bool = Tr
           verbose: bool = False) -> dict:
     import dagster as dg
 
-    from assets.predictions import predictions_key
-    from pipelines.partitions import predictions_partitions
+    from habitus.assets.predictions import predictions_key
+    from habitus.pipelines.partitions import predictions_partitions
 
     pdef = predictions_partitions(project)
     if not pdef.has_partition_key(day):
@@ -191,7 +191,7 @@ def score(project, day: str, *, embeddings: bool = False, predictions: bool = Tr
 
 def upload(project, log=print) -> dict:
     """Every stage the workspace holds, to `output:` (what the manifests already name is skipped)."""
-    from resources.workspace import Workspace
+    from habitus.resources.workspace import Workspace
 
     if not project.output:
         raise RuntimeError("habitus upload needs `output:` in the project config")
@@ -215,9 +215,9 @@ def _day(text: str) -> str:
 
 
 def main(command: str, argv: list[str]) -> int:
-    from assets.checks import PROMOTION_GATE
-    from pipelines.report import report
-    from pipelines.config import ConfigError, load_project
+    from habitus.assets.checks import PROMOTION_GATE
+    from habitus.pipelines.report import report
+    from habitus.pipelines.config import ConfigError, load_project
 
     p = argparse.ArgumentParser(prog=f"habitus {command}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -234,7 +234,7 @@ def main(command: str, argv: list[str]) -> int:
         p.add_argument("-v", "--verbose", action="store_true", help="Dagster's DEBUG log as well")
         add_executor_arguments(p)
     args = p.parse_args(argv)
-    if args.config:  # the code location (pipelines.definitions) reads the same file
+    if args.config:  # the code location (habitus.pipelines.definitions) reads the same file
         os.environ["HABITUS_CONFIG"] = str(Path(args.config).resolve())
     try:
         project = with_executor(load_project(args.config), args)
@@ -254,8 +254,8 @@ def main(command: str, argv: list[str]) -> int:
                 f"{s} {r['uploaded']} sent / {r['skipped']} already there" for s, r in done.items()))
             return 0
         else:
-            from resources.output import Output
-            from resources.workspace import Workspace
+            from habitus.resources.output import Output
+            from habitus.resources.workspace import Workspace
 
             source = str(Path(args.source).resolve()) if args.source and "://" not in args.source else args.source
             ws = Workspace(root=project.workspace, output=source or project.output)

@@ -3,7 +3,7 @@ the source assets' own (assets/sources.py: their keys name the files the cache r
 
 import dagster as dg
 
-from assets.sources import events_partitions
+from habitus.assets.sources import events_partitions
 
 __all__ = ["events_partitions", "predictions_partitions"]
 

@@ -22,8 +22,8 @@ def failed_checks_table(failures: list[dict]) -> str:
 
 def report(project, prediction_day: str | None = None) -> str:
     """The table a person reads first: each scenario's hold-out metric next to its baselines."""
-    from assets.check_measures import baseline_margin
-    from resources.workspace import Workspace
+    from habitus.assets.check_measures import baseline_margin
+    from habitus.resources.workspace import Workspace
 
     ws = Workspace(root=project.workspace)
     lines = [f"{'scenario':<18} {'task':<15} {'metric':<12} {'model':>8} {'best baseline':>14}  {'(which)':<18} "

@@ -18,13 +18,13 @@ from datetime import timedelta
 
 import dagster as dg
 
-from assets.cache import CACHE_KEY, cache_spec
-from assets.embeddings import EMBEDDINGS_KEY
-from assets.predictions import predictions_key
-from assets.scenarios import scenario_key
-from assets.serving import serving_checkpoint
-from models.cache import Cache
-from models.storage import read_json
+from habitus.assets.cache import CACHE_KEY, cache_spec
+from habitus.assets.embeddings import EMBEDDINGS_KEY
+from habitus.assets.predictions import predictions_key
+from habitus.assets.scenarios import scenario_key
+from habitus.assets.serving import serving_checkpoint
+from habitus.models.cache import Cache
+from habitus.models.storage.files import read_json
 
 
 def checkpoint_config(folder) -> dict | None:

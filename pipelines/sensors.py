@@ -24,10 +24,10 @@ from datetime import date, datetime, timedelta, timezone
 import dagster as dg
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from assets.cache import CACHE_KEY
-from assets.sources import connection_key, source_key
-from pipelines.jobs import extract_job_name
-from pipelines.schedules import cache_in_use, predictions_request
+from habitus.assets.cache import CACHE_KEY
+from habitus.assets.sources import connection_key, source_key
+from habitus.pipelines.jobs import extract_job_name
+from habitus.pipelines.schedules import cache_in_use, predictions_request
 
 GRAIN = {"monthly": "month", "daily": "day"}
 
@@ -165,8 +165,8 @@ def days_to_score(newest: date, state: dict | None, fingerprint: str, limit: int
 
 
 def build_scoring_sensor(project, jobs: dict, assets: list[dg.AssetsDefinition]) -> dg.SensorDefinition | None:
-    from assets.embeddings import EMBEDDINGS_KEY
-    from assets.predictions import predictions_key
+    from habitus.assets.embeddings import EMBEDDINGS_KEY
+    from habitus.assets.predictions import predictions_key
 
     by_key = {k: a for a in assets for k in a.keys}
     scored = [by_key[predictions_key(n)] for n in project.prediction_scenarios if predictions_key(n) in by_key]

@@ -16,7 +16,7 @@ from typing import Iterable, Iterator
 
 import pyarrow as pa
 
-from resources.errors import WarehouseError
+from habitus.resources.errors import WarehouseError
 
 
 def cast_column(col: pa.Array, to: pa.DataType, table: str, column: str) -> pa.Array:

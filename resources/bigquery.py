@@ -26,10 +26,10 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from resources.errors import AUTH, WarehouseError, network_error
-from resources.remote import (SECRET_KEYS, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
+from habitus.resources.errors import AUTH, WarehouseError, network_error
+from habitus.resources.remote import (SECRET_KEYS, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
                              query_error, value)
-from resources.sql import create_table_sql, freshness_sql, partition_counts_sql, range_sql, table_expr
+from habitus.resources.sql import create_table_sql, freshness_sql, partition_counts_sql, range_sql, table_expr
 
 DIALECT = "bigquery"
 

@@ -19,9 +19,9 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from models.storage import durable_replace
-from resources.batches import Batches, cast_batch
-from resources.errors import WarehouseError
+from habitus.models.storage.files import durable_replace
+from habitus.resources.batches import Batches, cast_batch
+from habitus.resources.errors import WarehouseError
 
 ROW_GROUP_ROWS = 1 << 17
 DECIMAL_SCALE = 9  # decimals are decimal128(38, 9) (BigQuery's NUMERIC) unless declared with more digits

@@ -26,10 +26,10 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from resources.errors import WarehouseError
-from resources.remote import (SECRET_KEYS, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
+from habitus.resources.errors import WarehouseError
+from habitus.resources.remote import (SECRET_KEYS, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
                              query_error, value)
-from resources.sql import (_literal, count_sql, create_table_sql, freshness_sql, partition_counts_sql, range_sql,
+from habitus.resources.sql import (_literal, count_sql, create_table_sql, freshness_sql, partition_counts_sql, range_sql,
                            select_expr, table_expr)
 
 DIALECT = "clickhouse"

@@ -26,9 +26,9 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from resources.errors import WarehouseError
-from resources.remote import CursorQueries, SECRET_KEYS, connect_error, value, value_literal
-from resources.sql import create_table_sql, delete_sql, limit0_sql, table_expr
+from habitus.resources.errors import WarehouseError
+from habitus.resources.remote import CursorQueries, SECRET_KEYS, connect_error, value, value_literal
+from habitus.resources.sql import create_table_sql, delete_sql, limit0_sql, table_expr
 
 DIALECT = "databricks"
 

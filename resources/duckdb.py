@@ -7,8 +7,8 @@ from typing import Iterable, Iterator
 import dagster as dg
 import pyarrow as pa
 
-from resources.errors import WarehouseError
-from resources.sql import (delete_sql, freshness_sql, partition_counts_sql, range_sql, select_sql, table_expr,
+from habitus.resources.errors import WarehouseError
+from habitus.resources.sql import (delete_sql, freshness_sql, partition_counts_sql, range_sql, select_sql, table_expr,
                            utc_naive)
 
 

@@ -1,7 +1,7 @@
 """Where training runs: the device, the precision, the CPU threads and the number of processes.
 
 One process (the default) trains inside the asset's process. Several run under `torchrun`, one
-per GPU (or CPU share), with DistributedDataParallel (models/distributed.py): `launch` starts them
+per GPU (or CPU share), with DistributedDataParallel (models/train/distributed.py): `launch` starts them
 and streams their output to the asset's log; rank 0 writes the checkpoint and the report.
 
     resources: {executor: {config: {device: cuda, precision: bf16, processes: 8}}}
@@ -53,7 +53,7 @@ class TrainingExecutor(dg.ConfigurableResource):
     quantization, CPU) or bf16, for predictions and embeddings. `processes`: 1 trains in the
     asset's process; N > 1 runs N processes under torchrun (one per GPU); 0 takes one per GPU
     visible (one without a GPU), as a Kubernetes pod with a GPU request does.
-    `inference_processes`: how many processes score predictions and embeddings (models/parts.py),
+    `inference_processes`: how many processes score predictions and embeddings (models/serve/parts.py),
     each writing its part of the day: unset takes one per GPU on GPUs and one per 2 cores on CPUs, as
     long as each gets two chunks of the cache (a small cache: one process), each with `threads` torch
     threads (default: the cores this process may use, shared among them)."""
@@ -132,7 +132,7 @@ class TrainingExecutor(dg.ConfigurableResource):
 
     def autocast(self, device: str):
         """The training precision's context (bf16: torch.autocast on the GPU)."""
-        from models.distributed import autocast
+        from habitus.models.train.distributed import autocast
 
         return autocast(self.precision, device)
 
@@ -162,18 +162,18 @@ class TrainingExecutor(dg.ConfigurableResource):
                 *target]
 
     def train(self, job: dict, device: str, log: Callable[[str], None] = print):
-        """Train `job` (models.launch.foundation_job / scenario_job) in `processes` processes under
-        torchrun and return rank 0's result as a models.train.TrainResult, the model on `device`:
+        """Train `job` (habitus.models.train.launch.foundation_job / scenario_job) in `processes` processes under
+        torchrun and return rank 0's result as a habitus.models.train.TrainResult, the model on `device`:
         what the same training in this process would return. The job and rank 0's checkpoint pass
         through a temporary folder ($TMPDIR); a rank's failure raises with its traceback."""
         import tempfile
 
-        from models.launch import rank_errors, read_result, write_job
+        from habitus.models.train.launch import rank_errors, read_result, write_job
 
         # the ranks import what this process can (a scenario's target function, say)
         if self.nnodes > 1:  # every node's torchrun must read the job: a folder they share, not this $TMPDIR
             raise ExecutorError(f"executor nnodes {self.nnodes}: an asset launches torchrun on its own machine only; "
-                                f"start `{' '.join(self.torchrun_command(['-m', 'models.launch', 'JOB_DIR'])[1:])}` on "
+                                f"start `{' '.join(self.torchrun_command(['-m', 'habitus.models.train.launch', 'JOB_DIR'])[1:])}` on "
                                 f"every node with JOB_DIR on a shared filesystem (docs/clusters.md)")
         paths = [os.path.abspath(p or os.getcwd()) for p in sys.path
                  if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))]
@@ -181,7 +181,7 @@ class TrainingExecutor(dg.ConfigurableResource):
         with tempfile.TemporaryDirectory(prefix="habitus-torchrun-") as tmp:
             write_job(tmp, {**job, "precision": self.precision})  # every rank trains under the same autocast
             try:
-                self.launch(["-m", "models.launch", tmp], log=log, env=env)
+                self.launch(["-m", "habitus.models.train.launch", tmp], log=log, env=env)
             except ExecutorError as e:
                 errors = rank_errors(tmp)
                 raise ExecutorError(f"{e}\nthe failed ranks' errors:\n{errors}" if errors else str(e)) from None

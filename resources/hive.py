@@ -26,10 +26,10 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from resources.errors import AUTH, WarehouseError, chain, network_error
-from resources.remote import (CursorQueries, SECRET_KEYS, column_array, connect_error, fetch_rows, first_lines, naive_utc,
+from habitus.resources.errors import AUTH, WarehouseError, chain, network_error
+from habitus.resources.remote import (CursorQueries, SECRET_KEYS, column_array, connect_error, fetch_rows, first_lines, naive_utc,
                              rows_to_batches, value, value_literal)
-from resources.sql import arrow_sql_type, range_sql, table_expr
+from habitus.resources.sql import arrow_sql_type, range_sql, table_expr
 
 DIALECT = "hive"
 

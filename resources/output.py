@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import parse_qs, urlsplit
 
-from models.storage import durable_replace, fsync, fsync_tree, is_disk_full
+from habitus.models.storage.files import durable_replace, fsync, fsync_tree, is_disk_full
 
 MANIFESTS, UPLOADS = "manifests", ".upload."  # temporary keys sit flat under the prefix: moving or deleting
 # them never leaves an emptied "folder", for which pyarrow's S3 client would write a marker object
@@ -160,7 +160,7 @@ class Output:
         self._mkdir(final)
         def move():
             # a folder: write -> fsync -> rename -> fsync(folder), a commit that outlives a power cut (as
-            # models/storage.py durable_replace); a store's copy is durable once it returns
+            # models/storage/files.py durable_replace); a store's copy is durable once it returns
             if self._local:
                 fsync_tree(tmp)
             self.fs.move(tmp, final)

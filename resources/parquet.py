@@ -16,9 +16,9 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from models.storage import durable_replace
-from resources.errors import AUTH, WarehouseError, network_error
-from resources.sql import utc_naive
+from habitus.models.storage.files import durable_replace
+from habitus.resources.errors import AUTH, WarehouseError, network_error
+from habitus.resources.sql import utc_naive
 
 # pyarrow's S3 errors carry the AWS SDK's error name; these may pass when retried (the transport or a
 # busy or restarting service), the others (access denied, a bad key or signature, no such bucket) do not.

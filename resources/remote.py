@@ -4,7 +4,7 @@ connector with a DB-API driver that does not depend on the driver. Their batches
 (resources/batches.py).
 
 Each connector (`snowflake`, `clickhouse`, `databricks`, `synapse`, `hive`, `bigquery`) is a
-`ConfigurableResource` with the interface of `resources.duckdb.DuckDBWarehouse`:
+`ConfigurableResource` with the interface of `habitus.resources.duckdb.DuckDBWarehouse`:
 `schema(table)`, `time_range(table, time_column)`, `read(...) -> Iterator[pa.RecordBatch]` and
 `write(table, batches, schema, replace=(column, value)) -> rows`.
 """
@@ -17,9 +17,9 @@ from typing import ClassVar, Iterable, Iterator
 import dagster as dg
 import pyarrow as pa
 
-from resources.batches import Batches
-from resources.errors import WarehouseError, network_error
-from resources.sql import freshness_sql, partition_counts_sql, range_sql, select_sql, utc_naive
+from habitus.resources.batches import Batches
+from habitus.resources.errors import WarehouseError, network_error
+from habitus.resources.sql import freshness_sql, partition_counts_sql, range_sql, select_sql, utc_naive
 
 # Connection parameters whose values are never printed and are passed as dagster EnvVars.
 SECRET_KEYS = frozenset({"password", "token", "access_token", "private_key", "private_key_passphrase",

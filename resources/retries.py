@@ -20,7 +20,7 @@ import functools
 
 import dagster as dg
 
-from resources.errors import WarehouseError
+from habitus.resources.errors import WarehouseError
 
 
 def extraction_retry_policy(max_retries: int, delay_s: float) -> dg.RetryPolicy:

@@ -21,9 +21,9 @@ from typing import ClassVar, Any, Iterable, Iterator
 import dagster as dg
 import pyarrow as pa
 
-from resources.errors import AUTH, WarehouseError, network_error
-from resources.remote import CursorQueries, SECRET_KEYS, connect_error, value
-from resources.sql import create_table_sql, delete_sql, limit0_sql, table_expr
+from habitus.resources.errors import AUTH, WarehouseError, network_error
+from habitus.resources.remote import CursorQueries, SECRET_KEYS, connect_error, value
+from habitus.resources.sql import create_table_sql, delete_sql, limit0_sql, table_expr
 
 DIALECT = "snowflake"
 

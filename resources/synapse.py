@@ -24,9 +24,9 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from resources.errors import WarehouseError
-from resources.remote import CursorQueries, SECRET_KEYS, connect_error, value
-from resources.sql import create_table_sql, delete_sql, table_expr
+from habitus.resources.errors import WarehouseError
+from habitus.resources.remote import CursorQueries, SECRET_KEYS, connect_error, value
+from habitus.resources.sql import create_table_sql, delete_sql, table_expr
 
 DIALECT = "tsql"
 

@@ -1,13 +1,13 @@
 """The workspace: a POSIX folder holding extracted sources, the cache, checkpoints and predictions.
 
     <root>/sources/<name>/<partition>.parquet
-    <root>/cache/<fingerprint16>/...          (see models.cache)   + cache/current.json
+    <root>/cache/<fingerprint16>/...          (see habitus.models.cache)   + cache/current.json
     <root>/checkpoints/foundation/             model.safetensors + config.json
     <root>/checkpoints/scenarios/<name>/
     <root>/predictions/<name>/<day>.parquet
     <root>/embeddings/<day>.parquet            the foundation model's entity representations
-    <root>/resume/<stage>/latest/              resumable training state (models.resume)
-    <root>/locks/<stage>.lock                  one lock per artifact/stage (models.locks)
+    <root>/resume/<stage>/latest/              resumable training state (habitus.models.train.resume)
+    <root>/locks/<stage>.lock                  one lock per artifact/stage (habitus.models.storage.locks)
 
 With `output` set (the project's `output:`), each stage uploads what it wrote once its body has
 returned (resources/output.py): after training, never during it.
@@ -95,13 +95,13 @@ class Workspace(dg.ConfigurableResource):
         return self._child("resume", *stage)
 
     def lock(self, name: str, *, log=None, what: str = "", timeout_s: float | None = None):
-        """An exclusive lock on one artifact/stage of this workspace (see models.locks), for `with`:
+        """An exclusive lock on one artifact/stage of this workspace (see habitus.models.storage.locks), for `with`:
 
             with workspace.lock("foundation", log=context.log.info, what=context.run_id):
 
         Waits up to `timeout_s` (default `lock_timeout_s`) for another run holding it, telling `log`
         who that is; a lock left by a killed process is taken over."""
-        from models.locks import ArtifactLock
+        from habitus.models.storage.locks import ArtifactLock
 
         return ArtifactLock(self._child("locks"), name, timeout_s=self.lock_timeout_s if timeout_s is None else timeout_s,
                             what=what, log=log or (lambda _: None))
@@ -127,10 +127,10 @@ class Workspace(dg.ConfigurableResource):
         return []
 
     def recover_stage(self, name: str) -> list[str]:
-        """Clean up after a killed run of the stage `name` (models.storage.recover): its temporary copies
+        """Clean up after a killed run of the stage `name` (habitus.models.storage.files.recover): its temporary copies
         are removed, an old folder it moved aside is put back. Call it holding the stage's lock: then
         no other run writes there, whichever machine or container it runs in."""
-        from models.storage import recover, recover_tree
+        from habitus.models.storage.files import recover, recover_tree
 
         notes = []
         for path in self.stage_paths(name):
@@ -142,7 +142,7 @@ class Workspace(dg.ConfigurableResource):
         foundation checkpoint with the cache version it was trained on (a fresh machine scores with its
         ids), a scenario's checkpoint, its passed copy, its plots (its metrics are in config.json),
         predictions and embeddings (daily files: earlier days stay in the manifest, `replace` False)."""
-        from models.storage import read_json
+        from habitus.models.storage.files import read_json
 
         kind, _, item = name.partition("/")
         checkpoints = self._child("checkpoints")
@@ -167,7 +167,7 @@ class Workspace(dg.ConfigurableResource):
     def upload_stage(self, name: str, log=print) -> dict | None:
         """Upload what the stage `name` finished to `output` (resources/output.py); None for a stage that
         uploads nothing (sources, the cache on its own). Call it holding the stage's lock."""
-        from resources.output import Output
+        from habitus.resources.output import Output
 
         files, replace, extra = self.upload_files(name)
         if not self.output or not files:
@@ -178,8 +178,8 @@ class Workspace(dg.ConfigurableResource):
         """Bring the stages uploaded to `output` (default: the foundation and every scenario, the
         checkpoints a scoring job starts from) back into this workspace. The cache version uploaded with
         the foundation becomes the cache in use (the next cache build starts from it: the same ids)."""
-        from models.storage import write_json
-        from resources.output import Output, OutputError
+        from habitus.models.storage.files import write_json
+        from habitus.resources.output import Output, OutputError
 
         if not self.output:
             raise WorkspaceError("restore needs `output:` in the project config: the place artifacts were uploaded to")

@@ -107,7 +107,7 @@ class SmallProject:
         import yaml
 
         if warehouse:
-            from pipelines.demo_data import generate_demo_warehouse
+            from habitus.pipelines.demo_data import generate_demo_warehouse
 
             generate_demo_warehouse(folder / "warehouse.duckdb", **warehouse)
         path = folder / "project.yaml"

@@ -16,7 +16,7 @@ same id forever: new data appends ids, it never renumbers, so a trained model ke
 Event columns, as readers get them: `entity` int32, `ts` int64 seconds, one int32 per categorical
 column (item attributes joined in through their key), one float32 per numeric column. On disk the
 ids are in the narrowest unsigned type that holds them and `ts` is uint32 seconds after a base kept
-in the file's schema metadata (models.cache.stored). Arrow IPC buffers are zstd-compressed, so that
+in the file's schema metadata (habitus.models.cache.stored). Arrow IPC buffers are zstd-compressed, so that
 the cache is no bigger than its source Parquet (the cache promise is 1:1; uncompressed it was 3-4x):
 a shard is read whole into memory anyway (one at a time), and decompressing it measured as fast as
 copying it out of a memory map (bench/cache_size.py).
@@ -38,12 +38,12 @@ The modules, in the order a build runs them:
     reader   Cache and Shard: reading a built version
 """
 
-from models.cache.append import MAX_SHARD_FILES
-from models.cache.build import DUCKDB_MEMORY, DUCKDB_THREADS, build_cache
-from models.cache.encode import PART_EVENTS
-from models.cache.reader import Cache, Shard
-from models.cache.spec import CACHE_FORMAT, ENTITY, TS, CacheError, CacheSpec, TableInput, infer_column_type
-from models.cache.stored import BATCH_ROWS, IPC_OPTIONS
+from habitus.models.cache.append import MAX_SHARD_FILES
+from habitus.models.cache.build import DUCKDB_MEMORY, DUCKDB_THREADS, build_cache
+from habitus.models.cache.encode import PART_EVENTS
+from habitus.models.cache.reader import Cache, Shard
+from habitus.models.cache.spec import CACHE_FORMAT, ENTITY, TS, CacheError, CacheSpec, TableInput, infer_column_type
+from habitus.models.cache.stored import BATCH_ROWS, IPC_OPTIONS
 
 __all__ = ["BATCH_ROWS", "CACHE_FORMAT", "DUCKDB_MEMORY", "DUCKDB_THREADS", "ENTITY", "IPC_OPTIONS", "MAX_SHARD_FILES",
            "PART_EVENTS", "TS", "Cache", "CacheError", "CacheSpec", "Shard", "TableInput", "build_cache",

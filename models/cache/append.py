@@ -5,12 +5,12 @@ import os
 import shutil
 from pathlib import Path
 
-from models.cache.encode import _coverage, _encode
-from models.cache.reader import Cache
-from models.cache.spec import CacheSpec
-from models.cache.stage import _stage_events
-from models.cache.stored import _merge_shard_files
-from models.cache.vocab import _write_entity_table
+from habitus.models.cache.encode import _coverage, _encode
+from habitus.models.cache.reader import Cache
+from habitus.models.cache.spec import CacheSpec
+from habitus.models.cache.stage import _stage_events
+from habitus.models.cache.stored import _merge_shard_files
+from habitus.models.cache.vocab import _write_entity_table
 
 MAX_SHARD_FILES = 4  # an appended shard is merged back into one file when it has more pieces than this
 
@@ -19,7 +19,7 @@ def _append(con, spec: CacheSpec, prev: "Cache", files: dict[str, list[str]], ou
             part_events: int) -> dict:
     """Encode only the events of new files and add them to `prev`'s shards, which are hard-linked
     (never copied, never modified): past events are not read, let alone re-encoded."""
-    from models.quarantine import finish
+    from habitus.models.cache.quarantine import finish
 
     st = _stage_events(con, spec, files)
     pm = prev.manifest

@@ -10,14 +10,14 @@ from typing import Callable
 
 import pyarrow.ipc as ipc
 
-from models.cache.append import _append
-from models.cache.encode import PART_EVENTS, _coverage, _encode
-from models.cache.reader import Cache
-from models.cache.spec import CACHE_FORMAT, CacheError, CacheSpec
-from models.cache.stage import _stage_events
-from models.cache.stored import IPC_OPTIONS
-from models.cache.vocab import _entity_arrow_type, _write_entity_table
-from models.storage import atomic_path, read_json, write_json
+from habitus.models.cache.append import _append
+from habitus.models.cache.encode import PART_EVENTS, _coverage, _encode
+from habitus.models.cache.reader import Cache
+from habitus.models.cache.spec import CACHE_FORMAT, CacheError, CacheSpec
+from habitus.models.cache.stage import _stage_events
+from habitus.models.cache.stored import IPC_OPTIONS
+from habitus.models.cache.vocab import _entity_arrow_type, _write_entity_table
+from habitus.models.storage.files import atomic_path, read_json, write_json
 
 # The DuckDB connection of a build. Memory: bounded, DuckDB spills to the workspace beyond this (a build
 # needs far less: the sort runs over `part_events` events at a time). Threads: None is DuckDB's default,
@@ -124,7 +124,7 @@ def _prune(root: Path, keep: int, current: Path) -> None:
 
 
 def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None", part_events: int) -> dict:
-    from models.quarantine import finish, summary
+    from habitus.models.cache.quarantine import finish, summary
 
     st = _stage_events(con, spec, {t.name: t.files for t in spec.events})
     if st.stats["rows_in"] == 0:

@@ -4,7 +4,7 @@ events encoded, sorted and streamed into the shard files.
 A build reads the events with a few DuckDB statements, each streaming the Parquet files (nothing the
 size of the events is materialized, in DuckDB or in Python):
 
-  screen    the quarantine's counts by reason (models.quarantine.screen: one grouped pass); the view
+  screen    the quarantine's counts by reason (habitus.models.cache.quarantine.screen: one grouped pass); the view
             of the valid rows repeats only the rules that dropped or repaired something, so on clean
             data the passes below read the Parquet as plainly as a scan
   count     kept events per entity and per value of every categorical and join-key column (one
@@ -31,13 +31,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from models.cache.reader import Cache
-from models.cache.shards import _ShardFiles, _Tie
-from models.cache.spec import ENTITY, CacheSpec
-from models.cache.sql import _epoch_s, _lit, _one, _q
-from models.cache.stage import _attribute_stats, _count, _counted, _describe, _Staged
-from models.cache.stored import BATCH_ROWS, IPC_OPTIONS, _stored_schema, _values
-from models.cache.vocab import _stage_entity_ids, _write_entity_vocab, _write_vocab
+from habitus.models.cache.reader import Cache
+from habitus.models.cache.shards import _ShardFiles, _Tie
+from habitus.models.cache.spec import ENTITY, CacheSpec
+from habitus.models.cache.sql import _epoch_s, _lit, _one, _q
+from habitus.models.cache.stage import _attribute_stats, _count, _counted, _describe, _Staged
+from habitus.models.cache.stored import BATCH_ROWS, IPC_OPTIONS, _stored_schema, _values
+from habitus.models.cache.vocab import _stage_entity_ids, _write_entity_vocab, _write_vocab
 
 PART_EVENTS = 2_000_000  # events sorted at a time (~150 MB of DuckDB sort); build_cache(part_events=...)
 

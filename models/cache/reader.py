@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from models.cache.spec import CacheError
-from models.cache.stored import _read_sorted, _values
-from models.heap import bound_heap
-from models.storage import read_json
+from habitus.models.cache.spec import CacheError
+from habitus.models.cache.stored import _read_sorted, _values
+from habitus.models.storage.heap import bound_heap
+from habitus.models.storage.files import read_json
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Cache:
     """A built cache, opened read-only through its manifest."""
 
     def __init__(self, path: str | Path):
-        bound_heap()  # a process that reads a cache allocates and frees chunk-sized arrays (models/heap.py)
+        bound_heap()  # a process that reads a cache allocates and frees chunk-sized arrays (models/storage/heap.py)
         self.path = Path(path)
         mf = self.path / "manifest.json"
         if not mf.exists():

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from models.cache.stored import BATCH_ROWS, IPC_OPTIONS, _to_stored, _values
+from habitus.models.cache.stored import BATCH_ROWS, IPC_OPTIONS, _to_stored, _values
 
 
 class _Tie(Exception):

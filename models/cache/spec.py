@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from models.storage import combine, file_fingerprint
+from habitus.models.storage.files import combine, file_fingerprint
 
 CACHE_FORMAT = 3  # 3: zstd-compressed IPC buffers, narrow ids, times as offsets
 ENTITY, TS = "entity", "ts"

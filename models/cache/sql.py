@@ -3,7 +3,7 @@
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from models.cache.spec import CacheError, TableInput
+from habitus.models.cache.spec import CacheError, TableInput
 
 
 def _q(name: str) -> str:

@@ -1,17 +1,17 @@
 """The first passes of a build over the events: `screen` (the views of every event source and of the
 rows the quarantine keeps, one temp table per attributes source), `count` and `describe` (see
-models.cache.encode for the whole sequence)."""
+habitus.models.cache.encode for the whole sequence)."""
 
 import time
 from dataclasses import dataclass
 
-from models.cache.spec import CacheError, CacheSpec, TableInput
-from models.cache.sql import _column_sql, _epoch_s, _field_type, _files_sql, _one, _q, _utc
+from habitus.models.cache.spec import CacheError, CacheSpec, TableInput
+from habitus.models.cache.sql import _column_sql, _epoch_s, _field_type, _files_sql, _one, _q, _utc
 
 
 @dataclass
 class _Staged:
-    stats: dict  # quarantine counts of models.quarantine.screen (duplicates not counted yet)
+    stats: dict  # quarantine counts of habitus.models.cache.quarantine.screen (duplicates not counted yet)
     event_cols: dict[str, str]  # column -> categorical | numeric: the events' own, then the attributes'
     source_cols: list[str]  # the events' own columns
     attrs: list[tuple[str, TableInput, list[str]]]  # (temp table with one row per key, source, its columns)
@@ -22,7 +22,7 @@ def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> _Staged:
     """Views `raw_events` (every event source as one stream, the entity id as text) and the quarantine's
     `raw_events_valid`; one temp table per attributes source (one row per key: duplicate keys would
     copy events)."""
-    from models.quarantine import screen
+    from habitus.models.cache.quarantine import screen
 
     ent = _q(spec.entity)
     parts = []

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from models.cache.spec import TS
+from habitus.models.cache.spec import TS
 
 IPC_OPTIONS = ipc.IpcWriteOptions(compression=pa.Codec("zstd", 3))  # level 3: 8% smaller than 1, as fast
 BATCH_ROWS = 1 << 16  # rows per record batch in shard files (whatever DuckDB's chunking: same bytes)

@@ -8,10 +8,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from models.cache.reader import Cache
-from models.cache.spec import CacheError, CacheSpec
-from models.cache.sql import _epoch_s, _field_type, _files_sql, _q, _utc
-from models.cache.stored import _values
+from habitus.models.cache.reader import Cache
+from habitus.models.cache.spec import CacheError, CacheSpec
+from habitus.models.cache.sql import _epoch_s, _field_type, _files_sql, _q, _utc
+from habitus.models.cache.stored import _values
 
 
 def _write_vocab(con, counted_sql: str, path: Path, table: str, seed: Path | None = None, add_counts: bool = False) -> int:

@@ -26,11 +26,11 @@ batch: Explainer), `reasons` (groups summed into ranked, readable reasons) and `
 explained chunk by chunk, and what a run adds up), `served` (a stacked head's served score: ServedExplainer).
 """
 
-from models.explain.inputs import Groups, column_sources, input_groups, scalar_names, vocab_reader
-from models.explain.integrated import DEFAULT_STEPS, Explained, Explainer
-from models.explain.served import ServedExplainer
-from models.explain.reasons import column_totals, rendered, top_reasons, value_stats
-from models.explain.summary import DEFAULT_SELECT, DEFAULT_SHARE, SELECT, Summary, chosen, default_per_entity, explain_cutoff
+from habitus.models.explain.inputs import Groups, column_sources, input_groups, scalar_names, vocab_reader
+from habitus.models.explain.integrated import DEFAULT_STEPS, Explained, Explainer
+from habitus.models.explain.served import ServedExplainer
+from habitus.models.explain.reasons import column_totals, rendered, top_reasons, value_stats
+from habitus.models.explain.summary import DEFAULT_SELECT, DEFAULT_SHARE, SELECT, Summary, chosen, default_per_entity, explain_cutoff
 
 __all__ = ["DEFAULT_SELECT", "DEFAULT_SHARE", "DEFAULT_STEPS", "Explained", "Explainer", "Groups", "SELECT", "ServedExplainer", "Summary",
            "chosen", "column_sources", "column_totals", "default_per_entity", "explain_cutoff", "input_groups",

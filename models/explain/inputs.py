@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.features import ENTITY_BUCKETS, WINDOWS, FeatureSpec, bucket_count, visit_width
+from habitus.models.data.features import ENTITY_BUCKETS, WINDOWS, FeatureSpec, bucket_count, visit_width
 
 
 @dataclass

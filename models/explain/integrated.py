@@ -5,11 +5,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.explain.inputs import Groups
-from models.features import FeatureSpec, bucket_count, bucketize
-from models.items import SparseRows, batch_history
-from models.network import ItemHead, Model
-from models.tasks import task as task_of
+from habitus.models.explain.inputs import Groups
+from habitus.models.data.features import FeatureSpec, bucket_count, bucketize
+from habitus.models.data.items import SparseRows, batch_history
+from habitus.models.nn.network import ItemHead, Model
+from habitus.models.tasks import task as task_of
 
 
 DEFAULT_STEPS = 8  # Gauss-Legendre points of the first pass (docs/explanations.md, "Cost")

@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from models.explain.inputs import Groups
-from models.explain.integrated import Explained
-from models.features import Chunk, FeatureSpec, bucketize
+from habitus.models.explain.inputs import Groups
+from habitus.models.explain.integrated import Explained
+from habitus.models.data.features import Chunk, FeatureSpec, bucketize
 
 
 def column_totals(groups: Groups, ex: Explained, label_column: str | None = None) -> tuple[list, np.ndarray]:

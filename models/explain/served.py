@@ -1,10 +1,10 @@
-"""Explanations of the score a scenario serves where its head chosen on validation (models/stacking_head.py)
+"""Explanations of the score a scenario serves where its head chosen on validation (models/heads/stacked_head.py)
 blends LightGBM trees into the network: w x trees + (1 - w) x network, on logits for probabilities, on
-amounts for regression (models.stacking.blend; w is the trees' weight).
+amounts for regression (habitus.models.heads.stacking.blend; w is the trees' weight).
 
 On that scale the served score is linear in its two parts, so its attributions are (1 - w) x the network's
 Integrated Gradients (of its logit, or amount) + w x the trees' exact contributions (LightGBM's
-`pred_contrib`, TreeSHAP). Both are taken from the same baseline, the stranger of models.explain.inputs (no
+`pred_contrib`, TreeSHAP). Both are taken from the same baseline, the stranger of habitus.models.explain.inputs (no
 history, the population's average attributes), so the served baseline score is the served head's score of
 that stranger, and the attributions sum to served score - served baseline score:
 
@@ -28,18 +28,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.explain.inputs import Groups, scalar_names
-from models.explain.integrated import ABS_TOLERANCE, Explained, Explainer, integrated_gradients
-from models.features import ENTITY_BUCKETS, HALF_LIVES, bucket_count, bucketize
+from habitus.models.explain.inputs import Groups, scalar_names
+from habitus.models.explain.integrated import ABS_TOLERANCE, Explained, Explainer, integrated_gradients
+from habitus.models.data.features import ENTITY_BUCKETS, HALF_LIVES, bucket_count, bucketize
 
 REPRESENTATION = ("representation", "foundation", "representation", "foundation representation (other components)")
 STABLE_SHARE = 0.01  # a component moved by less than this share of the representation's movement stays whole
-CLIP = float(np.log((1 - 1e-6) / 1e-6))  # models.stacking._logit's clip, on the logit scale
+CLIP = float(np.log((1 - 1e-6) / 1e-6))  # habitus.models.heads.stacking._logit's clip, on the logit scale
 
 
 @dataclass
 class HandMap:
-    """Per hand feature of the trees (models.baselines.hand_features): its group (-1: a rare label's own
+    """Per hand feature of the trees (habitus.models.evaluate.baselines.hand_features): its group (-1: a rare label's own
     history, a reason of its own), its label position (label columns, else -1) and the stranger's value."""
 
     group: np.ndarray
@@ -70,7 +70,7 @@ def hand_map(spec, task, groups: Groups, scalars: dict, label_group: np.ndarray,
     """Where each hand feature goes, in hand_features' order: the RFM and visit scalars (the same names as
     the network's), the entity's attributes (the network's own encoding), the decayed counts of each small
     column's most frequent values, the labels' own history."""
-    from models.baselines import MAX_VOCAB, TOP_VALUES
+    from habitus.models.evaluate.baselines import MAX_VOCAB, TOP_VALUES
 
     group, label, base = [], [], []
     for k, c, d in scalar_names(dataclasses.replace(spec, half_lives=HALF_LIVES, visits=True)):

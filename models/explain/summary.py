@@ -5,12 +5,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.explain.inputs import Groups, vocab_reader
-from models.explain.integrated import ABS_TOLERANCE, DEFAULT_STEPS, MAX_STEPS, TOLERANCE, Explained, Explainer
-from models.explain.reasons import column_totals, rendered
-from models.features import FeatureSpec, chunk_at
-from models.network import Model
-from models.tasks import task as task_of
+from habitus.models.explain.inputs import Groups, vocab_reader
+from habitus.models.explain.integrated import ABS_TOLERANCE, DEFAULT_STEPS, MAX_STEPS, TOLERANCE, Explained, Explainer
+from habitus.models.explain.reasons import column_totals, rendered
+from habitus.models.data.features import FeatureSpec, chunk_at
+from habitus.models.nn.network import Model
+from habitus.models.tasks import task as task_of
 
 
 @dataclass
@@ -110,13 +110,13 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
     Label heads explain the positions `labels` for every chosen entity, else each one's `per_entity`
     best labels (or recommended items; default_per_entity). Pairs whose gap is over the tolerance at
     `steps` are integrated again at up to `max_steps` (Explainer.explain). `summary` gathers the global
-    figures. `head`: the checkpoint's head chosen on validation (models.stacking_head.load_head): where it
+    figures. `head`: the checkpoint's head chosen on validation (habitus.models.heads.stacked_head.load_head): where it
     blends trees in, the score explained, chosen by and written is the served one (ServedExplainer);
     None or the network alone: the network's."""
     import pyarrow as pa
 
-    from models.labels import task_inputs
-    from models.loop import chunk_plan
+    from habitus.models.data.labels import task_inputs
+    from habitus.models.train.loop import chunk_plan
 
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
@@ -129,7 +129,7 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
     names = np.asarray([str(v) for v in label_names], object) if label_names is not None else None
     served = head is not None and head.weight > 0
     if served:
-        from models.explain.served import ServedExplainer
+        from habitus.models.explain.served import ServedExplainer
 
         explainer = ServedExplainer(model, head, spec, task, groups, steps=steps, max_steps=max_steps, device=device)
         groups = explainer.groups

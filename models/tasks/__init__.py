@@ -1,4 +1,4 @@
-"""The task types: one module each (models/tasks/<name>.py, a `TASK` of models.tasks.base.Task),
+"""The task types: one module each (models/tasks/<name>.py, a `TASK` of habitus.models.tasks.base.Task),
 listed here once. Config validation reads `TASKS` (the task names, and the config target keys each
 accepts) without importing a task's module (torch); `task(name)` imports it on first use."""
 
@@ -13,11 +13,11 @@ class Entry:
 
 
 TASKS: dict[str, Entry] = {
-    "binary": Entry("models.tasks.binary", ("no_event", "function")),
-    "regression": Entry("models.tasks.regression", ("sum", "function")),
-    "multilabel": Entry("models.tasks.multilabel", ("any_event", "function")),
-    "recommendation": Entry("models.tasks.recommendation", ("items", "function")),
-    "multiclass": Entry("models.tasks.multiclass", ("any_event", "function")),
+    "binary": Entry("habitus.models.tasks.binary", ("no_event", "function")),
+    "regression": Entry("habitus.models.tasks.regression", ("sum", "function")),
+    "multilabel": Entry("habitus.models.tasks.multilabel", ("any_event", "function")),
+    "recommendation": Entry("habitus.models.tasks.recommendation", ("items", "function")),
+    "multiclass": Entry("habitus.models.tasks.multiclass", ("any_event", "function")),
 }
 
 

@@ -1,18 +1,18 @@
 """What a task type is: the one interface every task module (models/tasks/<name>.py) implements.
 
 A Task is stateless; the scenario's own settings (its target, k, widths) travel in a
-models.specs.TaskSpec, passed to each method as `spec`. The defaults here are those of a task with one
+habitus.models.specs.TaskSpec, passed to each method as `spec`. The defaults here are those of a task with one
 output per entity (binary, regression): a task overrides what it does differently.
 """
 
 import numpy as np
 import torch
 
-from models import targets
-from models.features import FeatureSpec
-from models.labels import history_rows
-from models.network import Model, NetConfig
-from models.targets import TargetSpec
+from habitus.models.data import targets
+from habitus.models.data.features import FeatureSpec
+from habitus.models.data.labels import history_rows
+from habitus.models.nn.network import Model, NetConfig
+from habitus.models.data.targets import TargetSpec
 
 HEAD_ZERO_INIT = True  # the head's weights start at zero: the first steps train the head, not wreck the trunk
 
@@ -25,14 +25,14 @@ class Task:
     name = ""
     headline = ""  # the metric that decides (may name {k}); every metric of `metrics` is reported
     lower_is_better: frozenset = frozenset()  # metrics where lower is better
-    uses_label_history = False  # the network reads each label's own history (models.labels.label_history)
+    uses_label_history = False  # the network reads each label's own history (habitus.models.data.labels.label_history)
     label_outputs = False  # one output per label (the target's labels), else one per entity
     writes_every_label = False  # predictions `format: all` writes every label, best first
     one_probability = False  # one probability per entity (the hold-out calibration chart)
     find_unused_parameters = False  # DDP: some parameters may sit a batch out
     bench_epochs: int | None = None  # bench/quality.py: fine-tuning epochs, where the default does not fit
     # the head is chosen on the validation cut-off among the network, LightGBM over [hand features +
-    # the foundation trunk's PCA] and their blend (models/stacking.py, models/stacking_head.py)
+    # the foundation trunk's PCA] and their blend (models/heads/stacking.py, models/heads/stacked_head.py)
     stackable = False
 
     # ------------------------------------------------------------------ the target
@@ -86,7 +86,7 @@ class Task:
 
     def second_stage(self, model: Model, spec, train, val, device: str, log) -> dict | None:
         """After fine-tuning: a second stage fitted on the training chunks `train` and chosen on the
-        validation chunks `val` (recommendation: re-ranking trees, models/rerank.py). Returns what
+        validation chunks `val` (recommendation: re-ranking trees, models/heads/rerank.py). Returns what
         was measured, or None where the task has none."""
         return None
 
@@ -147,11 +147,11 @@ class Task:
     def predictions(self, model: Model, x: np.ndarray, h, k: int, names, extra: tuple, device: str,
                     head=None) -> dict:
         """The prediction columns of these rows (after entity_index). `head`: the head chosen on validation
-        (models/stacking_head.py) of these rows: their scores (one per entity), or for label tasks a
+        (models/heads/stacked_head.py) of these rows: their scores (one per entity), or for label tasks a
         `fn(rows, logits) -> logits` that the top-k reads the logits through."""
         import pyarrow as pa
 
-        from models.scoring import scores
+        from habitus.models.tasks.scoring import scores
 
         if names is None:
             s = scores(model, self.name, x, h, device=device) if head is None else head
@@ -209,7 +209,7 @@ class PerEntity:
         self.ys, self.preds, self.base = [], [], {}
 
     def add(self, chunk, keep: np.ndarray, x: np.ndarray, h, y) -> None:
-        from models.scoring import scores
+        from habitus.models.tasks.scoring import scores
 
         p = scores(self.model, self.spec.task, x[keep], None if h is None else h[keep], device=self.device)
         b = self.task.baselines(self.spec, chunk, h, self.features.habitual_channel)
@@ -219,7 +219,7 @@ class PerEntity:
             self.base.setdefault(k, []).append(np.asarray(v)[keep])
 
     def report(self, chosen: np.ndarray | None = None) -> dict:
-        """`chosen`: the scores of the head chosen on validation (models/stacking_head.py), in the rows'
+        """`chosen`: the scores of the head chosen on validation (models/heads/stacked_head.py), in the rows'
         order: they are the "model"'s, and the network's own figures are reported as "network"."""
         t = self.task
         y = np.concatenate(self.ys) if self.ys else np.zeros(0)
@@ -247,8 +247,8 @@ def _vocab(cache, target: TargetSpec) -> int | None:
 
 
 def function_target(name: str, target) -> TargetSpec:
-    """A user-defined target (models.target_functions): imported now, so a typo fails before training."""
-    from models.target_functions import resolve
+    """A user-defined target (habitus.models.data.target_functions): imported now, so a typo fails before training."""
+    from habitus.models.data.target_functions import resolve
 
     try:
         resolve(target.function, name)
@@ -262,7 +262,7 @@ def function_label_target(name: str, target, cache, cutoff: int, every_value: bo
     frequent at or before `cutoff`, or `every_value`), which the function returns per entity."""
     import dataclasses
 
-    from models.labels import top_values
+    from habitus.models.data.labels import top_values
 
     spec = function_target(name, target)
     if not getattr(target, "by", None):
@@ -276,7 +276,7 @@ def function_label_target(name: str, target, cache, cutoff: int, every_value: bo
 
 def function_label_lists(chunk, target: TargetSpec, cache) -> list[list[int]]:
     """Each entity's label positions, as the user function gives them."""
-    from models.target_functions import function_labels
+    from habitus.models.data.target_functions import function_labels
 
     local, rows = targets.future_rows(chunk, target.window_days)
     return function_labels(chunk, target, cache, local, rows)
@@ -284,7 +284,7 @@ def function_label_lists(chunk, target: TargetSpec, cache) -> list[list[int]]:
 
 def label_rows(lists: list[list[int]], n: int, labels: int):
     """Sparse rows [n, labels] of ones at each row's label positions."""
-    from models.items import SparseRows
+    from habitus.models.data.items import SparseRows
 
     rows = np.repeat(np.arange(n, dtype=np.int64), [len(v) for v in lists])
     cols = np.asarray([c for v in lists for c in v], np.int64)

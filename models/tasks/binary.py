@@ -4,9 +4,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.metrics import auroc, average_precision
-from models.targets import TargetSpec
-from models.tasks.base import Task, function_target
+from habitus.models.evaluate.metrics import auroc, average_precision
+from habitus.models.data.targets import TargetSpec
+from habitus.models.tasks.base import Task, function_target
 
 
 class Binary(Task):

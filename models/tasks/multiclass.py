@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.labels import recent_popularity
-from models.targets import TargetSpec, future_rows, label_positions
-from models.tasks.base import (PerEntity, Task, ValueLabels, categorical_column, function_label_lists,
+from habitus.models.data.labels import recent_popularity
+from habitus.models.data.targets import TargetSpec, future_rows, label_positions
+from habitus.models.tasks.base import (PerEntity, Task, ValueLabels, categorical_column, function_label_lists,
                                function_label_target)
 
 HABITUAL_SKIP = 1.0  # the head starts leaning to the classes the entity bought, habitually
@@ -32,7 +32,7 @@ class Multiclass(ValueLabels, Task):
     writes_every_label = True
 
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:
-        from models.labels import top_values
+        from habitus.models.data.labels import top_values
 
         if getattr(target, "function", None):  # the function returns each entity's class value (None: none)
             return function_label_target(name, target, cache, cutoff)
@@ -73,7 +73,7 @@ class Multiclass(ValueLabels, Task):
         return self.transform(out).gather(1, target[:, None])[:, 0]
 
     def top(self, model, x, h, k, extra, device):
-        from models.scoring import scores
+        from habitus.models.tasks.scoring import scores
 
         p = scores(model, self.name, x, h, device=device)
         best = np.argsort(-p, axis=1, kind="stable")[:, :min(k, p.shape[1])]

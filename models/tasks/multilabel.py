@@ -6,13 +6,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.items import SparseRows
-from models.labels import history_rows, recent_popularity
-from models.metrics import blockwise_macro_auroc, macro_auroc
-from models.network import Model
-from models.targets import TargetSpec
-from models.tasks.base import Task, ValueLabels, categorical_column, function_label_target
-from models.tasks.binary import logit_bias
+from habitus.models.data.items import SparseRows
+from habitus.models.data.labels import history_rows, recent_popularity
+from habitus.models.evaluate.metrics import blockwise_macro_auroc, macro_auroc
+from habitus.models.nn.network import Model
+from habitus.models.data.targets import TargetSpec
+from habitus.models.tasks.base import Task, ValueLabels, categorical_column, function_label_target
+from habitus.models.tasks.binary import logit_bias
 
 HABITUAL_SKIP = 5.0  # the head starts at "what they bought, habitually" (the habitual channel's weight)
 VAL_OUTPUTS = 1 << 23  # outputs per validation batch of a wide head (32 MB of float32 logits)
@@ -30,7 +30,7 @@ class Multilabel(ValueLabels, Task):
     writes_every_label = True
 
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:
-        from models.labels import top_values
+        from habitus.models.data.labels import top_values
 
         if getattr(target, "function", None):
             return function_label_target(name, target, cache, cutoff)
@@ -105,7 +105,7 @@ class Multilabel(ValueLabels, Task):
         return torch.sigmoid(out)
 
     def top(self, model, x, h, k, extra, device, adjust=None):
-        from models.predict import top_labels
+        from habitus.models.serve.predict import top_labels
 
         return top_labels(model, x, h, k, device=device, adjust=adjust)
 
@@ -119,7 +119,7 @@ class Multilabel(ValueLabels, Task):
     def lightgbm(self, lgb, params, spec, dataset, seed):
         """One small model per label, on at most MULTILABEL_ROWS training rows (cost is labels x rows);
         a head wider than dataset.max_labels: LabelScores of its most frequent labels."""
-        from models.baselines import MULTILABEL_ROWS, LabelScores, _top_labels
+        from habitus.models.evaluate.baselines import MULTILABEL_ROWS, LabelScores, _top_labels
 
         labels = _top_labels(dataset.cache, spec, dataset.cutoffs["train"], dataset.max_labels)
         (x_train, y_train), (x_val, y_val) = dataset("train", labels), dataset("val", labels)
@@ -163,9 +163,9 @@ class Blockwise:
         self.hists.append(_sparse(h[keep]))
 
     def report(self, chosen=None) -> dict:
-        """`chosen`: LabelScores of the head chosen on validation (models/stacking_head.py) at the labels it
+        """`chosen`: LabelScores of the head chosen on validation (models/heads/stacked_head.py) at the labels it
         covers: the "model" reads them there and the network elsewhere; the network alone is "network"."""
-        from models.baselines import LabelScores
+        from habitus.models.evaluate.baselines import LabelScores
 
         model, dev, ys = self.model, self.dev, self.ys
         labels = ys[0].n_cols if ys else 0

@@ -6,12 +6,12 @@ import math
 import numpy as np
 import torch
 
-from models.items import SparseRows, batch_history, candidates, sampled_softmax_loss, top_k_items
-from models.labels import POPULARITY_DAYS, item_popularity, recent_popularity
-from models.metrics import ranking_metrics_at
-from models.network import Model
-from models.targets import TargetSpec
-from models.tasks.base import Task, event_column, function_label_target
+from habitus.models.data.items import SparseRows, batch_history, candidates, sampled_softmax_loss, top_k_items
+from habitus.models.data.labels import POPULARITY_DAYS, item_popularity, recent_popularity
+from habitus.models.evaluate.metrics import ranking_metrics_at
+from habitus.models.nn.network import Model
+from habitus.models.data.targets import TargetSpec
+from habitus.models.tasks.base import Task, event_column, function_label_target
 
 VAL_ROWS = 512  # rows per validation-loss batch
 POPULARITY_INIT = 0.2  # the start: "what they bought, habitually" blended with what sells now
@@ -50,8 +50,8 @@ class Recommendation(Task):
         model.head.skip.weight[0, features.habitual_channel] = HABITUAL_SKIP
 
     def second_stage(self, model, spec, train, val, device, log):
-        from models.rerank import fit_reranker
-        from models.scoring import rank_items
+        from habitus.models.heads.rerank import fit_reranker
+        from habitus.models.tasks.scoring import rank_items
 
         def retrieve(x, h, popularity, m):  # the network's own best items: the candidates
             return rank_items(model, x, h, popularity, m, device=device, rerank=False)
@@ -79,7 +79,7 @@ class Recommendation(Task):
     @torch.no_grad()
     def val_criterion(self, model, spec, val, dev):
         """The ranking metric (its softmax loss can fall while the top of the ranking gets worse)."""
-        from models.scoring import rank_items
+        from habitus.models.tasks.scoring import rank_items
 
         model.eval()
         total, n = 0.0, 0
@@ -100,7 +100,7 @@ class Recommendation(Task):
         return np.asarray(names, dtype=object)
 
     def top(self, model, x, h, k, extra, device):  # full-catalog ranking, a block of items at a time
-        from models.scoring import rank_items
+        from habitus.models.tasks.scoring import rank_items
 
         return rank_items(model, x, h, extra[0], k, device=device)
 
@@ -138,7 +138,7 @@ def item_rankings(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.
                   k: int, device: str, channel: int = 1) -> dict[str, np.ndarray]:
     """Top-k item positions per entity for the model and the two baselines: popularity (the same
     list for everyone) and past frequency (what the entity bought, habitually; popularity breaks ties)."""
-    from models.scoring import rank_items
+    from habitus.models.tasks.scoring import rank_items
 
     n, n_items = len(x), len(popularity)
     pop = torch.from_numpy(popularity.astype(np.float32))

@@ -3,9 +3,9 @@
 import numpy as np
 import torch
 
-from models.metrics import mae, normalized_gini, rmse
-from models.targets import TargetSpec
-from models.tasks.base import Task, event_column, function_target
+from habitus.models.evaluate.metrics import mae, normalized_gini, rmse
+from habitus.models.data.targets import TargetSpec
+from habitus.models.tasks.base import Task, event_column, function_target
 
 
 class Regression(Task):

@@ -1,6 +1,6 @@
-"""Each check's message names its real cause first (assets.checks.keys_message)."""
+"""Each check's message names its real cause first (habitus.assets.checks.keys_message)."""
 
-from assets.checks import keys_message
+from habitus.assets.checks import keys_message
 
 
 def test_duplicates_alone_are_named_as_the_cause():

@@ -15,14 +15,14 @@ import pytest
 import yaml
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-import assets.scenarios
-from assets.checks import SEVERE_SHARE, baseline_margin, build_checks, schema_problems
-from assets.serving import passed_path, serving_checkpoint
-from pipelines.config import Scenario, load_project
-from pipelines.definitions import build_assets, build_resources
-from models.targets import TargetSpec
-from models.specs import TaskSpec
-from pipelines.demo_data import generate_demo_warehouse
+import habitus.assets.scenarios
+from habitus.assets.checks import SEVERE_SHARE, baseline_margin, build_checks, schema_problems
+from habitus.assets.serving import passed_path, serving_checkpoint
+from habitus.pipelines.config import Scenario, load_project
+from habitus.pipelines.definitions import build_assets, build_resources
+from habitus.models.data.targets import TargetSpec
+from habitus.models.specs import TaskSpec
+from habitus.pipelines.demo_data import generate_demo_warehouse
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 ERROR, WARN = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
@@ -261,7 +261,7 @@ def test_free_space_for_training(demo, monkeypatch):
     check = _checks(demo[2], CACHE)["free_space_for_training"]
     assert check.passed and check.metadata["source_bytes"].value > 0
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr("resources.workspace.shutil.disk_usage", lambda _: Usage(10**12, 10**12 - 1000, 1000))
+    monkeypatch.setattr("habitus.resources.workspace.shutil.disk_usage", lambda _: Usage(10**12, 10**12 - 1000, 1000))
     check = _checks(demo[2], CACHE)["free_space_for_training"]
     assert not check.passed and check.severity == ERROR
     assert "not enough free space in the workspace" in check.description
@@ -273,7 +273,7 @@ def test_no_space_blocks_training_in_the_same_run(copy, monkeypatch):
     _extract_all(project)
     Usage = namedtuple("Usage", "total used free")
     # room for the cache (it checks for itself first) but not for sources + 100 MB of checkpoints + 20%
-    monkeypatch.setattr("resources.workspace.shutil.disk_usage", lambda _: Usage(10**12, 0, 50 * 2**20))
+    monkeypatch.setattr("habitus.resources.workspace.shutil.disk_usage", lambda _: Usage(10**12, 0, 50 * 2**20))
     result = _run(project, [CACHE, dg.AssetKey("foundation_model")])
     assert not result.success
     assert result.asset_materializations_for_node("foundation_model") == []
@@ -302,9 +302,9 @@ def test_baseline_margin_compares_like_for_like():
     m = baseline_margin(cfg)
     wide = TaskSpec("multilabel", TargetSpec("any_event", 28, "brand", tuple(range(1, 16_001))))
     assert (m["best_baseline"], m["model"], m["baseline"]) == ("lightgbm (top 200 labels)", 0.88, 0.90)
-    assert assets.scenarios.beats_baselines(wide, cfg["metrics"]) is False
+    assert habitus.assets.scenarios.beats_baselines(wide, cfg["metrics"]) is False
     cfg["metrics"]["baselines"]["lightgbm (top 200 labels)"]["model_macro_auroc"] = 0.91
-    assert baseline_margin(cfg)["model"] == 0.91 and assets.scenarios.beats_baselines(wide, cfg["metrics"]) is True
+    assert baseline_margin(cfg)["model"] == 0.91 and habitus.assets.scenarios.beats_baselines(wide, cfg["metrics"]) is True
     # lower is better: the closest baseline is the one with the smallest error
     mae = {"headline": "mae", "metrics": {"model": {"mae": 20.0}, "baselines": {
         "training mean": {"mae": 44.0}, "lightgbm": {"mae": 22.0}, "broken": {"mae": float("nan")}}}}
@@ -338,7 +338,7 @@ def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, 
     _extract_all(project, instance)
     scenario, predictions = dg.AssetKey(["scenario", "churn"]), dg.AssetKey(["predictions", "churn"])
     ws = build_resources(project)["workspace"]
-    monkeypatch.setattr(assets.scenarios, "beats_baselines", lambda task, report: True)
+    monkeypatch.setattr(habitus.assets.scenarios, "beats_baselines", lambda task, report: True)
     trained = _run(project, [dg.AssetKey("foundation_model"), scenario], instance=instance)
     assert trained.success
     meta = trained.asset_materializations_for_node("scenario__churn")[0].metadata
@@ -351,7 +351,7 @@ def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, 
     assert serving_checkpoint(ws, "churn") == (passed_path(ws, "churn"), True)
 
     # retrained (other weights) into a model that loses to its baselines
-    monkeypatch.setattr(assets.scenarios, "beats_baselines", lambda task, report: False)
+    monkeypatch.setattr(habitus.assets.scenarios, "beats_baselines", lambda task, report: False)
     monkeypatch.setattr(Scenario, "finetune_config", _other_weights)
     result = _run(project, [scenario, predictions], instance=instance, partition_key="2026-05-31")
     bad = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"]
@@ -390,7 +390,7 @@ def test_a_deliberately_bad_scenario_fails_its_check_and_the_passed_checkpoint_k
     _extract_all(project, instance)
     scenario, predictions = dg.AssetKey(["scenario", "churn"]), dg.AssetKey(["predictions", "churn"])
     ws = build_resources(project)["workspace"]
-    monkeypatch.setattr(assets.scenarios, "beats_baselines", lambda task, report: True)  # stage a passed one
+    monkeypatch.setattr(habitus.assets.scenarios, "beats_baselines", lambda task, report: True)  # stage a passed one
     assert _run(project, [dg.AssetKey("foundation_model"), scenario], instance=instance).success
     good = json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"]
     monkeypatch.undo()

@@ -8,12 +8,12 @@ import pytest
 import yaml
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from assets.checks import build_checks
-from models.checkpoint import load_checkpoint
-from pipelines.config import load_project
-from pipelines.definitions import build_assets, build_resources
-from pipelines.demo_data import generate_demo_warehouse
-from resources.executor import TrainingExecutor
+from habitus.assets.checks import build_checks
+from habitus.models.nn.checkpoint import load_checkpoint
+from habitus.pipelines.config import load_project
+from habitus.pipelines.definitions import build_assets, build_resources
+from habitus.pipelines.demo_data import generate_demo_warehouse
+from habitus.resources.executor import TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::dagster.BetaWarning")]
 FOUNDATION, CHURN = dg.AssetKey("foundation_model"), dg.AssetKey(["scenario", "churn"])

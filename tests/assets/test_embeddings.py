@@ -1,7 +1,7 @@
-"""The `embeddings` asset's description of its columns matches what models.predict.embed writes."""
+"""The `embeddings` asset's description of its columns matches what habitus.models.serve.predict.embed writes."""
 
-from assets.embeddings import embedding_columns, scalar_column_names
-from models.features import FeatureSpec
+from habitus.assets.embeddings import embedding_columns, scalar_column_names
+from habitus.models.data.features import FeatureSpec
 
 
 def _spec(numeric, visits=True, half_lives=(14.0, 60.0)) -> FeatureSpec:

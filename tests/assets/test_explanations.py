@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import materialize_all
-from pipelines.config import load_project
-from pipelines.definitions import build_assets, build_resources
+from habitus.pipelines.cli import materialize_all
+from habitus.pipelines.config import load_project
+from habitus.pipelines.definitions import build_assets, build_resources
 
 pytestmark = pytest.mark.slow
 

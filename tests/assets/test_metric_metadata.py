@@ -4,7 +4,7 @@ import math
 
 import dagster as dg
 
-from assets.scenarios import metric_metadata
+from habitus.assets.scenarios import metric_metadata
 
 
 def test_every_model_metric_and_each_baselines_headline_is_a_float():

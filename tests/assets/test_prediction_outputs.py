@@ -1,6 +1,6 @@
 """The outputs' options: `predictions.format: all` (every multilabel label, best first) and
 `predictions.without_history: flag` (a row with null scores for each entity without history); and
-the head the scenario assets choose on the validation cut-off (models/stacking_head.py): the
+the head the scenario assets choose on the validation cut-off (models/heads/stacked_head.py): the
 checkpoint records the choice and carries the stack, the hold-out report has the network alone next
 to the chosen head, and the predictions asset scores with the stack of the serving checkpoint."""
 
@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import materialize_all
-from pipelines.config import load_project
+from habitus.pipelines.cli import materialize_all
+from habitus.pipelines.config import load_project
 
 pytestmark = pytest.mark.slow
 
@@ -75,12 +75,12 @@ def test_entities_without_history_get_a_flagged_row(scored):
 @pytest.mark.parametrize("name", ["churn", "brands"])
 def test_the_checkpoint_records_the_chosen_head_and_predictions_score_with_it(scored, name):
     pytest.importorskip("lightgbm")
-    from assets.cache import current_cache
-    from assets.serving import serving_checkpoint
-    from models.checkpoint import load_checkpoint
-    from models.predict import load_model, predict
-    from models.stacking_head import STACK_FILE, TRUNK_FILE, load_head
-    from resources.workspace import Workspace
+    from habitus.assets.cache import current_cache
+    from habitus.assets.serving import serving_checkpoint
+    from habitus.models.nn.checkpoint import load_checkpoint
+    from habitus.models.serve.predict import load_model, predict
+    from habitus.models.heads.stacked_head import STACK_FILE, TRUNK_FILE, load_head
+    from habitus.resources.workspace import Workspace
 
     workspace = Workspace(root=str(scored[0] / "ws"))
     newest = workspace.scenario(name)
@@ -117,22 +117,22 @@ def test_the_checkpoint_records_the_chosen_head_and_predictions_score_with_it(sc
 
 
 def test_two_scoring_processes_write_the_files_one_process_writes(scored, monkeypatch):
-    """executor inference_processes 2 (models/parts.py): the predictions (the chosen heads, LightGBM
+    """executor inference_processes 2 (models/serve/parts.py): the predictions (the chosen heads, LightGBM
     included) and the embeddings of the day are the files one process writes, bit for bit, on the same
     chunks (64 entities here, so that both processes get some); nothing is left staged."""
     import shutil
 
     import dagster as dg
 
-    from assets.embeddings import EMBEDDINGS_KEY
-    from assets.predictions import predictions_key
-    from pipelines.definitions import build_assets, build_resources
-    from resources.executor import TrainingExecutor
+    from habitus.assets.embeddings import EMBEDDINGS_KEY
+    from habitus.assets.predictions import predictions_key
+    from habitus.pipelines.definitions import build_assets, build_resources
+    from habitus.resources.executor import TrainingExecutor
 
     root = scored[0]
     project = load_project(root / "project.yaml")
-    monkeypatch.setattr("assets.predictions.CHUNK_ENTITIES", 64)
-    monkeypatch.setattr("assets.embeddings.CHUNK_ENTITIES", 64)
+    monkeypatch.setattr("habitus.assets.predictions.CHUNK_ENTITIES", 64)
+    monkeypatch.setattr("habitus.assets.embeddings.CHUNK_ENTITIES", 64)
     files = {"churn": root / "ws" / "predictions" / "churn" / f"{DAY}.parquet",
              "brands": root / "ws" / "predictions" / "brands" / f"{DAY}.parquet",
              "embeddings": root / "ws" / "embeddings" / f"{DAY}.parquet"}

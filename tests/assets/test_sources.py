@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from assets.sources import build_source_asset, source_key
-from pipelines.config import load_project
-from pipelines.definitions import build_resources
-from pipelines.demo_data import generate_demo_warehouse
-from pipelines.partitions import events_partitions
+from habitus.assets.sources import build_source_asset, source_key
+from habitus.pipelines.config import load_project
+from habitus.pipelines.definitions import build_resources
+from habitus.pipelines.demo_data import generate_demo_warehouse
+from habitus.pipelines.partitions import events_partitions
 
 MARCH, APRIL = datetime(2026, 3, 1), datetime(2026, 4, 1)
 

@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from models import baselines
-from models.cache import Cache, CacheSpec, TableInput, build_cache
-from models.features import FeatureSpec, chunk_at, featurize
-from models.targets import TargetSpec
-from models.loop import chunk_plan
-from models.specs import TaskSpec
+from habitus.models.evaluate import baselines
+from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache
+from habitus.models.data.features import FeatureSpec, chunk_at, featurize
+from habitus.models.data.targets import TargetSpec
+from habitus.models.train.loop import chunk_plan
+from habitus.models.specs import TaskSpec
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 T0 = calendar.timegm((2026, 1, 1, 0, 0, 0))

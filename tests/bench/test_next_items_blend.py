@@ -13,7 +13,7 @@ sys.path.insert(0, str(BENCH))
 
 from next_items_blend import Scorer, item_stats, nll, ranked, softmax_rows  # noqa: E402
 
-from models.items import SparseRows  # noqa: E402
+from habitus.models.data.items import SparseRows  # noqa: E402
 
 
 def _data(seed=0, n=40, items=30):

@@ -22,9 +22,9 @@ import pytest
 
 from safetensors.torch import load_file
 
-from models.checkpoint import load_checkpoint
-from models.stacking_head import load_head
-from models.storage import file_sha256
+from habitus.models.nn.checkpoint import load_checkpoint
+from habitus.models.heads.stacked_head import load_head
+from habitus.models.storage.files import file_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ class Harness:
         return folder
 
     def start(self, folder: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-        cmd = [sys.executable, "-c", "import sys; from pipelines.cli import main; sys.exit(main())",
+        cmd = [sys.executable, "-c", "import sys; from habitus.pipelines.cli import main; sys.exit(main())",
                *(args or ("materialize", "--config", str(folder / "project.yaml")))]
         return subprocess.Popen(cmd, cwd=ROOT, env={**self.env, "DAGSTER_HOME": str(folder / "dagster"),
                                                    **(env or {})},
@@ -105,7 +105,7 @@ class Harness:
                     load_checkpoint(path.parent)  # verifies the SHA-256 recorded in config.json
                 elif path.name == "stack_trunk.safetensors":  # the head chosen on validation (stacking_head)
                     assert load_head(path.parent, json.loads((path.parent / "config.json").read_text())) is not None
-                elif path.name == "state.safetensors":  # resumable training state (models.resume)
+                elif path.name == "state.safetensors":  # resumable training state (habitus.models.train.resume)
                     body = json.loads((path.parent / "state.json").read_text())
                     assert body["tensors_sha256"] == file_sha256(path), "state does not match its state.json"
                     load_file(str(path))
@@ -185,7 +185,7 @@ def _normalized(value):
 
 @pytest.fixture(scope="session")
 def faults(tmp_path_factory, small_project) -> Harness:
-    from pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo_data import generate_demo_warehouse
 
     warehouse = tmp_path_factory.mktemp("faults-warehouse") / "warehouse.duckdb"
     generate_demo_warehouse(warehouse, customers=400, products=60, stores=5, start="2026-03-01", end="2026-08-31",

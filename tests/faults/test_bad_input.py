@@ -12,9 +12,9 @@ import pytest
 import yaml
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from assets.checks import build_checks
-from pipelines.config import load_project
-from pipelines.definitions import build_assets, build_resources
+from habitus.assets.checks import build_checks
+from habitus.pipelines.config import load_project
+from habitus.pipelines.definitions import build_assets, build_resources
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 SOURCE, CACHE = dg.AssetKey(["source", "purchases"]), dg.AssetKey("cache")
@@ -23,7 +23,7 @@ RANGE = {ASSET_PARTITION_RANGE_START_TAG: "2026-03-01", ASSET_PARTITION_RANGE_EN
 
 @pytest.fixture(scope="module")
 def demo_warehouse(tmp_path_factory):
-    from pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo_data import generate_demo_warehouse
 
     path = tmp_path_factory.mktemp("bad-input") / "warehouse.duckdb"
     generate_demo_warehouse(path, customers=150, products=40, stores=3, end="2026-05-31", seed=4)
@@ -99,7 +99,7 @@ def test_an_empty_partition_is_an_empty_file_and_loses_no_row(warehouse, tmp_pat
     con = duckdb.connect(str(warehouse), read_only=True)
     want = con.sql("SELECT count(*) FROM purchases WHERE ts < TIMESTAMP '2026-06-01'").fetchall()[0][0]
     con.close()
-    from assets.cache import current_cache
+    from habitus.assets.cache import current_cache
 
     assert current_cache(build_resources(project)["workspace"]).manifest["n_events"] == want
 

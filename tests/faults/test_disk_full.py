@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from models.cache import Cache, CacheSpec, TableInput, build_cache
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.storage import DiskFullError, folder_bytes
-from pipelines.demo_data import generate_demo_warehouse
-from resources.canonical import PARQUET_OPTIONS
+from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache
+from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
+from habitus.models.storage.files import DiskFullError, folder_bytes
+from habitus.pipelines.demo_data import generate_demo_warehouse
+from habitus.resources.canonical import PARQUET_OPTIONS
 
 pytestmark = pytest.mark.faults
 
@@ -116,7 +116,7 @@ def test_predictions_on_a_full_disk_keep_the_previous_day_and_succeed_once_space
     same bytes as on a roomy disk."""
     from datetime import datetime, timezone
 
-    from assets.predictions import write_entity_file
+    from habitus.assets.predictions import write_entity_file
 
     cache = Cache(build_cache(spec, tmp_path / "cache", log=lambda _: None))
     as_of = datetime(2026, 5, 1, tzinfo=timezone.utc)
@@ -142,7 +142,7 @@ def test_an_upload_to_a_full_output_disk_names_the_key_and_resumes_once_space_is
     """`output:` a mounted folder that fills during a stage's upload (resources/output.py): OutputError naming
     the folder and the MB the file needs, at once (a full disk is not retried); no temporary key left, the
     stage's manifest still the previous one; with space freed the upload completes and restores byte for byte."""
-    from resources.output import Output, OutputError
+    from habitus.resources.output import Output, OutputError
 
     root = tmp_path / "ws"
     files = []

@@ -19,12 +19,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from models.cache import Cache, CacheSpec, TableInput, build_cache
-from models.features import chunk_at
-from models.quarantine import DROP_REASONS, quarantine
-from models.target_functions import resolve
-from models.targets import TargetSpec, compute_target
-from pipelines.config import ConfigError, load_project, parse_duration
+from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache
+from habitus.models.data.features import chunk_at
+from habitus.models.cache.quarantine import DROP_REASONS, quarantine
+from habitus.models.data.target_functions import resolve
+from habitus.models.data.targets import TargetSpec, compute_target
+from habitus.pipelines.config import ConfigError, load_project, parse_duration
 
 NOW = calendar.timegm((2026, 11, 1, 0, 0, 0))
 DAY = 86_400

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines.config import ConfigError, load_project
-from pipelines.definitions import build_assets, build_resources
-from resources.workspace import Workspace, WorkspaceError
+from habitus.pipelines.config import ConfigError, load_project
+from habitus.pipelines.definitions import build_assets, build_resources
+from habitus.resources.workspace import Workspace, WorkspaceError
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE_TABLE = 'x"; DROP TABLE y; --'

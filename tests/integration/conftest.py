@@ -272,7 +272,7 @@ class Contract:
         import pyarrow.parquet as pq
         from datetime import timezone
 
-        from resources.canonical import write_canonical_parquet
+        from habitus.resources.canonical import write_canonical_parquet
 
         t = typed_table(null_times)
         assert wh.write(table, iter(t.to_batches(max_chunksize=3)), t.schema) == t.num_rows
@@ -292,8 +292,8 @@ class Contract:
     def lossy_value_is_an_error(wh, tmp_path, table: str, column: str):
         """Extracting a value the canonical type cannot hold fails, naming the table and column,
         and leaves no file behind."""
-        from resources.canonical import write_canonical_parquet
-        from resources.errors import WarehouseError
+        from habitus.resources.canonical import write_canonical_parquet
+        from habitus.resources.errors import WarehouseError
 
         path = tmp_path / "lossy" / "part.parquet"
         with pytest.raises(WarehouseError, match=rf"table '{table}'.*column '{column}'") as err:
@@ -303,7 +303,7 @@ class Contract:
 
     @staticmethod
     def missing_table(wh):
-        from resources.errors import WarehouseError
+        from habitus.resources.errors import WarehouseError
 
         with pytest.raises(WarehouseError, match="no_such_table"):
             wh.schema("no_such_table")
@@ -346,10 +346,10 @@ class Contract:
         """The source asset materialized through the project config's connection (secrets as ${ENV})."""
         import pyarrow.parquet as pq
 
-        from assets.sources import build_source_asset
-        from pipelines.config import load_project
-        from pipelines.definitions import build_resources
-        from pipelines.partitions import events_partitions
+        from habitus.assets.sources import build_source_asset
+        from habitus.pipelines.config import load_project
+        from habitus.pipelines.definitions import build_resources
+        from habitus.pipelines.partitions import events_partitions
 
         cfg = {"workspace": "ws", "connections": {"wh": connection}, "entity": "customer_id",
                "sources": [{"name": "events", "role": "events", "connection": "wh", "table": table,
@@ -432,11 +432,11 @@ def _wait_for_hive_session(port: int, server: Server, timeout: float) -> None:
     can take longer than a connector's connect timeout. Wait until one opens (without PyHive the
     tests skip anyway)."""
     try:
-        from resources.hive import HiveWarehouse
+        from habitus.resources.hive import HiveWarehouse
         import pyhive  # noqa: F401
     except ImportError:
         return
-    from resources.errors import WarehouseError
+    from habitus.resources.errors import WarehouseError
 
     deadline = time.time() + timeout
     while True:
@@ -507,7 +507,7 @@ def _env_or_skip(names: tuple[str, ...], what: str) -> None:
 
 
 def snowflake_warehouse(server, database, **kw):
-    from resources.snowflake import SnowflakeWarehouse
+    from habitus.resources.snowflake import SnowflakeWarehouse
 
     return SnowflakeWarehouse(name="wh", account="fakesnow", user="fake", password="snow", database=database,
                               schema_name="PUBLIC", options={"host": "127.0.0.1", "port": server.port,
@@ -544,7 +544,7 @@ def _bigquery_events(request, storage_api: bool) -> Loaded:
     """BigQueryWarehouse through the real google-cloud-bigquery client (REST) and Storage Read API
     (gRPC) against bqemulator, reading through the Storage Read API or through a query."""
     driver("google.cloud.bigquery", "bigquery")
-    from resources.bigquery import BigQueryWarehouse
+    from habitus.resources.bigquery import BigQueryWarehouse
 
     rest, grpc = request.getfixturevalue("bq_emulator")
     dataset = f"habitus_{uuid.uuid4().hex[:8]}"
@@ -586,7 +586,7 @@ def bigquery_query_events(request):
 
 
 def clickhouse_server_warehouse(database):
-    from resources.clickhouse import ClickHouseWarehouse
+    from habitus.resources.clickhouse import ClickHouseWarehouse
 
     return ClickHouseWarehouse(name="ch", host=os.environ["CLICKHOUSE_HOST"],
                                port=int(os.environ.get("CLICKHOUSE_PORT", "8123")),
@@ -617,7 +617,7 @@ def clickhouse_chdb_events(request):
     in-process, through clickhouse-connect's chdb interface): every statement the connector sends
     runs on a current ClickHouse engine."""
     driver("clickhouse_connect", "clickhouse")
-    from resources.clickhouse import ClickHouseWarehouse
+    from habitus.resources.clickhouse import ClickHouseWarehouse
 
     path = request.getfixturevalue("chdb_path")
     database = f"habitus_{uuid.uuid4().hex[:8]}"
@@ -641,7 +641,7 @@ def clickhouse_server_events():
 def hive_events(request):
     """HiveWarehouse through PyHive against a real HiveServer2 endpoint (Spark's Thrift server)."""
     driver("pyhive", "hive")
-    from resources.hive import HiveWarehouse
+    from habitus.resources.hive import HiveWarehouse
 
     server = request.getfixturevalue("hive_server")
     database = f"habitus_{uuid.uuid4().hex[:8]}"
@@ -662,7 +662,7 @@ def _databricks_events(volume: bool):
     in tests/resources/test_databricks.py."""
     driver("databricks.sql", "databricks")
     _env_or_skip(("DATABRICKS_SERVER_HOSTNAME", "DATABRICKS_HTTP_PATH", "DATABRICKS_TOKEN"), "Databricks workspace")
-    from resources.databricks import DatabricksWarehouse
+    from habitus.resources.databricks import DatabricksWarehouse
 
     staging = os.environ.get("DATABRICKS_STAGING_VOLUME")
     if volume and not staging:
@@ -699,7 +699,7 @@ def synapse_events():
     Everything short of a server is in tests/resources/test_synapse.py."""
     driver("mssql_python", "synapse")
     _env_or_skip(("SYNAPSE_SERVER", "SYNAPSE_DATABASE", "SYNAPSE_USER", "SYNAPSE_PASSWORD"), "Synapse / SQL Server")
-    from resources.synapse import SynapseWarehouse
+    from habitus.resources.synapse import SynapseWarehouse
 
     wh = SynapseWarehouse(name="syn", server=os.environ["SYNAPSE_SERVER"], database=os.environ["SYNAPSE_DATABASE"],
                           username=os.environ["SYNAPSE_USER"], password=os.environ["SYNAPSE_PASSWORD"],
@@ -735,7 +735,7 @@ def s3_lake(request):
 
 
 def s3_warehouse(endpoint):
-    from resources.parquet import ParquetWarehouse
+    from habitus.resources.parquet import ParquetWarehouse
 
     return ParquetWarehouse(path="s3://lake/shop", endpoint=f"http://{endpoint}", region="us-east-1")
 
@@ -767,7 +767,7 @@ def s3_by_month_events(s3_lake):
 @pytest.fixture(scope="module")
 def duckdb_events(tmp_path_factory):
     """The embedded default: a DuckDB database file."""
-    from resources.duckdb import DuckDBWarehouse
+    from habitus.resources.duckdb import DuckDBWarehouse
 
     wh = DuckDBWarehouse(path=str(tmp_path_factory.mktemp("duckdb") / "wh.duckdb"))
     load_events(wh)
@@ -787,7 +787,7 @@ def duckdb_events(tmp_path_factory):
 @pytest.fixture(scope="module")
 def parquet_events(tmp_path_factory):
     """Local Parquet files as a warehouse."""
-    from resources.parquet import ParquetWarehouse
+    from habitus.resources.parquet import ParquetWarehouse
 
     wh = ParquetWarehouse(path=str(tmp_path_factory.mktemp("lake")))
     load_events(wh)

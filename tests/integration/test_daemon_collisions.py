@@ -65,7 +65,7 @@ def project_config() -> dict:
 
 @pytest.fixture(scope="module")
 def warehouse(tmp_path_factory):
-    from pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo_data import generate_demo_warehouse
 
     path = tmp_path_factory.mktemp("daemon-warehouse") / "warehouse.duckdb"
     generate_demo_warehouse(path, customers=150, products=30, stores=3, start=MONTHS[0], end="2026-03-31", seed=3)
@@ -94,7 +94,7 @@ def project(folder: Path, warehouse: Path) -> Path:
 
 
 def habitus(folder: Path, env: dict, *args: str, timeout: float = 600) -> str:
-    proc = subprocess.run([sys.executable, "-c", "import sys; from pipelines.cli import main; sys.exit(main())",
+    proc = subprocess.run([sys.executable, "-c", "import sys; from habitus.pipelines.cli import main; sys.exit(main())",
                            *(args or ("materialize",)), "--config", str(folder / "project.yaml")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -114,8 +114,8 @@ def serial_run(warehouse: Path, base: Path, train_first: bool) -> dict:
     if train_first:
         import dagster as dg
 
-        from pipelines.config import load_project
-        from pipelines.definitions import build_definitions
+        from habitus.pipelines.config import load_project
+        from habitus.pipelines.definitions import build_definitions
 
         extract_first_months(folder)
         job = build_definitions(load_project(folder / "project.yaml")).resolve_job_def("train")
@@ -148,10 +148,10 @@ def extract_first_months(folder: Path, months=MONTHS[:2]) -> None:
     not know them, so its sensor asks for all three months)."""
     import dagster as dg
 
-    from assets.sources import build_source_asset
-    from pipelines.config import load_project
-    from pipelines.definitions import build_resources
-    from pipelines.partitions import events_partitions
+    from habitus.assets.sources import build_source_asset
+    from habitus.pipelines.config import load_project
+    from habitus.pipelines.definitions import build_resources
+    from habitus.pipelines.partitions import events_partitions
 
     p = load_project(folder / "project.yaml")
     for name in ("customers", "products"):
@@ -246,7 +246,7 @@ class Daemon:
     def __init__(self, folder: Path, env: dict):
         self.workspace = folder / "workspace.yaml"
         self.workspace.write_text(yaml.safe_dump({"load_from": [{"python_module": {
-            "module_name": "pipelines.definitions", "working_directory": str(ROOT)}}]}))
+            "module_name": "habitus.pipelines.definitions", "working_directory": str(ROOT)}}]}))
         self.env, self.log = env, folder / "daemon.log"
         out = open(self.log, "wb")
         # a daemon started from a script ignores SIGINT/SIGTERM (COMPONENTS.md); default handlers first
@@ -408,8 +408,8 @@ def test_extraction_jobs_run_in_process_off_kubernetes_and_as_pods_on_it(tmp_pat
     seconds-long extraction take minutes on two cores. On Kubernetes every step stays its own Job."""
     from dagster import in_process_executor
 
-    from pipelines.config import load_project
-    from pipelines.definitions import build_definitions
+    from habitus.pipelines.config import load_project
+    from habitus.pipelines.definitions import build_definitions
 
     cfg = project_config()
     (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg))

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines.demo_data import generate_demo_warehouse
+from habitus.pipelines.demo_data import generate_demo_warehouse
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,7 +26,7 @@ BUCKET = "habitus-artifacts"
 # the upload of one scenario checkpoint dies with half of its bytes sent (SIGKILL: no clean-up runs)
 KILL_HALFWAY = """
 import os, signal, sys
-import resources.output as output
+import habitus.resources.output as output
 
 whole = output.Output._write_file
 
@@ -41,7 +41,7 @@ def half_then_die(self, src, key):
     return whole(self, src, key)
 
 output.Output._write_file = half_then_die
-from pipelines.cli import main
+from habitus.pipelines.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -99,7 +99,7 @@ def s3(moto_s3):
 
 
 def _habitus(folder: Path, env: dict, *args: str, script: str | None = None) -> subprocess.CompletedProcess:
-    code = script or "import sys; from pipelines.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = script or "import sys; from habitus.pipelines.cli import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=folder, capture_output=True, text=True,
                           timeout=900, env={**os.environ, **env, "PYTHONPATH": str(ROOT), "HABITUS_FAILURE_FILE": "",
                                             "DAGSTER_HOME": ""})

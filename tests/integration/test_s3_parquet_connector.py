@@ -6,8 +6,8 @@ from datetime import datetime
 
 import pytest
 
-from resources.errors import WarehouseError
-from resources.parquet import ParquetWarehouse
+from habitus.resources.errors import WarehouseError
+from habitus.resources.parquet import ParquetWarehouse
 
 pytestmark = pytest.mark.integration
 

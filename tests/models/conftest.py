@@ -1,5 +1,5 @@
 """Shared helpers for the models tests: tiny Parquet sources in a temporary folder, cached with
-models.cache.build_cache.
+habitus.models.cache.build_cache.
 
 Test modules get them through the `sources` / `module_sources` fixtures (a `Sources` object), so
 nothing has to import this file by name.
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from models.cache import Cache, CacheSpec, TableInput, build_cache
+from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache
 
 DAY = 86_400
 T0 = calendar.timegm((2026, 1, 1, 0, 0, 0))  # a midnight (UTC): every test's time origin
@@ -156,8 +156,8 @@ def segment_foundation(module_sources):
     """(cache, test cut-off, foundation TrainResult): 240 customers of three segments over 112 days,
     each buying mostly its own products of 12, and a tiny foundation model whose targets end 14 days
     (the horizon) before the test cut-off, which leaves 14 days after it."""
-    from models.foundation_training import train_foundation
-    from models.specs import FoundationConfig
+    from habitus.models.train.foundation import train_foundation
+    from habitus.models.specs import FoundationConfig
 
     cfg = FoundationConfig(horizon_days=SEGMENT_HORIZON, cutoff_every_days=7, hidden=16, layers=1, epochs=1,
                            batch_size=16, learning_rate=5e-3, buckets=32, seed=0, cutoffs_per_chunk=1,
@@ -172,8 +172,8 @@ def segment_foundation(module_sources):
 def segment_labels(segment_foundation):
     """`segment_labels(task)`: segment_foundation's (cache, test cut-off, foundation) and a TaskSpec of
     `task` ("multilabel", "multiclass") whose labels are every product, over the 14 days of the horizon."""
-    from models.specs import TaskSpec
-    from models.targets import TargetSpec
+    from habitus.models.specs import TaskSpec
+    from habitus.models.data.targets import TargetSpec
 
     cache, test_cutoff, foundation = segment_foundation
     every = tuple(range(1, cache.columns["product_id"]["vocab_size"] + 1))

@@ -1,5 +1,5 @@
 """bf16 mixed precision around the real training loops (what the executor's `precision: bf16` does:
-models.distributed.autocast around train_foundation / finetune, in the asset or in every torchrun
+habitus.models.train.distributed.autocast around train_foundation / finetune, in the asset or in every torchrun
 rank). On GPUs the context is torch.autocast("cuda", bfloat16); this machine has no GPU, so the
 loops are run under the CPU's bfloat16 autocast, the same context with the same casting rules: it
 must engage (other numbers than fp32), keep the weights in fp32 (master weights) and train about
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from models.distributed import autocast
-from models.evaluate import protocol
-from models.features import DAY
-from models.targets import TargetSpec
-from models.finetune import finetune
-from models.foundation_training import train_foundation
-from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from habitus.models.train.distributed import autocast
+from habitus.models.evaluate.holdout import protocol
+from habitus.models.data.features import DAY
+from habitus.models.data.targets import TargetSpec
+from habitus.models.train.finetune import finetune
+from habitus.models.train.foundation import train_foundation
+from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -31,7 +31,7 @@ def world(module_sources):
     return module_sources.churning_purchases(200, SPAN, seed=1), module_sources.at(SPAN - HORIZON)
 
 
-def _cpu_bf16():  # as models.distributed.autocast on a GPU: no weight cache across the loop's steps
+def _cpu_bf16():  # as habitus.models.train.distributed.autocast on a GPU: no weight cache across the loop's steps
     return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False)
 
 

@@ -1,4 +1,4 @@
-"""models.cache: encoding, sorting, sharding, vocabularies, the manifest and reuse by fingerprint."""
+"""habitus.models.cache: encoding, sorting, sharding, vocabularies, the manifest and reuse by fingerprint."""
 
 import json
 import os
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from models.cache import Cache, CacheError, TableInput, build_cache
+from habitus.models.cache import Cache, CacheError, TableInput, build_cache
 
 T0 = 1767225600  # 2026-01-01T00:00:00Z, as in conftest
 
@@ -251,7 +251,7 @@ def test_folder_without_manifest_is_not_a_cache(built, tmp_path):
 
 _BUILD_IN_NEW_YORK = textwrap.dedent("""
     import json, sys
-    from models.cache import Cache, CacheSpec, TableInput, build_cache
+    from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache
     root, naive, aware = sys.argv[1:]
     out = {}
     for name, path in (("naive", naive), ("aware", aware)):
@@ -292,7 +292,7 @@ def test_time_zone_aware_timestamps_keep_their_utc_instant(new_york_build):
 
 # --------------------------------------------------------------------------- new data: append / rebuild
 
-from models.cache import MAX_SHARD_FILES  # noqa: E402
+from habitus.models.cache import MAX_SHARD_FILES  # noqa: E402
 
 FIRST = [r for r in KEPT if r[1] <= 6.0]
 LATER = [r for r in KEPT if r[1] > 6.0] + [
@@ -486,9 +486,9 @@ def test_the_cache_is_no_bigger_than_its_source_parquet(tmp_path):
     writes them (zstd Parquet), against every file of the cache folder."""
     import duckdb
 
-    from models.storage import folder_bytes
-    from pipelines.demo_data import generate_demo_warehouse
-    from resources.canonical import PARQUET_OPTIONS
+    from habitus.models.storage.files import folder_bytes
+    from habitus.pipelines.demo_data import generate_demo_warehouse
+    from habitus.resources.canonical import PARQUET_OPTIONS
 
     generate_demo_warehouse(tmp_path / "w.duckdb", customers=3000, products=300, stores=8, seed=1,
                             start="2026-03-01", end="2026-05-31")
@@ -507,7 +507,7 @@ def test_the_cache_is_no_bigger_than_its_source_parquet(tmp_path):
                               "price": "numeric"}, timestamp="ts")
     spec_products = TableInput("products", [str(products)], {"category": "categorical", "brand": "categorical",
                                                               "price_tier": "categorical"}, key="product_id")
-    from models.cache import CacheSpec
+    from habitus.models.cache import CacheSpec
 
     folder = build_cache(CacheSpec(entity="customer_id", events=[spec_events], attributes=[spec_products]),
                          tmp_path / "cache")

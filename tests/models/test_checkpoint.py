@@ -1,4 +1,4 @@
-"""models.checkpoint: weights-only folders that round-trip exactly and refuse tampering."""
+"""habitus.models.nn.checkpoint: weights-only folders that round-trip exactly and refuse tampering."""
 
 import json
 import struct
@@ -6,8 +6,8 @@ import struct
 import pytest
 import torch
 
-from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from models.network import Model, NetConfig
+from habitus.models.nn.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from habitus.models.nn.network import Model, NetConfig
 
 
 def _model(seed=0, history_channels=0) -> Model:

@@ -1,5 +1,5 @@
 """Two CPU processes under torchrun (gloo) train the same model as one process: each rank takes
-its share of the cache's entity chunks (models.distributed.shard), DDP averages the gradients, and
+its share of the cache's entity chunks (habitus.models.train.distributed.shard), DDP averages the gradients, and
 the weights after training match the single process's, which sees both ranks' chunks in one batch
 at every step. Only rank 0 writes.
 
@@ -38,13 +38,13 @@ def train(cache_path: str, dist, epochs: int = 2, extra_chunk: bool = False) -> 
     """A minimal foundation loop over the library's features and targets. Distributed: each rank
     trains on shard(plan) with DDP. Single (dist.world == 1): the chunks of both ranks' step j
     together, one batch, which is what DDP's gradient average amounts to."""
-    from models.cache import Cache
-    from models.distributed import mean_over_ranks, shard, uneven, unwrap, wrap
-    from models.features import DAY, FeatureSpec, chunk_at, featurize
-    from models.network import Model, NetConfig
-    from models.targets import foundation_target
-    from models.foundation_training import foundation_loss
-    from models.loop import chunk_plan
+    from habitus.models.cache import Cache
+    from habitus.models.train.distributed import mean_over_ranks, shard, uneven, unwrap, wrap
+    from habitus.models.data.features import DAY, FeatureSpec, chunk_at, featurize
+    from habitus.models.nn.network import Model, NetConfig
+    from habitus.models.data.targets import foundation_target
+    from habitus.models.train.foundation import foundation_loss
+    from habitus.models.train.loop import chunk_plan
 
     cache = Cache(cache_path)
     spec = FeatureSpec.from_cache(cache, buckets=8)
@@ -87,7 +87,7 @@ def train(cache_path: str, dist, epochs: int = 2, extra_chunk: bool = False) -> 
 def main() -> None:
     from safetensors.torch import save_file
 
-    from models.distributed import close, from_env
+    from habitus.models.train.distributed import close, from_env
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", required=True)
@@ -108,7 +108,7 @@ def main() -> None:
 def test_two_gloo_processes_train_like_one(sources, tmp_path):
     from safetensors.torch import load_file
 
-    from models.distributed import Dist
+    from habitus.models.train.distributed import Dist
 
     customer, ts, product, price = _events(sources)
     cache = sources.build(sources.events(sources.write_events("purchases", customer, ts, product, price)))

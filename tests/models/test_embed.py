@@ -1,13 +1,13 @@
-"""models.predict.embed: what the `embeddings` asset writes for every entity, the trunk's
+"""habitus.models.serve.predict.embed: what the `embeddings` asset writes for every entity, the trunk's
 representation followed by the entity's recency / frequency / monetary / visit scalars."""
 
 import numpy as np
 import torch
 
-from models.features import FeatureSpec, chunk_at, featurize, scalar_features, visit_features
-from models.network import NetConfig, Trunk
-from models.predict import embed, embedding_width
-from models.loop import chunk_plan
+from habitus.models.data.features import FeatureSpec, chunk_at, featurize, scalar_features, visit_features
+from habitus.models.nn.network import NetConfig, Trunk
+from habitus.models.serve.predict import embed, embedding_width
+from habitus.models.train.loop import chunk_plan
 
 
 def _rows(batches) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
-"""The multilabel hold-out scores a block of labels at a time (models.metrics.blockwise_macro_auroc,
-models.evaluate): checked against the dense [entities, labels] computation it replaced, by hand, on
-random data and on a tiny cache; and LightGBM's label cap for wide heads (models.baselines)."""
+"""The multilabel hold-out scores a block of labels at a time (habitus.models.evaluate.metrics.blockwise_macro_auroc,
+habitus.models.evaluate.holdout): checked against the dense [entities, labels] computation it replaced, by hand, on
+random data and on a tiny cache; and LightGBM's label cap for wide heads (habitus.models.evaluate.baselines)."""
 
 import math
 import tracemalloc
@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-import models.metrics as metrics
-from models.baselines import LabelScores, lightgbm_scores
-from models.evaluate import evaluate, protocol, task_metrics
-from models.features import FeatureSpec, chunk_at
-from models.items import SparseRows
-from models.metrics import blockwise_macro_auroc, column_aurocs, macro_auroc
-from models.network import NetConfig
-from models.targets import TargetSpec, compute_target, eligible
-from models.labels import recent_popularity, task_inputs
-from models.loop import chunk_plan
-from models.scoring import build_model, scores
-from models.specs import TaskSpec
-from models.tasks.multilabel import baseline_scores
+import habitus.models.evaluate.metrics as metrics
+from habitus.models.evaluate.baselines import LabelScores, lightgbm_scores
+from habitus.models.evaluate.holdout import evaluate, protocol, task_metrics
+from habitus.models.data.features import FeatureSpec, chunk_at
+from habitus.models.data.items import SparseRows
+from habitus.models.evaluate.metrics import blockwise_macro_auroc, column_aurocs, macro_auroc
+from habitus.models.nn.network import NetConfig
+from habitus.models.data.targets import TargetSpec, compute_target, eligible
+from habitus.models.data.labels import recent_popularity, task_inputs
+from habitus.models.train.loop import chunk_plan
+from habitus.models.tasks.scoring import build_model, scores
+from habitus.models.specs import TaskSpec
+from habitus.models.tasks.multilabel import baseline_scores
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -198,7 +198,7 @@ def test_lightgbm_caps_a_wide_head_at_its_most_frequent_labels(world):
 
 def test_a_narrow_head_keeps_every_label_in_lightgbm(world, monkeypatch):
     """At or below the cap nothing changes: the label-count features and targets of every label."""
-    import models.baselines as baselines
+    import habitus.models.evaluate.baselines as baselines
 
     cache, test_cutoff, spec, task, _ = world
     assert task.outputs <= baselines.MULTILABEL_MAX_LABELS
@@ -211,9 +211,9 @@ def test_a_narrow_head_keeps_every_label_in_lightgbm(world, monkeypatch):
 
 
 def test_the_gate_compares_a_label_subset_baseline_with_the_model_on_that_subset():
-    """assets.scenarios.beats_baselines: LightGBM on the top labels of a wide head is beaten when the
+    """habitus.assets.scenarios.beats_baselines: LightGBM on the top labels of a wide head is beaten when the
     model's macro AUROC on the same labels is higher, whatever the model's value over every label."""
-    from assets.scenarios import beats_baselines
+    from habitus.assets.scenarios import beats_baselines
 
     task = TaskSpec("multilabel", TargetSpec("any_event", HORIZON, "product_id", tuple(range(1, 301))))
     report = {"model": {"macro_auroc": 0.80}, "baselines": {

@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from models.explain import Explainer, chosen, column_totals, explain_cutoff, input_groups, rendered, value_stats
-from models.explain.integrated import integrated_gradients
-from models.features import FeatureSpec, bucketize, chunk_at
-from models.network import NetConfig
-from models.targets import TargetSpec, eligible
-from models.labels import item_popularity, task_inputs, top_values
-from models.scoring import build_model
-from models.specs import TaskSpec
+from habitus.models.explain import Explainer, chosen, column_totals, explain_cutoff, input_groups, rendered, value_stats
+from habitus.models.explain.integrated import integrated_gradients
+from habitus.models.data.features import FeatureSpec, bucketize, chunk_at
+from habitus.models.nn.network import NetConfig
+from habitus.models.data.targets import TargetSpec, eligible
+from habitus.models.data.labels import item_popularity, task_inputs, top_values
+from habitus.models.tasks.scoring import build_model
+from habitus.models.specs import TaskSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,7 +38,7 @@ def world(module_sources):
     customers = s.write("customers", customer_id=[f"c{i:03d}" for i in range(80)],
                         segment=[["budget", "family", "premium"][i % 3] for i in range(80)],
                         age=[float(20 + i % 50) if i % 7 else None for i in range(80)])
-    from models.cache import TableInput
+    from habitus.models.cache import TableInput
 
     cache = s.build(events, [TableInput("customers", [customers], {"segment": "categorical", "age": "numeric"})])
     return cache, s.at(150)
@@ -206,7 +206,7 @@ def test_masking_every_group_gives_the_baseline(world):
 
 
 def test_integrated_gradients_are_captums(world):
-    """models.explain's own quadrature is Captum's Gauss-Legendre Integrated Gradients, several inputs
+    """habitus.models.explain's own quadrature is Captum's Gauss-Legendre Integrated Gradients, several inputs
     at once (x and the trunk's piecewise encoding) and at few steps."""
     from captum.attr import IntegratedGradients
 

@@ -10,25 +10,25 @@ import numpy as np
 import pytest
 import torch
 
-from models.evaluate import protocol
-from models.explain import ServedExplainer, column_totals, explain_cutoff, input_groups
-from models.explain.served import _logit
-from models.features import FeatureSpec, chunk_at
-from models.items import SparseRows
-from models.labels import task_inputs
-from models.predict import predict
-from models.specs import FinetuneConfig, TaskSpec
-from models.stacking import StackConfig
-from models.stacking_head import fit_head, trunk_of
-from models.targets import TargetSpec
-from models.tasks import task as task_of
+from habitus.models.evaluate.holdout import protocol
+from habitus.models.explain import ServedExplainer, column_totals, explain_cutoff, input_groups
+from habitus.models.explain.served import _logit
+from habitus.models.data.features import FeatureSpec, chunk_at
+from habitus.models.data.items import SparseRows
+from habitus.models.data.labels import task_inputs
+from habitus.models.serve.predict import predict
+from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.heads.stacking import StackConfig
+from habitus.models.heads.stacked_head import fit_head, trunk_of
+from habitus.models.data.targets import TargetSpec
+from habitus.models.tasks import task as task_of
 
 pytest.importorskip("lightgbm")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Completeness tolerance, in the served score's units (probability, amount): |served score - served
 # baseline - sum of attributions| at most 1% of |served score - served baseline| + 1e-4 x (1 + |baseline|),
-# the asset's own (models.explain.integrated.TOLERANCE, ABS_TOLERANCE), integrating up to 64 steps. The
+# the asset's own (habitus.models.explain.integrated.TOLERANCE, ABS_TOLERANCE), integrating up to 64 steps. The
 # trees' part is exact (TreeSHAP, then exact rescalings: checked to 1e-9 below); the gap is the
 # network's and the foundation trunk's quadrature, and float32 rounding.
 TOLERANCE, ABSOLUTE, STEPS = 0.01, 1e-4, 16
@@ -46,7 +46,7 @@ def world(segment_foundation):
 
 @pytest.fixture(scope="module")
 def scenarios(world):
-    from models.finetune import finetune
+    from habitus.models.train.finetune import finetune
 
     cache, test_cutoff, foundation, spec = world
     out = {}

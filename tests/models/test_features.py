@@ -1,13 +1,13 @@
-"""models.features and models.targets: what a cut-off lets the features see, and what it labels."""
+"""habitus.models.data.features and habitus.models.data.targets: what a cut-off lets the features see, and what it labels."""
 
 import numpy as np
 import pytest
 
-from models.cache import TableInput
-from models.features import (DAY, HALF_LIVES, RECENCY_DAYS, WINDOWS, FeatureSpec, bucket_count, bucketize, chunk_at,
+from habitus.models.cache import TableInput
+from habitus.models.data.features import (DAY, HALF_LIVES, RECENCY_DAYS, WINDOWS, FeatureSpec, bucket_count, bucketize, chunk_at,
                              featurize, visit_features, visit_width)
-from models.targets import TargetSpec, compute_target, eligible, foundation_target
-from models.loop import chunk_plan
+from habitus.models.data.targets import TargetSpec, compute_target, eligible, foundation_target
+from habitus.models.train.loop import chunk_plan
 
 CUT_DAY = 120  # the cut-off: T0 + 120 days, a midnight
 

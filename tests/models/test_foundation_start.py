@@ -1,4 +1,4 @@
-"""The foundation's own forecast as a scenario head's start (models/prior.py): which foundation target
+"""The foundation's own forecast as a scenario head's start (models/train/prior.py): which foundation target
 columns forecast which outputs, the calibration, what the head holds after the start, and that
 fine-tuning chooses between the two starts on validation."""
 
@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from models.features import FeatureSpec, chunk_at
-from models.finetune import finetune
-from models.items import SparseRows
-from models.loop import chunk_plan
-from models.network import Model, NetConfig
-from models.prior import Forecast, calibrate, foundation_forecast, start_at_forecast
-from models.specs import FinetuneConfig, TaskSpec
-from models.targets import TargetSpec, compute_target, foundation_target
+from habitus.models.data.features import FeatureSpec, chunk_at
+from habitus.models.train.finetune import finetune
+from habitus.models.data.items import SparseRows
+from habitus.models.train.loop import chunk_plan
+from habitus.models.nn.network import Model, NetConfig
+from habitus.models.train.prior import Forecast, calibrate, foundation_forecast, start_at_forecast
+from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.data.targets import TargetSpec, compute_target, foundation_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FINETUNE = FinetuneConfig(epochs=1, learning_rate=3e-3, batch_size=32, chunk_entities=64, seed=0)

@@ -1,4 +1,4 @@
-"""models/heap.py: with glibc's mmap threshold fixed, chunk-sized arrays freed between small live ones
+"""models/storage/heap.py: with glibc's mmap threshold fixed, chunk-sized arrays freed between small live ones
 go back to the system; with the dynamic threshold they stay in a fragmented heap."""
 
 import platform
@@ -13,7 +13,7 @@ SCRIPT = """
 import sys
 import numpy as np
 sys.path.insert(0, {root!r})
-from models.heap import bound_heap
+from habitus.models.storage.heap import bound_heap
 if sys.argv[1] == "bound":
     assert bound_heap()
 def rss():
@@ -45,7 +45,7 @@ KEEP = """
 import sys
 import numpy as np
 sys.path.insert(0, {root!r})
-from models import heap
+from habitus.models.storage import heap
 assert heap.bound_heap() and heap._fixed == 4 << 20
 if sys.argv[1] == "keep":
     assert heap.keep_on_heap(16 << 20) and heap._fixed == 17 << 20
@@ -85,7 +85,7 @@ import resource
 import sys
 import numpy as np
 sys.path.insert(0, {root!r})
-from models.heap import bound_heap
+from habitus.models.storage.heap import bound_heap
 assert bound_heap()
 keep = np.ones(1000)  # (something live below, as in any process)
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

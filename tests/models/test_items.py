@@ -1,4 +1,4 @@
-"""models.items: sparse label rows, the sampled softmax and the blockwise top-k that let
+"""habitus.models.data.items: sparse label rows, the sampled softmax and the blockwise top-k that let
 recommendation scale to a large catalog, checked against dense computations and hand cases."""
 
 import math
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.features import Chunk, value_history
-from models.items import SparseRows, candidates, group_history, sampled_softmax_loss, top_k_items
-from models.metrics import ranking_metrics, ranking_metrics_at, top_k
-from models.network import ItemHead
+from habitus.models.data.features import Chunk, value_history
+from habitus.models.data.items import SparseRows, candidates, group_history, sampled_softmax_loss, top_k_items
+from habitus.models.evaluate.metrics import ranking_metrics, ranking_metrics_at, top_k
+from habitus.models.nn.network import ItemHead
 
 
 def _random_sparse(rng, n_rows=7, n_cols=11, density=0.3) -> tuple[SparseRows, np.ndarray]:

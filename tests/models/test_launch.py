@@ -1,8 +1,8 @@
 """The real training functions under torchrun: `train_foundation` and `finetune` in 2 gloo CPU
 processes, launched as the assets launch them (TrainingExecutor.train -> `python -m
-models.launch`), against the same functions in this process, on a tiny cache.
+habitus.models.train.launch`), against the same functions in this process, on a tiny cache.
 
-Why they agree, and how closely. Each rank trains on half of the entity chunks (models.distributed
+Why they agree, and how closely. Each rank trains on half of the entity chunks (habitus.models.train.distributed
 .shard, balanced by entities) and DDP averages the two ranks' gradients at every step, so a step
 of the 2 processes is a step on two batches, one from each half, and an epoch covers the same rows
 as one process in about half the optimizer steps. The trajectory is not the single process's
@@ -26,16 +26,16 @@ import numpy as np
 import pytest
 import torch
 
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.evaluate import protocol
-from models.features import DAY, FeatureSpec, chunk_at, featurize
-from models.launch import foundation_job, scenario_job
-from models.targets import TargetSpec, foundation_target
-from models.finetune import finetune
-from models.foundation_training import foundation_loss, train_foundation
-from models.loop import chunk_plan
-from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
-from resources.executor import ExecutorError, TrainingExecutor
+from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
+from habitus.models.evaluate.holdout import protocol
+from habitus.models.data.features import DAY, FeatureSpec, chunk_at, featurize
+from habitus.models.train.launch import foundation_job, scenario_job
+from habitus.models.data.targets import TargetSpec, foundation_target
+from habitus.models.train.finetune import finetune
+from habitus.models.train.foundation import foundation_loss, train_foundation
+from habitus.models.train.loop import chunk_plan
+from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from habitus.resources.executor import ExecutorError, TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

@@ -1,4 +1,4 @@
-"""models.locks with real processes: the second writer waits or stops with a message naming the
+"""habitus.models.storage.locks with real processes: the second writer waits or stops with a message naming the
 holder, a lock left by a killed process is taken over, and lock names cannot leave their folder."""
 
 import json
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from models.locks import ArtifactLock, LockTimeout, holder, lock_file_name
-from resources.workspace import Workspace
+from habitus.models.storage.locks import ArtifactLock, LockTimeout, holder, lock_file_name
+from habitus.resources.workspace import Workspace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,7 +23,7 @@ def _holder_process(folder, name, then: str) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import os, signal, sys, time
         sys.path.insert(0, {ROOT!r})
-        from models.locks import ArtifactLock
+        from habitus.models.storage.locks import ArtifactLock
         lock = ArtifactLock({str(folder)!r}, {name!r}, what="backfill run 42", log=lambda m: None)
         lock.acquire()
         print("held", flush=True)
@@ -91,7 +91,7 @@ def test_reentrant_in_one_process_and_exclusive_across_processes(tmp_path):
         # still held after the inner release: another process cannot take it
         probe = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
             import sys; sys.path.insert(0, {ROOT!r})
-            from models.locks import ArtifactLock, LockTimeout
+            from habitus.models.storage.locks import ArtifactLock, LockTimeout
             try:
                 ArtifactLock({str(tmp_path)!r}, "cache", timeout_s=0, log=lambda m: None).acquire()
                 print("acquired")

@@ -1,4 +1,4 @@
-"""LoRA adapters (models/lora.py): exact at the start, only adapters and head learn, the small
+"""LoRA adapters (models/nn/lora.py): exact at the start, only adapters and head learn, the small
 adapters file restores the tuned model, and merging gives a plain model with the same outputs."""
 
 import numpy as np
@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from models.checkpoint import save_checkpoint
-from models.evaluate import protocol
-from models.features import DAY, FeatureSpec
-from models.lora import LoRALinear, apply_lora, finetune_lora, load_adapters, merge_lora, save_adapters
-from models.network import NetConfig
-from models.targets import TargetSpec
-from models.foundation_training import train_foundation
-from models.scoring import build_model
-from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from habitus.models.nn.checkpoint import save_checkpoint
+from habitus.models.evaluate.holdout import protocol
+from habitus.models.data.features import DAY, FeatureSpec
+from habitus.models.nn.lora import LoRALinear, apply_lora, finetune_lora, load_adapters, merge_lora, save_adapters
+from habitus.models.nn.network import NetConfig
+from habitus.models.data.targets import TargetSpec
+from habitus.models.train.foundation import train_foundation
+from habitus.models.tasks.scoring import build_model
+from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
 
 HORIZON = 14
 CHURN = TaskSpec("binary", TargetSpec("no_event", HORIZON, active_days=30))

@@ -1,11 +1,11 @@
-"""models.metrics against small cases computed by hand."""
+"""habitus.models.evaluate.metrics against small cases computed by hand."""
 
 import math
 
 import numpy as np
 import pytest
 
-from models.metrics import (auroc, average_precision, macro_auroc, mae, normalized_gini, ranking_metrics, rmse,
+from habitus.models.evaluate.metrics import (auroc, average_precision, macro_auroc, mae, normalized_gini, ranking_metrics, rmse,
                             top_k)
 
 

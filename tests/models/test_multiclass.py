@@ -9,15 +9,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from models.baselines import lightgbm_scores
-from models.evaluate import LOWER_IS_BETTER, evaluate, headline, protocol
-from models.features import FeatureSpec, chunk_at
-from models.finetune import finetune
-from models.predict import predict
-from models.specs import FinetuneConfig
-from models.targets import future_rows
-from models.tasks import TASKS, task
-from models.tasks.multiclass import multiclass_metrics
+from habitus.models.evaluate.baselines import lightgbm_scores
+from habitus.models.evaluate.holdout import LOWER_IS_BETTER, evaluate, headline, protocol
+from habitus.models.data.features import FeatureSpec, chunk_at
+from habitus.models.train.finetune import finetune
+from habitus.models.serve.predict import predict
+from habitus.models.specs import FinetuneConfig
+from habitus.models.data.targets import future_rows
+from habitus.models.tasks import TASKS, task
+from habitus.models.tasks.multiclass import multiclass_metrics
 
 N_CUSTOMERS, HORIZON = 240, 14  # (tests/models/conftest.py: segment_foundation)
 
@@ -101,7 +101,7 @@ def test_predictions_are_the_top_classes_with_probabilities(world, trained):
 def test_the_config_takes_multiclass_with_a_label_target():
     from pydantic import ValidationError
 
-    from pipelines.config import Scenario
+    from habitus.pipelines.config import Scenario
 
     assert "multiclass" in TASKS and TASKS["multiclass"].targets == ("any_event", "function")
     sc = Scenario.model_validate({"task": "multiclass", "target": {"any_event": "purchases", "by": "category",

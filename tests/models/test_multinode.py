@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.launch import foundation_job, read_result, write_job
-from models.specs import FoundationConfig
-from resources.executor import ExecutorError, TrainingExecutor
+from habitus.models.train.launch import foundation_job, read_result, write_job
+from habitus.models.specs import FoundationConfig
+from habitus.resources.executor import ExecutorError, TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -51,7 +51,7 @@ def test_two_nodes_on_loopback_train_like_two_processes_on_one(cache, tmp_path, 
 
     def start(i):
         try:
-            node.launch(["-m", "models.launch", str(tmp_path)], log=logs[i].append)
+            node.launch(["-m", "habitus.models.train.launch", str(tmp_path)], log=logs[i].append)
         except Exception as e:  # noqa: BLE001 (reported below with the node's output)
             errors.append(f"node {i}: {e}")
 
@@ -74,7 +74,7 @@ def test_two_nodes_on_loopback_train_like_two_processes_on_one(cache, tmp_path, 
 
 def test_several_nodes_need_a_rendezvous_and_a_shared_job_folder(cache, module_sources):
     with pytest.raises(ExecutorError, match="nnodes 2 needs rdzv_endpoint as host:port"):
-        TrainingExecutor(nnodes=2, rdzv_endpoint="node0").torchrun_command(["-m", "models.launch", "x"])
+        TrainingExecutor(nnodes=2, rdzv_endpoint="node0").torchrun_command(["-m", "habitus.models.train.launch", "x"])
     job = foundation_job(cache, FOUNDATION, module_sources.at(SPAN - 2 * HORIZON), "cpu")
     with pytest.raises(ExecutorError, match="on every node with JOB_DIR on a shared filesystem"):
         TrainingExecutor(device="cpu", nnodes=2, rdzv_endpoint="node0:29400").train(job, "cpu")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.network import Model, NetConfig, Trunk
+from habitus.models.nn.network import Model, NetConfig, Trunk
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from models.items import SparseRows, batch_history
-from models.metrics import auroc
-from models.network import Model, NetConfig, PairScorer
-from models.predict import load_model
-from models.targets import TargetSpec
-from models.tasks.multilabel import multilabel_loss
-from models.scoring import build_model
-from models.specs import PAIR_MAX_LABELS, PAIR_WIDTH, TaskSpec
+from habitus.models.data.items import SparseRows, batch_history
+from habitus.models.evaluate.metrics import auroc
+from habitus.models.nn.network import Model, NetConfig, PairScorer
+from habitus.models.serve.predict import load_model
+from habitus.models.data.targets import TargetSpec
+from habitus.models.tasks.multilabel import multilabel_loss
+from habitus.models.tasks.scoring import build_model
+from habitus.models.specs import PAIR_MAX_LABELS, PAIR_WIDTH, TaskSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -128,7 +128,7 @@ def test_checkpoints_name_their_head():
     assert TaskSpec.from_dict(saved) == task
     old = {k: v for k, v in saved.items() if k not in ("pair_width", "pair_layers")}  # before the scorer
     assert TaskSpec.from_dict(old).pair_width == 0
-    from models.features import FeatureSpec
+    from habitus.models.data.features import FeatureSpec
 
     spec = FeatureSpec({"brand": 10}, [], {}, {}, [], buckets=16, visits=False)
     net = NetConfig(spec.width, 8, 1, 0.0)
@@ -148,8 +148,8 @@ def test_checkpoints_name_their_head():
 
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
 def test_inference_precisions_keep_the_pairwise_ranking(precision):
-    from models.predict import top_labels
-    from models.quantize import for_inference
+    from habitus.models.serve.predict import top_labels
+    from habitus.models.nn.quantize import for_inference
 
     x, h = _problem(64, 40)
     torch.manual_seed(0)

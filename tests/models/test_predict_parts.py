@@ -1,4 +1,4 @@
-"""models/parts.py: a day's predictions and embeddings from several processes, a part each, made
+"""models/serve/parts.py: a day's predictions and embeddings from several processes, a part each, made
 whole by the manifest. Two processes write the file one process writes, bit for bit (the scenario's
 head chosen on validation, LightGBM included, scores in the child too); a killed process leaves the
 day's previous file as it was, and the next run scores only the chunks no complete part holds."""
@@ -13,17 +13,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from assets.predictions import as_of_time, parts_of_day, write_entity_file
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.evaluate import protocol
-from models.loop import chunk_plan
-from models.parts import Parts, PartsError, Pool, Scorer, staging
-from models.predict import embed, embedding_scorer, load_model, predict, scenario_scorer
-from models.specs import FinetuneConfig, TaskSpec
-from models.stacking import StackConfig
-from models.stacking_head import fit_head, load_head, save_head, trunk_of
-from models.targets import TargetSpec
-from resources.executor import ExecutorError, TrainingExecutor
+from habitus.assets.predictions import as_of_time, parts_of_day, write_entity_file
+from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
+from habitus.models.evaluate.holdout import protocol
+from habitus.models.train.loop import chunk_plan
+from habitus.models.serve.parts import Parts, PartsError, Pool, Scorer, staging
+from habitus.models.serve.predict import embed, embedding_scorer, load_model, predict, scenario_scorer
+from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.heads.stacking import StackConfig
+from habitus.models.heads.stacked_head import fit_head, load_head, save_head, trunk_of
+from habitus.models.data.targets import TargetSpec
+from habitus.resources.executor import ExecutorError, TrainingExecutor
 
 pytest.importorskip("lightgbm")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -37,7 +37,7 @@ HERE = "tests.models.test_predict_parts"
 @pytest.fixture(scope="module")
 def world(segment_foundation, tmp_path_factory):
     """(cache, cut-off, scenario checkpoint with a forced blend head, foundation checkpoint)."""
-    from models.finetune import finetune
+    from habitus.models.train.finetune import finetune
 
     cache, test_cutoff, foundation = segment_foundation
     root = tmp_path_factory.mktemp("parts")
@@ -61,7 +61,7 @@ def world(segment_foundation, tmp_path_factory):
 
 
 def _spec(foundation):
-    from models.features import FeatureSpec
+    from habitus.models.data.features import FeatureSpec
 
     return FeatureSpec.from_dict(foundation.info["feature_spec"])
 
@@ -115,8 +115,8 @@ def _one_process(world, what: str, path: Path, cutoff: int) -> int:
         model, spec, task = load_model(state, config)
         batches = predict(model, cache, spec, task, cutoff, chunk_entities=CHUNK, head=load_head(scenario, config))
     else:
-        from models.network import NetConfig, Trunk
-        from models.features import FeatureSpec
+        from habitus.models.nn.network import NetConfig, Trunk
+        from habitus.models.data.features import FeatureSpec
 
         trunk = Trunk(NetConfig(**config["net"]))
         trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
@@ -135,7 +135,7 @@ def _two_processes(world, pool: Pool, folder: Path, path: Path, cutoff: int, key
 
 @pytest.mark.parametrize("what, start", [("predict", "auto"), ("embed", "auto"), ("predict", "spawn")])
 def test_two_processes_write_the_file_one_process_writes(world, tmp_path, what, start, monkeypatch):
-    import assets.predictions as ap
+    import habitus.assets.predictions as ap
 
     monkeypatch.setattr(ap, "CHUNK_ENTITIES", CHUNK)  # the asset's day, on this cache's small chunks
     cache, cutoff = world[0], world[1]
@@ -179,7 +179,7 @@ def test_a_killed_process_leaves_the_previous_day_whole_and_a_rerun_finishes_it(
 
     # the re-run: the same key keeps the complete part and scores only the missing chunks
     missing = parts.todo()
-    with Pool(Scorer("models.predict:scenario_scorer", _params(world, "predict")), 2, ["cpu", "cpu"], 1,
+    with Pool(Scorer("habitus.models.serve.predict:scenario_scorer", _params(world, "predict")), 2, ["cpu", "cpu"], 1,
               start=start) as pool:
         rows, done = _two_processes(world, pool, folder, path, cutoff, "key")
     assert sum(d["chunks"] for d in done) == len(missing)
@@ -213,7 +213,7 @@ def test_parts_of_another_job_are_dropped_and_a_partial_day_is_refused(tmp_path)
 
 
 def test_the_executor_splits_the_cores_among_the_scoring_processes(monkeypatch):
-    import resources.executor as ex
+    import habitus.resources.executor as ex
 
     plan = TrainingExecutor.inference_plan
     monkeypatch.setattr(ex, "cpu_cores", lambda: 16)

@@ -1,17 +1,17 @@
-"""Inference precisions (models/quantize.py): int8 and bf16 copies follow the fp32 model closely,
+"""Inference precisions (models/nn/quantize.py): int8 and bf16 copies follow the fp32 model closely,
 leave it unchanged, and run through predict / embed on a real cache."""
 
 import numpy as np
 import pytest
 import torch
-from models.features import FeatureSpec, chunk_at, featurize
-from models.network import Model, NetConfig, Trunk
-from models.predict import embed, predict
-from models.quantize import for_inference, precision_context
-from models.targets import TargetSpec
-from models.loop import chunk_plan
-from models.scoring import build_model
-from models.specs import TaskSpec
+from habitus.models.data.features import FeatureSpec, chunk_at, featurize
+from habitus.models.nn.network import Model, NetConfig, Trunk
+from habitus.models.serve.predict import embed, predict
+from habitus.models.nn.quantize import for_inference, precision_context
+from habitus.models.data.targets import TargetSpec
+from habitus.models.train.loop import chunk_plan
+from habitus.models.tasks.scoring import build_model
+from habitus.models.specs import TaskSpec
 
 
 def _model(seed=0) -> Model:

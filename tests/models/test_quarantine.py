@@ -1,4 +1,4 @@
-"""models.quarantine on DuckDB directly: every bad row is dropped or repaired for one counted reason,
+"""habitus.models.cache.quarantine on DuckDB directly: every bad row is dropped or repaired for one counted reason,
 every valid row is kept (rows lost: 0), and hostile names reach SQL only quoted."""
 
 import calendar
@@ -9,7 +9,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from models.quarantine import DROP_REASONS, quarantine, summary
+from habitus.models.cache.quarantine import DROP_REASONS, quarantine, summary
 
 NOW = calendar.timegm((2026, 11, 1, 0, 0, 0))
 DAY = 86_400

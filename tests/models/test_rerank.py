@@ -1,20 +1,20 @@
-"""Next items in two stages (models/rerank.py): the network's best items re-ordered by ranking trees,
+"""Next items in two stages (models/heads/rerank.py): the network's best items re-ordered by ranking trees,
 chosen on validation, carried in the item head's state through a checkpoint."""
 
 import numpy as np
 import pytest
 import torch
 
-from models.evaluate import protocol
-from models.features import FeatureSpec
-from models.finetune import finetune
-from models.items import SparseRows
-from models.network import Model, NetConfig
-from models.predict import load_model
-from models.rerank import candidate_features, rerank
-from models.scoring import rank_items
-from models.specs import FinetuneConfig, TaskSpec
-from models.targets import TargetSpec
+from habitus.models.evaluate.holdout import protocol
+from habitus.models.data.features import FeatureSpec
+from habitus.models.train.finetune import finetune
+from habitus.models.data.items import SparseRows
+from habitus.models.nn.network import Model, NetConfig
+from habitus.models.serve.predict import load_model
+from habitus.models.heads.rerank import candidate_features, rerank
+from habitus.models.tasks.scoring import rank_items
+from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.data.targets import TargetSpec
 
 lgb = pytest.importorskip("lightgbm")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,7 +56,7 @@ def _trees_preferring_history():
 
 
 def test_the_trees_reorder_the_candidates_and_travel_in_the_checkpoint(tmp_path):
-    from models.checkpoint import load_checkpoint, save_checkpoint
+    from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
 
     torch.manual_seed(0)
     task = TaskSpec("recommendation", TargetSpec("items", 14, "product_id", tuple(range(1, 9))), k=3, item_dim=4)

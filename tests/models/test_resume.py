@@ -1,4 +1,4 @@
-"""models.resume: a training run stopped after a save and started again ends with exactly the weights
+"""habitus.models.train.resume: a training run stopped after a save and started again ends with exactly the weights
 of an uninterrupted run; a state from other inputs, or a damaged one, is not used."""
 
 import json
@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from models.evaluate import protocol
-from models.resume import Resumer
-from models.targets import TargetSpec
-from models.finetune import finetune
-from models.foundation_training import train_foundation
-from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from habitus.models.evaluate.holdout import protocol
+from habitus.models.train.resume import Resumer
+from habitus.models.data.targets import TargetSpec
+from habitus.models.train.finetune import finetune
+from habitus.models.train.foundation import train_foundation
+from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
 
 SPAN_DAYS, HORIZON = 100, 14
 FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=8, layers=1, epochs=2,

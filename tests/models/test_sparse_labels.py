@@ -1,4 +1,4 @@
-"""Multilabel scenarios keep label histories and targets as sparse rows (models.items.SparseRows)
+"""Multilabel scenarios keep label histories and targets as sparse rows (habitus.models.data.items.SparseRows)
 and densify a mini-batch at a time: checked against the dense [n, labels, channels] computation
 they replace (same outputs, losses and training), and that a wide label set never builds a
 dense per-chunk array."""
@@ -12,24 +12,24 @@ import pyarrow as pa
 import pytest
 import torch
 
-import models.finetune as finetuning
-import models.labels as label_inputs
-import models.targets as target_defs
-import models.tasks.multilabel as multilabel
-from models import spill
-from models.evaluate import evaluate, protocol
-from models.features import DAY, HALF_LIVES, FeatureSpec, chunk_at, featurize, value_history
-from models.items import SparseRows, batch_history
-from models.metrics import top_k
-from models.network import Head, Model, NetConfig
-from models.predict import predict, top_labels
-from models.targets import TargetSpec, compute_target, label_positions
-from models.finetune import batch_loss, finetune
-from models.labels import label_history
-from models.loop import batches
-from models.scoring import build_model, scores
-from models.specs import FinetuneConfig, TaskSpec
-from models.tasks.multilabel import baseline_scores
+import habitus.models.train.finetune as finetuning
+import habitus.models.data.labels as label_inputs
+import habitus.models.data.targets as target_defs
+import habitus.models.tasks.multilabel as multilabel
+from habitus.models.train import spill
+from habitus.models.evaluate.holdout import evaluate, protocol
+from habitus.models.data.features import DAY, HALF_LIVES, FeatureSpec, chunk_at, featurize, value_history
+from habitus.models.data.items import SparseRows, batch_history
+from habitus.models.evaluate.metrics import top_k
+from habitus.models.nn.network import Head, Model, NetConfig
+from habitus.models.serve.predict import predict, top_labels
+from habitus.models.data.targets import TargetSpec, compute_target, label_positions
+from habitus.models.train.finetune import batch_loss, finetune
+from habitus.models.data.labels import label_history
+from habitus.models.train.loop import batches
+from habitus.models.tasks.scoring import build_model, scores
+from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.tasks.multilabel import baseline_scores
 
 N_CUSTOMERS, HORIZON = 240, 14  # (tests/models/conftest.py: segment_foundation)
 FINETUNE = FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=64, seed=0)
@@ -170,7 +170,7 @@ def test_finetune_on_sparse_rows_trains_as_the_dense_arrays_did(world, monkeypat
     spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
     report = evaluate(sparse.model, cache, spec, task, plan.test_cutoff, chunk_entities=64)
     with monkeypatch.context() as m:
-        import models.evaluate as ev
+        import habitus.models.evaluate.holdout as ev
         m.setattr(ev, "task_inputs", lambda chunk, spec, task, et, vs: (
             featurize(chunk, spec, et), _dense_history(chunk, task.target, vs[task.target.column],
                                                              spec.half_lives)))
@@ -314,7 +314,7 @@ def test_a_wide_head_trains_on_sampled_labels_without_rows_x_labels_logits():
     negatives on rows it never saw, and the mean probability stays near the positive rate."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from models.metrics import auroc
+    from habitus.models.evaluate.metrics import auroc
 
     labels, batch, hidden = 20_000, 256, 16
     x, h, y = _wide_problem(batch * 12, labels)

@@ -1,11 +1,11 @@
-"""models/spill.py stores feature matrices packed (a bit mask of the non-zero entries and their bits):
+"""models/train/spill.py stores feature matrices packed (a bit mask of the non-zero entries and their bits):
 what lets 100M events' fine-tuning features fit the spill budget."""
 
 import os
 
 import numpy as np
 
-from models import spill
+from habitus.models.train import spill
 
 
 def test_a_feature_matrix_comes_back_bit_for_bit_and_smaller(tmp_path):

@@ -1,4 +1,4 @@
-"""models.stacking: the candidates (network, trees over embedding + hand features, blend), the choice
+"""habitus.models.heads.stacking: the candidates (network, trees over embedding + hand features, blend), the choice
 on the validation cut-off's choice fold, and the stack's round trip through plain values."""
 
 import json
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.features import FeatureSpec
-from models.specs import TaskSpec
-from models.stacking import Reduction, Stack, StackConfig, blend, fit_stack, score
-from models.stacking_rows import Rows, choice_fold, collect
-from models.targets import TargetSpec
+from habitus.models.data.features import FeatureSpec
+from habitus.models.specs import TaskSpec
+from habitus.models.heads.stacking import Reduction, Stack, StackConfig, blend, fit_stack, score
+from habitus.models.heads.stacked_rows import Rows, choice_fold, collect
+from habitus.models.data.targets import TargetSpec
 
 pytest.importorskip("lightgbm")
 
@@ -105,10 +105,10 @@ def test_reductions(kind):
 
 
 def test_collect_reads_the_entities_evaluate_scores_in_its_order(sources):
-    from models.evaluate import evaluate
-    from models.finetune import finetune
-    from models.foundation_training import train_foundation
-    from models.specs import FinetuneConfig, FoundationConfig
+    from habitus.models.evaluate.holdout import evaluate
+    from habitus.models.train.finetune import finetune
+    from habitus.models.train.foundation import train_foundation
+    from habitus.models.specs import FinetuneConfig, FoundationConfig
 
     cache = sources.random_purchases(4000, 300, 120)
     foundation = train_foundation(cache, FoundationConfig(hidden=16, layers=1, epochs=1, buckets=16), sources.at(100),

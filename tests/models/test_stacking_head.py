@@ -1,4 +1,4 @@
-"""models.stacking_head: the head chosen on validation as a scenario uses it. Fitted after
+"""habitus.models.heads.stacked_head: the head chosen on validation as a scenario uses it. Fitted after
 fine-tuning, it is what evaluate reports as the model, it saves with the checkpoint (stack.json and
 the foundation trunk's safetensors, fingerprinted in config.json), and the loaded checkpoint's
 predictions are the scores evaluate measured; a checkpoint without it scores with the network alone."""
@@ -8,16 +8,16 @@ import json
 import numpy as np
 import pytest
 
-from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from models.evaluate import evaluate, holdout_chunks, protocol, score_holdout
-from models.features import FeatureSpec
-from models.predict import load_model, predict
-from models.scoring import scores
-from models.specs import FinetuneConfig, TaskSpec
-from models.stacking import StackConfig, score
-from models.stacking_head import STACK_FILE, TRUNK_FILE, fit_head, load_head, save_head, trunk_of
-from models.stacking_rows import collect
-from models.targets import TargetSpec
+from habitus.models.nn.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from habitus.models.evaluate.holdout import evaluate, holdout_chunks, protocol, score_holdout
+from habitus.models.data.features import FeatureSpec
+from habitus.models.serve.predict import load_model, predict
+from habitus.models.tasks.scoring import scores
+from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.heads.stacking import StackConfig, score
+from habitus.models.heads.stacked_head import STACK_FILE, TRUNK_FILE, fit_head, load_head, save_head, trunk_of
+from habitus.models.heads.stacked_rows import collect
+from habitus.models.data.targets import TargetSpec
 
 pytest.importorskip("lightgbm")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,7 +37,7 @@ def world(segment_foundation):
 
 
 def _scenario(world, name: str, cfg: StackConfig = FORCED):
-    from models.finetune import finetune
+    from habitus.models.train.finetune import finetune
 
     cache, test_cutoff, foundation, spec = world
     task = TASKS[name]

@@ -1,4 +1,4 @@
-"""models.storage: files and folders appear whole, and what a killed writer left is cleaned up or put
+"""habitus.models.storage.files: files and folders appear whole, and what a killed writer left is cleaned up or put
 back, never what a running writer is still writing."""
 
 import subprocess
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-import models.storage as storage
-from models.storage import atomic_path, recover, recover_tree, write_json
+import habitus.models.storage.files as storage
+from habitus.models.storage.files import atomic_path, recover, recover_tree, write_json
 
 
 def _dead_pid() -> int:

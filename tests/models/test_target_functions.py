@@ -7,11 +7,11 @@ import numpy as np
 
 import pytest
 
-from models.cache import TableInput
-from models.features import DAY, chunk_at
-from models.target_functions import resolve
-from models.targets import TargetSpec, compute_target
-from pipelines.config import FunctionTarget, Scenario
+from habitus.models.cache import TableInput
+from habitus.models.data.features import DAY, chunk_at
+from habitus.models.data.target_functions import resolve
+from habitus.models.data.targets import TargetSpec, compute_target
+from habitus.pipelines.config import FunctionTarget, Scenario
 
 CUT_DAY = 40
 WINDOW = 10
@@ -110,7 +110,7 @@ def test_function_target_errors_name_the_scenario_and_the_function(world, ref, m
 def test_function_targets_of_label_tasks_return_values_of_their_column(world):
     """multiclass: one value per entity (None: not eligible); multilabel and recommendation: lists.
     Values that are not labels are dropped."""
-    from models.tasks import task
+    from habitus.models.tasks import task
 
     cache, chunk, names = world
     vocab = cache.vocab("product_id").column("value").to_pylist()

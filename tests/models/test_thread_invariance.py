@@ -1,5 +1,5 @@
 """Scores do not depend on the number of torch threads: inference in N processes of 1 thread must write
-the file one process of several threads writes, bit for bit (models/parts.py). A one-output head scored
+the file one process of several threads writes, bit for bit (models/serve/parts.py). A one-output head scored
 as a matrix-vector product was not: the CPU BLAS splits that product's sum by thread count (AVX-512
 machines: 1-ulp differences in 23 of 126,129 churn scores)."""
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import hashlib, sys, torch
 torch.set_num_threads(int(sys.argv[1]))
-from models.network import Model, NetConfig
+from habitus.models.nn.network import Model, NetConfig
 torch.manual_seed(0)
 model = Model(NetConfig(40, 256, 2, 0.0), int(sys.argv[2])).eval()
 x = torch.randn(5837, 40, generator=torch.Generator().manual_seed(1))

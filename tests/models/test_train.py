@@ -8,13 +8,13 @@ import pyarrow as pa
 import pytest
 import torch
 
-from models.evaluate import evaluate, protocol
-from models.features import DAY, FeatureSpec
-from models.predict import predict
-from models.targets import TargetSpec
-from models.finetune import finetune
-from models.foundation_training import train_foundation
-from models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from habitus.models.evaluate.holdout import evaluate, protocol
+from habitus.models.data.features import DAY, FeatureSpec
+from habitus.models.serve.predict import predict
+from habitus.models.data.targets import TargetSpec
+from habitus.models.train.finetune import finetune
+from habitus.models.train.foundation import train_foundation
+from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
 
 N_CUSTOMERS = 300
 SPAN_DAYS = 126
@@ -168,7 +168,7 @@ def test_predict_scores_every_eligible_entity_once(world, foundation, scenario):
 def test_recommendation_trains_on_sampled_candidates_and_ranks_the_catalog(world, foundation, monkeypatch):
     """The catalog-scale path (sampled candidates, sparse histories, blockwise top-k) on 12 products
     made to look like a large catalog: few best-sellers and negatives per batch, items in blocks of 5."""
-    import models.items as items
+    import habitus.models.data.items as items
 
     monkeypatch.setattr(items, "RERANK_POPULAR", 2)
     monkeypatch.setattr(items, "SAMPLED_NEGATIVES", 3)
@@ -200,8 +200,8 @@ def test_tiny_binary_head_loss_trajectory():
     """A head that starts at the base rate p has loss H(p) exactly, then falls step by step on a
     separable problem."""
     torch.manual_seed(0)
-    from models.network import Model, NetConfig
-    from models.tasks import task
+    from habitus.models.nn.network import Model, NetConfig
+    from habitus.models.tasks import task
 
     x = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]] * 4)
     y = torch.tensor([1.0, 1.0, 0.0, 0.0] * 3 + [0.0] * 4)  # base rate 6/16
@@ -229,7 +229,7 @@ def test_per_label_history_weights_learn_what_one_shared_weight_cannot():
     """Label 0 is bought again by whoever bought it (a staple), label 1 never by the same people (a
     one-off): one weight shared by both labels cannot fit both, the per-label weights can, and they
     take opposite signs. At zero they leave the shared skip's outputs unchanged."""
-    from models.network import Head
+    from habitus.models.nn.network import Head
 
     torch.manual_seed(0)
     n = 512
@@ -282,7 +282,7 @@ def test_feature_budgets_move_features_between_memory_files_and_recomputing_not_
 
 @pytest.mark.usefixtures("no_spill_reserve")
 def test_kept_arrays_fill_memory_then_files_then_recompute(tmp_path):
-    from models import spill
+    from habitus.models.train import spill
 
     made, make = _counted_arrays()
     kept = spill.Kept(make, memory_bytes=2000, disk_bytes=1000, folder=str(tmp_path))
@@ -310,7 +310,7 @@ def _counted_arrays():
 @pytest.fixture
 def no_spill_reserve(monkeypatch):
     """Spill tests that write real files: whatever the machine's disk holds, the reserve lets them."""
-    from models import spill
+    from habitus.models.train import spill
 
     monkeypatch.setattr(spill, "SPILL_RESERVE_BYTES", 0)
     monkeypatch.setattr(spill, "SPILL_RESERVE_SHARE", 0.0)
@@ -320,8 +320,8 @@ def no_spill_reserve(monkeypatch):
 def test_spilled_features_of_a_killed_run_are_removed_by_the_next_run(tmp_path):
     import os
 
-    from models import spill
-    from models.storage import recover_tree
+    from habitus.models.train import spill
+    from habitus.models.storage.files import recover_tree
 
     kept = spill.Kept(lambda i: (np.zeros(250, np.float32), None), memory_bytes=0, disk_bytes=10_000,
                        folder=str(tmp_path))
@@ -338,7 +338,7 @@ def test_spilled_features_of_a_killed_run_are_removed_by_the_next_run(tmp_path):
 def test_a_full_disk_stops_the_spilling_not_the_training(tmp_path, monkeypatch):
     import errno
 
-    from models import spill
+    from habitus.models.train import spill
 
     real = spill.save_arrays
 
@@ -363,7 +363,7 @@ def test_a_full_disk_stops_the_spilling_not_the_training(tmp_path, monkeypatch):
 
 
 def test_by_shard_groups_the_shuffled_work_and_leaves_one_shard_as_shuffled():
-    from models.loop import by_shard
+    from habitus.models.train.loop import by_shard
 
     work = [(s, c) for s in range(3) for c in range(5)]
     got = by_shard(list(work), np.random.default_rng(0))
@@ -385,7 +385,7 @@ def test_spilling_leaves_the_reserve_of_the_disk_free(tmp_path, monkeypatch):
     import shutil
     from collections import namedtuple
 
-    from models import spill
+    from habitus.models.train import spill
 
     monkeypatch.setattr(spill, "SPILL_RESERVE_BYTES", 0)
     monkeypatch.setattr(spill, "SPILL_RESERVE_SHARE", 0.2)

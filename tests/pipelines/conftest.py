@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from pipelines.cli import main as cli
+from habitus.pipelines.cli import main as cli
 
 
 class InitCommand:

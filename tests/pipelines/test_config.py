@@ -1,4 +1,4 @@
-"""Tests for pipelines.config.load_project: loading, paths, ${ENV}, durations, errors, secrets."""
+"""Tests for habitus.pipelines.config.load_project: loading, paths, ${ENV}, durations, errors, secrets."""
 
 import copy
 import json
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
-from models.specs import FinetuneConfig, FoundationConfig
-from pipelines.config import CONFIG_ENV, ConfigError, load_project
+from habitus.models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
+from habitus.models.specs import FinetuneConfig, FoundationConfig
+from habitus.pipelines.config import CONFIG_ENV, ConfigError, load_project
 
 REPO = Path(__file__).resolve().parents[2]
 

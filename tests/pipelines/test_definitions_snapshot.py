@@ -1,6 +1,6 @@
 """The demo project's Dagster definitions against a checked-in list (as dagster-open-platform does):
 every asset key, asset check, job, schedule and sensor of examples/demo.yaml, loaded the way Dagster
-loads the code location (`pipelines.definitions.defs()`). A rename or a lost asset fails here first.
+loads the code location (`habitus.pipelines.definitions.defs()`). A rename or a lost asset fails here first.
 
 When a change is intended, regenerate the list and commit it with the change:
 
@@ -30,7 +30,7 @@ def definitions_lines(config: Path = DEMO) -> list[str]:
     previous = os.environ.get("HABITUS_CONFIG")
     os.environ["HABITUS_CONFIG"] = str(config)
     try:
-        from pipelines.definitions import defs
+        from habitus.pipelines.definitions import defs
 
         repo = defs().get_repository_def()
     finally:

@@ -1,4 +1,4 @@
-"""The demo generator a block of customers at a time (pipelines.demo_simulation.simulate_blocks): what
+"""The demo generator a block of customers at a time (habitus.pipelines.demo_simulation.simulate_blocks): what
 lets bench/speed.py write 100M purchases without holding them in memory."""
 
 from datetime import date
@@ -7,8 +7,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines import demo_simulation
-from pipelines.demo_data import generate_demo_warehouse
+from habitus.pipelines import demo_simulation
+from habitus.pipelines.demo_data import generate_demo_warehouse
 
 START = date(2026, 3, 1)
 

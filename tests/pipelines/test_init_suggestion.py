@@ -11,13 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipelines.cli import main as cli
-from pipelines.cli import materialize_all
-from pipelines.config import load_project
-from pipelines.demo_data import generate_demo_warehouse
-from pipelines.init_profile import EventsVolume, profile_table
-from pipelines.init_suggest import suggest
-from resources.duckdb import DuckDBWarehouse
+from habitus.pipelines.cli import main as cli
+from habitus.pipelines.cli import materialize_all
+from habitus.pipelines.config import load_project
+from habitus.pipelines.demo_data import generate_demo_warehouse
+from habitus.pipelines.init_profile import EventsVolume, profile_table
+from habitus.pipelines.init_suggest import suggest
+from habitus.resources.duckdb import DuckDBWarehouse
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +177,7 @@ def test_init_runs_from_any_folder_without_a_project_config(tmp_path, duckdb_fil
     duckdb_file("w.duckdb", "CREATE TABLE visits AS SELECT 'U' || CAST(i % 30 AS VARCHAR) AS user_id, "
                 "TIMESTAMP '2025-05-01' + i * INTERVAL 3 HOUR AS ts, i % 4 AS channel FROM range(900) r(i)")
     env = {k: v for k, v in os.environ.items() if k != "HABITUS_CONFIG"}
-    done = subprocess.run([sys.executable, "-c", "import sys; from pipelines.cli import main; sys.exit(main())",
+    done = subprocess.run([sys.executable, "-c", "import sys; from habitus.pipelines.cli import main; sys.exit(main())",
                            "init", "--duckdb", "w.duckdb"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.config import load_project
-from pipelines.kubernetes_nodes import GroupError, main, to_yaml, training_group
+from habitus.pipelines.config import load_project
+from habitus.pipelines.kubernetes_nodes import GroupError, main, to_yaml, training_group
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = {"namespace": "habitus", "workspace_claim": "habitus-workspace", "node_selector": {"gpu": "true"},
@@ -93,7 +93,7 @@ def test_one_pod_per_node_wired_by_its_index(tmp_path):
     assert container["command"][:2] == ["sh", "-c"]
     assert ("python -m torch.distributed.run --nnodes 4 --rdzv-backend c10d --rdzv-endpoint fm-1101-0.fm-1101:29400 "
             "--rdzv-id fm-1101 --rdzv-conf is_host=$HOST,read_timeout=600 --nproc_per_node 8 "
-            "-m models.launch /data/workspace/jobs/f1") in command
+            "-m habitus.models.train.launch /data/workspace/jobs/f1") in command
     assert '"${JOB_COMPLETION_INDEX:?set by the indexed Job}" = 0 ]; then HOST=1; else HOST=0' in command
     assert container["ports"] == [{"name": "rendezvous", "containerPort": 29400}]
 

@@ -9,15 +9,20 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["models", "resources", "assets", "pipelines"]  # bottom to top
 
 
+def own(module: str) -> str:
+    """The project's modules are installed as habitus.<package>...: the name inside the repository."""
+    return module.removeprefix("habitus.")
+
+
 def imported_modules(tree: ast.AST):
     """(line, dotted module name) of every import in a module; relative imports are left out (they
     stay inside their own package)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield node.lineno, alias.name
+                yield node.lineno, own(alias.name)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield node.lineno, node.module
+            yield node.lineno, own(node.module)
 
 
 def upward_imports(root: Path = ROOT) -> list[str]:
@@ -42,8 +47,8 @@ def test_no_import_points_up():
 def test_an_upward_import_is_named_with_its_file_and_line(tmp_path):
     for package in LAYERS:
         (tmp_path / package).mkdir()
-    (tmp_path / "assets" / "cache.py").write_text("import dagster\n\n\ndef f():\n    from pipelines.partitions import x\n")
-    (tmp_path / "pipelines" / "definitions.py").write_text("from assets.cache import f\n")
+    (tmp_path / "assets" / "cache.py").write_text("import dagster\n\n\ndef f():\n    from habitus.pipelines.partitions import x\n")
+    (tmp_path / "pipelines" / "definitions.py").write_text("from habitus.assets.cache import f\n")
     assert upward_imports(tmp_path) == [
         "assets/cache.py:5: assets/ imports pipelines.partitions (pipelines/ is above it)"]
 
@@ -52,9 +57,9 @@ def imported_names(tree: ast.AST):
     """What each import names: `from a.b import c` names a.b.c (a module, or a name inside a.b)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
+            yield from (own(alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+            yield from (own(f"{node.module}.{alias.name}") for alias in node.names)
 
 
 def import_circles(root: Path = ROOT) -> list[list[str]]:
@@ -65,7 +70,7 @@ def import_circles(root: Path = ROOT) -> list[list[str]]:
     graph = {name: set() for name in modules}
     for name, path in modules.items():
         for module in imported_names(ast.parse(path.read_text(), filename=str(path))):
-            # "from pipelines import config" and "import pipelines.config" both land on a known module
+            # "from pipelines import config" and "import habitus.pipelines.config" both land on a known module
             while module and module not in modules:
                 module = module.rpartition(".")[0]
             if module and module != name and not name.startswith(module + "."):
@@ -107,7 +112,7 @@ def test_no_import_circles():
 def test_an_import_circle_is_found(tmp_path):
     for package in LAYERS:
         (tmp_path / package).mkdir()
-    (tmp_path / "pipelines" / "cli.py").write_text("from pipelines.managed import main\n")
+    (tmp_path / "pipelines" / "cli.py").write_text("from habitus.pipelines.managed import main\n")
     (tmp_path / "pipelines" / "managed.py").write_text("def main():\n    from pipelines import cli\n")
     (tmp_path / "pipelines" / "config.py").write_text("import os\n")
     assert import_circles(tmp_path) == [["pipelines.cli", "pipelines.managed"]]

@@ -10,11 +10,11 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
-from pipelines.config import ConfigError, load_project
-from pipelines.definitions import build_resources
-from pipelines.demo_data import generate_demo_warehouse
-from pipelines.managed import with_executor
+from habitus.pipelines.cli import main
+from habitus.pipelines.config import ConfigError, load_project
+from habitus.pipelines.definitions import build_resources
+from habitus.pipelines.demo_data import generate_demo_warehouse
+from habitus.pipelines.managed import with_executor
 
 CHURN = {"task": "binary", "target": {"no_event": "purchases", "within": "14d"}, "epochs": 1}
 
@@ -105,7 +105,7 @@ def test_a_training_job_then_a_scoring_job_elsewhere(layout, monkeypatch, capsys
     # spend: LoRA adapters of rank 4 trained (and merged), scored in int8 (its own setting), churn in fp32
     spend = json.loads((ws / "checkpoints/scenarios/spend/config.json").read_text())
     assert spend["lora"] == {"rank": 4, "alpha": 16.0} and spend["training"]["lora_rank"] == 4
-    from models.checkpoint import load_checkpoint
+    from habitus.models.nn.checkpoint import load_checkpoint
 
     weights = sum(t.numel() for t in load_checkpoint(ws / "checkpoints/scenarios/spend")[0].values())
     assert 0 < spend["training"]["trainable_parameters"] < weights / 2  # the adapters and the head only
@@ -124,14 +124,14 @@ def _scores(ws: Path, name: str, *, int8: bool) -> list[float]:
 
     import numpy as np
 
-    from assets.serving import serving_checkpoint
-    from models.cache import Cache
-    from models.checkpoint import load_checkpoint
-    from models.predict import load_model, predict
-    from models.quantize import for_inference
-    from models.stacking_head import load_head
-    from models.storage import read_json
-    from resources.workspace import Workspace
+    from habitus.assets.serving import serving_checkpoint
+    from habitus.models.cache import Cache
+    from habitus.models.nn.checkpoint import load_checkpoint
+    from habitus.models.serve.predict import load_model, predict
+    from habitus.models.nn.quantize import for_inference
+    from habitus.models.heads.stacked_head import load_head
+    from habitus.models.storage.files import read_json
+    from habitus.resources.workspace import Workspace
 
     workspace = Workspace(root=str(ws))
     cache = Cache(workspace.cache_root / read_json(workspace.cache_root / "current.json")["folder"])

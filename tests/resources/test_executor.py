@@ -4,7 +4,7 @@ change, and a real two-process launch under torchrun (gloo on the CPU)."""
 import pytest
 import torch
 
-from resources.executor import ExecutorError, TrainingExecutor
+from habitus.resources.executor import ExecutorError, TrainingExecutor
 
 
 def test_cpu_device_threads_and_the_plain_precision():
@@ -39,15 +39,15 @@ def test_a_gpu_asked_for_without_one():
 
 
 def test_torchrun_command():
-    cmd = TrainingExecutor(processes=4).torchrun_command(["-m", "models.distributed", "cpu"])
+    cmd = TrainingExecutor(processes=4).torchrun_command(["-m", "habitus.models.train.distributed", "cpu"])
     assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "-m",
-                       "models.distributed", "cpu"]
+                       "habitus.models.train.distributed", "cpu"]
 
 
 @pytest.mark.slow
 def test_launch_runs_every_rank_and_reports_a_failure():
     lines = []
-    TrainingExecutor(device="cpu", processes=2, threads=1).launch(["-m", "models.distributed", "cpu"], log=lines.append)
+    TrainingExecutor(device="cpu", processes=2, threads=1).launch(["-m", "habitus.models.train.distributed", "cpu"], log=lines.append)
     assert sorted(ln for ln in lines if "all-reduce ok" in ln) == ["rank 0/2 on cpu: all-reduce ok",
                                                                   "rank 1/2 on cpu: all-reduce ok"]
     with pytest.raises(ExecutorError, match="torchrun exited with status 1 .*no_such_module"):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from resources.output import UPLOADS, Output, OutputError
-from resources.workspace import Workspace
+from habitus.resources.output import UPLOADS, Output, OutputError
+from habitus.resources.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,8 +93,8 @@ def test_a_changed_checkpoint_replaces_the_stage_and_daily_files_accumulate(tmp_
 KILLED = """
 import os, signal, sys
 from pathlib import Path
-from resources.output import Output
-from resources.workspace import Workspace
+from habitus.resources.output import Output
+from habitus.resources.workspace import Workspace
 
 def half_then_die(self, src, key):  # the process dies with half of one file sent
     self._mkdir(key)
@@ -205,7 +205,7 @@ def test_bad_outputs_are_named():
 def _embeddings_asset(seen: list):
     import dagster as dg
 
-    from resources.workspace import locked
+    from habitus.resources.workspace import locked
 
     @dg.asset(key="embeddings")
     @locked("embeddings")

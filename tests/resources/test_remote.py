@@ -1,5 +1,5 @@
-"""Tests for resources.remote (shared by the networked connectors) and the connection -> resource
-mapping in pipelines.definitions."""
+"""Tests for habitus.resources.remote (shared by the networked connectors) and the connection -> resource
+mapping in habitus.pipelines.definitions."""
 
 import subprocess
 import sys
@@ -10,10 +10,10 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from pipelines.config import WarehouseConnection
-from pipelines.definitions import connection_resource
-from resources.errors import WarehouseError
-from resources.remote import connect_error, naive_utc, redact, rows_to_batches, value
+from habitus.pipelines.config import WarehouseConnection
+from habitus.pipelines.definitions import connection_resource
+from habitus.resources.errors import WarehouseError
+from habitus.resources.remote import connect_error, naive_utc, redact, rows_to_batches, value
 
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(10, 2)), ("ts", pa.timestamp("us"))])
 
@@ -84,8 +84,8 @@ def test_unknown_connector_type_is_refused():
 
 def test_drivers_import_lazily():
     """Loading the code location (and every connector module) must not import a connector's driver."""
-    modules = "resources.snowflake, resources.clickhouse, resources.databricks, resources.synapse, resources.hive, " \
-              "resources.bigquery, pipelines.definitions"
+    modules = "habitus.resources.snowflake, habitus.resources.clickhouse, habitus.resources.databricks, habitus.resources.synapse, habitus.resources.hive, " \
+              "habitus.resources.bigquery, habitus.pipelines.definitions"
     code = (f"import sys, {modules}; heavy = [m for m in sys.modules if m.startswith(("
             "'snowflake', 'clickhouse_connect', 'databricks', 'pyodbc', 'mssql_python', 'arrow_odbc', "
             "'pyhive', 'google.cloud', 'thrift', 'chdb', 'pyspark'))]; print(heavy); assert not heavy")
@@ -100,8 +100,8 @@ def test_example_configs_build_their_connector(name, cls, monkeypatch):
     """examples/<warehouse>.yaml loads and its connection becomes the right resource, secrets as EnvVars."""
     from pathlib import Path
 
-    from pipelines.config import load_project
-    from pipelines.definitions import build_resources
+    from habitus.pipelines.config import load_project
+    from habitus.pipelines.definitions import build_resources
 
     for var in ("SF_ACCOUNT", "SF_USER", "SF_PASSWORD", "CH_HOST", "CH_PASSWORD", "BQ_PROJECT", "HIVE_HOST",
                 "HIVE_USER", "HIVE_PASSWORD", "DATABRICKS_SERVER_HOSTNAME", "DATABRICKS_HTTP_PATH", "DATABRICKS_TOKEN",

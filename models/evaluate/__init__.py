@@ -1,0 +1,1 @@
+"""The hold-out: metrics, baselines and the evaluation of a scenario."""

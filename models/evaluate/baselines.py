@@ -1,0 +1,125 @@
+"""The practitioner's baseline: hand-made features and LightGBM, trained on the same cut-offs.
+
+Hand features: recency / frequency (events and visits) / monetary scalars, the entity's attributes, and for each
+low-cardinality categorical column (categories, brands) the decayed counts of its most frequent
+values; for label tasks also each label's own count. One model per task (one per label for
+multilabel, on at most MULTILABEL_MAX_LABELS labels), early-stopped on the validation cut-off,
+scored on the test cut-off.
+"""
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from habitus.models.cache import Cache
+from habitus.models.data.features import (HALF_LIVES, FeatureSpec, chunk_at, entity_features, scalar_features, value_history,
+                             visit_features)
+from habitus.models.data.items import SparseRows
+from habitus.models.data.labels import label_history
+from habitus.models.train.loop import chunk_plan
+from habitus.models.specs import TaskSpec
+from habitus.models.tasks import task as task_of
+
+TOP_VALUES = 20
+MAX_VOCAB = 5_000  # columns with more values (product ids) are left to the per-label counts
+MULTILABEL_ROWS = 30_000
+# one model per label: a wider head (16,000 products) would take hours, so LightGBM learns its most frequent labels only
+MULTILABEL_MAX_LABELS = 200
+
+
+@dataclass
+class LabelScores:
+    """Scores of some labels only: `scores` [entities, len(labels)] for the label positions `labels` (sorted)."""
+
+    labels: np.ndarray
+    scores: np.ndarray
+
+
+def hand_features(chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_sizes: dict[str, int],
+                  labels: np.ndarray | None = None) -> np.ndarray:
+    """`labels`: the label positions whose own counts are features (default all)."""
+    spec = dataclasses.replace(spec, half_lives=HALF_LIVES)  # the baseline's own features, whatever habitus uses
+    # frequency counted in visits as well as events (event rows are often lines of one basket)
+    parts = [scalar_features(chunk, spec), visit_features(chunk, spec),
+             entity_features(chunk.entities, chunk.cutoff, spec, entity_table)]
+    for c, vocab in spec.categorical.items():
+        if vocab > MAX_VOCAB:
+            continue
+        ids = chunk.shard.columns[c][chunk.rows]
+        top = min(TOP_VALUES, vocab)
+        keep = (ids >= 1) & (ids <= top)  # ids are ordered by frequency: 1..top are the most frequent
+        parts.append(np.log1p(value_history(chunk, np.where(keep, ids - 1, 0), top, spec.half_lives[-1:], keep)[:, :, 0]))
+    if task.uses_label_history:
+        hist = label_history(chunk, task.target, vocab_sizes[task.target.column], spec.half_lives)
+        parts.append(hist.dense(1, labels))
+    return np.concatenate(parts, axis=1)
+
+
+def _dataset(cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoffs, chunk_entities: int = 8192,
+             labels: np.ndarray | None = None):
+    """Hand features and targets; label tasks: the 0/1 matrix of `labels` (default all)."""
+    entity_table = cache.entity_table()
+    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
+    t = task_of(task)
+    xs, ys = [], []
+    for cutoff in cutoffs:
+        for s, lo, hi in chunk_plan(cache, chunk_entities):
+            chunk = chunk_at(cache.shard(s), lo, hi, int(cutoff))
+            if chunk.n == 0:
+                continue
+            keep, y = t.labels(chunk, task.target, cache)
+            xs.append(hand_features(chunk, spec, task, entity_table, vocab_sizes, labels)[keep])
+            if isinstance(y, SparseRows):  # label sets: the 0/1 matrix
+                y = y.dense(0, labels)
+            ys.append(y)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+@dataclass
+class Datasets:
+    """The hand-feature datasets of a task at the "train", "val" and "test" cut-offs: `data(which,
+    labels)` -> (x, y); `max_labels`: the widest label set LightGBM learns whole."""
+
+    cache: Cache
+    spec: FeatureSpec
+    task: TaskSpec
+    cutoffs: dict
+    max_labels: int
+
+    def __call__(self, which: str, labels: np.ndarray | None = None):
+        return _dataset(self.cache, self.spec, self.task, self.cutoffs[which], labels=labels)
+
+
+def lightgbm_scores(cache: Cache, spec: FeatureSpec, task: TaskSpec, train_cutoffs, val_cutoff: int,
+                    test_cutoff: int, *, seed: int = 0,
+                    max_labels: int = MULTILABEL_MAX_LABELS) -> np.ndarray | LabelScores | None:
+    """LightGBM predictions for the entities `evaluate` scores at `test_cutoff` (same order), or
+    None where LightGBM does not apply (recommendation over a whole catalog) or is not installed.
+    A multilabel head of more than `max_labels` labels gets LabelScores of its `max_labels` labels
+    with the most training positives (the hand features count those labels only)."""
+    try:
+        import lightgbm as lgb
+    except ImportError:
+        return None
+    warnings.filterwarnings("ignore", message=".*'eval_set' is deprecated")  # the spelling 4.0-4.6 know
+    data = Datasets(cache, spec, task, {"train": list(train_cutoffs), "val": [val_cutoff], "test": [test_cutoff]},
+                    max_labels)
+    params = dict(n_estimators=400, learning_rate=0.05, num_leaves=31, min_child_samples=50, subsample=0.8,
+                  subsample_freq=1, colsample_bytree=0.8, max_bin=63, random_state=seed, verbose=-1, n_jobs=0)
+    return task_of(task).lightgbm(lgb, params, task, data, seed)
+
+
+def _top_labels(cache: Cache, task: TaskSpec, cutoffs, n: int, chunk_entities: int = 8192) -> np.ndarray | None:
+    """The n label positions with the most positives at the training cut-offs (sorted), or None if
+    the head has no more than n labels."""
+    if task.outputs <= n:
+        return None
+    positives = np.zeros(task.outputs, np.int64)
+    for cutoff in cutoffs:
+        for s, lo, hi in chunk_plan(cache, chunk_entities):
+            chunk = chunk_at(cache.shard(s), lo, hi, int(cutoff))
+            if chunk.n:
+                positives += task_of(task).labels(chunk, task.target, cache)[1].col_counts()
+    return np.sort(np.argsort(-positives, kind="stable")[:n])

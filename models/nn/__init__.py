@@ -1,0 +1,1 @@
+"""The networks, their adapters, quantization and checkpoints."""

@@ -1,0 +1,1 @@
+"""Batch scoring: predictions and embeddings, in parallel parts."""

@@ -1,0 +1,1 @@
+"""Files, locks and the process heap: the bottom layer every package may use."""

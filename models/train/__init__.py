@@ -1,0 +1,1 @@
+"""The training loops: foundation, fine-tuning, resume, several processes."""

@@ -1,0 +1,232 @@
+"""A scenario model: the foundation trunk plus a fresh head, fine-tuned on a task's labels at the
+training cut-offs, the epochs chosen (and averaged: a greedy soup) on the validation cut-off."""
+
+import contextlib
+import math
+import time
+
+import numpy as np
+import torch
+
+from habitus.models.cache import Cache
+from habitus.models.train.distributed import Dist, Lockstep, shard, sum_over_ranks, wrap
+from habitus.models.data.features import FeatureSpec, chunk_at
+from habitus.models.storage.heap import keep_on_heap
+from habitus.models.data.items import SparseRows
+from habitus.models.data.labels import task_inputs
+from habitus.models.train.loop import (Log, TrainResult, batches, by_shard, chunk_plan, epoch_loss, fast_bf16, fused, iso, processes,
+                         processes_info, seeded, state_copy, step)
+from habitus.models.nn.network import Model, NetConfig
+from habitus.models.train.prior import foundation_forecast, start_at_forecast
+from habitus.models.train.resume import Resumer
+from habitus.models.tasks.scoring import build_model
+from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.train.spill import Kept, Recomputed
+from habitus.models.tasks import task as task_of
+
+def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation_info: dict, task: TaskSpec,
+             train_cutoffs: list[int], val_cutoff: int, cfg: FinetuneConfig, *, device: str = "auto",
+             log: Log = print, from_scratch: bool = False, resume: Resumer | None = None,
+             dist: Dist | None = None) -> TrainResult:
+    """A scenario model: the foundation trunk (its weights as the start) + a fresh head, trained on
+    labels at `train_cutoffs`; the epoch with the best loss at `val_cutoff` is kept.
+    `from_scratch` keeps only the foundation's input scaling and starts the trunk at random: the
+    comparison that shows what pretraining is worth.
+    Under torchrun (`dist`, by default read from its variables) each rank trains on its share of the
+    entity chunks with DDP in lockstep; validation runs on all of it on every rank; only rank 0 logs."""
+    started = time.time()
+    dist, dev, log = processes(dist, device, log, resume)
+    order, rng = seeded(cfg.seed, dist)
+    spec = FeatureSpec.from_dict(foundation_info["feature_spec"])
+    net = NetConfig(**foundation_info["net"])
+    t = task_of(task)
+    model = build_model(net, task, spec).to(dev)
+    keep_on_heap(max(p.numel() * p.element_size() for p in model.parameters()))  # (its gradient, every step)
+    trunk_state = {k.removeprefix("trunk."): v for k, v in foundation_state.items() if k.startswith("trunk.")}
+    if from_scratch:
+        trunk_state = {k: v for k, v in trunk_state.items() if k.startswith("in_")}
+    model.trunk.load_state_dict(trunk_state, strict=not from_scratch)
+    entity_table = cache.entity_table()
+    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
+    plan = chunk_plan(cache, cfg.chunk_entities)
+
+    extras: dict[int, tuple] = {}  # what every chunk at a cut-off shares (recommendation: the item popularity)
+
+    def data(s, lo, hi, cutoff):
+        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)  # (the cache keeps the last shard read)
+        keep, y = t.labels(chunk, task.target, cache)
+        x, h = task_inputs(chunk, spec, task, entity_table, vocab_sizes)
+        if cutoff not in extras:
+            extras[cutoff] = t.chunk_extra(cache, task.target, cutoff)
+        return (x[keep], None if h is None else h[keep], y, *extras[cutoff])
+
+    # features of every (chunk, cut-off) are the same each epoch: computed once, kept in memory or in
+    # files within the budgets (validation's first: it is read the most), else computed again
+    kept = Kept(data, cfg.memory_budget_bytes, cfg.spill_budget_bytes, cfg.spill_dir)
+    first = kept.get(plan[0] + (val_cutoff,))
+    val = Recomputed(lambda: (kept.get((s, lo, hi, val_cutoff)) for s, lo, hi in plan))
+    n_val, y_sum = 0, 0.0
+    for arrays in val:
+        y = arrays[2]
+        n_val += len(y)
+        y_sum = y_sum + (y.col_counts() if isinstance(y, SparseRows) else t.target_sums(task, y))
+    y_mean = np.asarray(y_sum, np.float64) / max(n_val, 1)
+    # the head starts near the base rate, so the first steps do not wreck the pretrained trunk
+    with torch.no_grad():
+        t.init_head(model, task, spec, val, y_mean, n_val, extras[val_cutoff])
+    negatives = t.sampled_negatives(task, cfg)  # wide label heads: sampled negatives (0: the full loss)
+    val_negatives = min(cfg.val_sampled_negatives, task.outputs) if negatives else 0
+    # a wide head's sampled validation loss, run after every epoch and for every soup candidate, reads
+    # about cfg.val_sampled_rows rows: every k-th chunk (a fifth of the 16k fine-tuning at 10M events
+    # when it read all of them); the base rates above count every row
+    stride = max(1, math.ceil(n_val / cfg.val_sampled_rows)) if negatives else 1
+    scored = val if stride == 1 else Recomputed(
+        lambda: (kept.get((s, lo, hi, val_cutoff)) for s, lo, hi in plan[::stride]))
+    label_skip = [p for n, p in model.head.named_parameters() if n == "label_skip"]
+    pair_labels = [p for n, p in model.head.named_parameters() if n == "pair.label.weight"]
+    params = [{"params": model.trunk.parameters(), "lr": cfg.learning_rate * cfg.trunk_lr_scale},
+              {"params": [p for n, p in model.head.named_parameters() if n not in ("label_skip", "pair.label.weight")],
+               "lr": cfg.learning_rate}]
+    if label_skip:  # per-label history weights must travel to O(1) values in a few hundred steps
+        params.append({"params": label_skip, "lr": cfg.learning_rate * cfg.label_skip_lr_scale})
+    if pair_labels:
+        params.append({"params": pair_labels, "lr": cfg.learning_rate * cfg.pair_label_lr_scale})
+    opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay, fused=fused(dev))
+    curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
+    mixed = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if negatives and cfg.sampled_bf16 \
+        and fast_bf16(dev) else contextlib.nullcontext  # (sampled wide heads: bf16 matrix products)
+    # the starting point (epoch 0) competes too: fine-tuning is kept only where it helps on validation
+    with mixed():
+        best = (_val_criterion(model, task, scored, dev, negatives=val_negatives), state_copy(model), -1)
+    log(f"{task.task} start: validation criterion {best[0]:.4f}")
+    forecast = None if from_scratch or not cfg.foundation_start else foundation_forecast(
+        foundation_state, spec, task.target, task.outputs)
+    start = "baseline"
+    if forecast is not None:  # a second start: the foundation's own forecast, recalibrated; validation chooses
+        calibration = (kept.get((s, lo, hi, c)) for c in reversed(train_cutoffs) for s, lo, hi in plan)
+        with torch.no_grad():
+            start_at_forecast(model, forecast, calibration, dev, spec.channels if t.uses_label_history else 0)
+        with mixed():
+            criterion = _val_criterion(model, task, scored, dev, negatives=val_negatives)
+        log(f"{task.task} start at the foundation's forecast, calibrated ({len(forecast.positions)} of "
+            f"{task.outputs} outputs): validation criterion {criterion:.4f}")
+        if criterion < best[0]:
+            best, start = (criterion, state_copy(model), -1), "foundation (calibrated)"
+        model.load_state_dict(best[1])
+    rows = 0
+    # >>> resume hook (models/train/resume.py): continue a killed run from its last saved state
+    modules = {"model": model, "opt": opt}
+    at = resume.restore(modules, rng) if resume is not None else None
+    if at:
+        curves, rows, best = at["curves"], at["rows"], tuple(at["best"])
+    # <<< resume hook
+    # (criterion, weights, epoch) of every epoch, for the greedy soup (restored after a resume)
+    snapshots = [tuple(snap) for snap in at["snapshots"]] if at else []
+    # one process: the model itself and the whole plan; several: DDP, this rank's entity chunks
+    net = wrap(model, dist, find_unused=t.find_unused_parameters)
+    mine, lock = set(shard(plan, dist)), Lockstep(dist)
+    last = (first, np.arange(min(len(first[0]), cfg.batch_size)))  # a batch for padding steps (loss x 0)
+    for epoch in range(at["epoch"] if at else 0, cfg.epochs):
+        net.train()
+        if at and epoch == at["epoch"]:  # resume hook: the saved epoch's data order and losses so far
+            work, losses, first = at["work"], at["losses"], at["next"]
+        else:
+            work = by_shard([(s, lo, hi, c) for s, lo, hi in plan for c in train_cutoffs], order)
+            if dist.enabled:  # this rank's entity chunks
+                work = [w for w in work if tuple(w[:3]) in mine]
+            losses, first = [], 0
+        for i, (s, lo, hi, cutoff) in enumerate(work[first:], first):
+            arrays = kept.get((s, lo, hi, int(cutoff)))
+            rows += len(arrays[0])
+            for b in batches(len(arrays[0]), cfg.batch_size, rng):
+                lock.real()
+                with mixed():
+                    loss = batch_loss(net, task, arrays, b, dev, rng, negatives)
+                last = (arrays, b) if dist.enabled else last
+                step(model, opt, loss)
+                losses.append(loss.item())
+            if resume is not None:  # resume hook: save between chunks every N steps
+                resume.after_chunk(math.ceil(len(arrays[0]) / cfg.batch_size), modules, rng, lambda: {
+                    "epoch": epoch, "next": i + 1, "work": work, "losses": losses, "curves": curves,
+                    "rows": rows, "best": list(best), "snapshots": [list(snap) for snap in snapshots]})
+        for _ in lock.padding():  # several processes: this rank's share is spent, the others' is not
+            loss = batch_loss(net, task, last[0], last[1], dev, rng, negatives) * 0.0
+            step(model, opt, loss)
+        curves["train_loss"].append(epoch_loss(losses, dist))
+        with mixed():
+            curves["val_loss"].append(_val_loss(model, task, scored, dev, negatives=val_negatives))
+        log(f"{task.task} epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}, "
+            f"validation loss {curves['val_loss'][-1]:.4f}")
+        criterion = _val_criterion(model, task, scored, dev, curves["val_loss"][-1], negatives=val_negatives)
+        if not t.loss_is_criterion(task):
+            log(f"{task.task} epoch {epoch + 1}: validation criterion {criterion:.4f}")
+        snapshots.append((criterion, state_copy(model), epoch))
+        if criterion < best[0]:
+            best = (criterion, state_copy(model), epoch)
+    with mixed():
+        soup = greedy_soup(model, task, scored, dev, best, snapshots, val_negatives) if cfg.soup else [best[2]]
+    model.eval()
+    # a second stage where the task has one (recommendation: re-ranking trees), chosen on validation too
+    second = t.second_stage(model, task, (kept.get((s, lo, hi, c)) for s, lo, hi in plan for c in train_cutoffs),
+                            val, str(dev), log) if cfg.second_stage else None
+    kept.close()
+    rows = int(sum_over_ranks([rows], dist)[0]) if dist.enabled else rows
+    info = {"best_epoch": best[2] + 1, "soup_epochs": [e + 1 for e in soup], "seconds": round(time.time() - started, 2), "rows_seen": rows,
+            "train_cutoffs": [iso(c) for c in train_cutoffs], "val_cutoff": iso(val_cutoff),
+            "val_rows": int(n_val), "val_chunk_stride": stride, "head_start": start, **({"second_stage": second} if second else {}), "val_target_mean": float(np.mean(y_mean)) if n_val else 0.0,
+            "device": str(dev), **processes_info(dist), **({"sampled_negatives": negatives} if negatives else {})}
+    return TrainResult(model, curves, info)
+
+
+def greedy_soup(model: Model, task: TaskSpec, val, dev, best, snapshots, negatives: int = 0) -> list[int]:
+    """Average the weights of epochs, best first, keeping each only if the average does better on the
+    validation cut-off (a "greedy soup": the epochs share one start, so their average is a model of
+    the same shape, often better than any one of them). Leaves the chosen weights in `model`;
+    returns the epochs averaged (-1: the starting point)."""
+    chosen, total, score = [best[2]], {k: v.clone() for k, v in best[1].items()}, best[0]
+    for _, state, epoch in sorted(snapshots, key=lambda t: t[0]):
+        if epoch in chosen:
+            continue
+        model.load_state_dict({k: (v + state[k]) / (len(chosen) + 1) if v.is_floating_point() else v
+                               for k, v in total.items()})
+        trial = _val_criterion(model, task, val, dev, negatives=negatives)
+        if trial < score:
+            chosen.append(epoch)
+            score = trial
+            total = {k: v + state[k] if v.is_floating_point() else v for k, v in total.items()}
+    model.load_state_dict({k: v / len(chosen) if v.is_floating_point() else v for k, v in total.items()})
+    return chosen
+
+
+def batch_loss(model: Model, task: TaskSpec, arrays, b: np.ndarray, dev, rng: np.random.Generator,
+               negatives: int = 0) -> torch.Tensor:
+    """The task's loss on rows `b` of (features, label history, targets, *extra). `negatives` > 0 (a wide
+    label head): a sampled loss over that many labels drawn from `rng`, instead of the full loss."""
+    return task_of(task).batch_loss(model, task, arrays, b, dev, rng, negatives)
+
+
+@torch.no_grad()
+def _val_criterion(model, task: TaskSpec, val, dev, loss: float | None = None, negatives: int = 0) -> float:
+    """What picks the epoch (lower is better): the validation loss, or the task's own criterion."""
+    t = task_of(task)
+    if t.loss_is_criterion(task):
+        return _val_loss(model, task, val, dev, negatives=negatives) if loss is None else loss
+    return t.val_criterion(model, task, val, dev)
+
+
+@torch.no_grad()
+def _val_loss(model, task: TaskSpec, val, dev, batch: int = 2048, negatives: int = 0) -> float:
+    """The mean loss over the validation rows; `negatives` > 0 (a wide multilabel head): the sampled
+    estimate, its labels drawn from a fixed seed, so every epoch is scored on the same labels."""
+    model.eval()
+    rng = np.random.default_rng(0)  # the same sampled candidates at every epoch
+    batch = task_of(task).val_batch(task, batch)
+    total, n = 0.0, 0
+    for arrays in val:
+        size = len(arrays[0])
+        for i in range(0, size, batch):
+            b = np.arange(i, min(i + batch, size))
+            total += float(batch_loss(model, task, arrays, b, dev, rng, negatives)) * len(b)
+            n += len(b)
+    return total / n if n else float("nan")
+

@@ -1,0 +1,148 @@
+"""The foundation model's own forecast as a scenario head's start.
+
+The self-supervised head already predicts, from the same trunk, whether an entity acts in the next
+window and which values of every categorical column it touches (models/targets.foundation_target).
+A churn scenario ("no event in the window") and a propensity scenario over a column's top values ask
+the same questions, over their own window. So their heads can start at the foundation's answer,
+recalibrated per output (a slope and an offset: the windows differ), instead of at the base rate or
+at "what they bought, habitually": what pretraining learned is then used from the first step, which
+matters most where labels are few. Propensity also fits how much each label's own history adds
+(the forecast and the history together, label by label). Validation chooses between this start and
+the task's own (models/train/finetune.py).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from habitus.models.data.features import FeatureSpec, bucket_count
+from habitus.models.data.targets import TargetSpec
+
+CALIBRATION_ROWS = 8_192  # training rows the slope and offset are fitted on
+PRIOR_ROWS = 50  # the pull of the fitted weights towards the forecast as it is, in rows (calibrate)
+
+
+@dataclass
+class Forecast:
+    """The foundation head's rows that forecast a scenario's outputs: output `positions[i]` is forecast
+    by weight[i] . h + bias[i] (for churn, minus the "acts" row: not acting is churning)."""
+
+    positions: np.ndarray  # [k] the scenario's output positions that have a forecast
+    columns: np.ndarray  # [k] the foundation target columns (habitus.models.data.targets.foundation_target) they read
+    weight: torch.Tensor  # [k, hidden]
+    bias: torch.Tensor  # [k]
+
+
+def column_offsets(spec: FeatureSpec) -> dict[str, int]:
+    """Where each categorical column's buckets start among the foundation's targets (after [any event,
+    log count]; bucket 0, "unknown", is not a target)."""
+    offsets, at = {}, 2
+    for column, vocab in spec.categorical.items():
+        offsets[column] = at
+        at += bucket_count(vocab, spec.buckets) - 1
+    return offsets
+
+
+def exact_buckets(ids: np.ndarray, vocab: int, buckets: int) -> np.ndarray:
+    """Whether each vocabulary id has a bucket of its own (habitus.models.data.features.bucketize: the frequent ids;
+    the long tail shares buckets, whose forecast is not that id's)."""
+    if vocab + 1 <= buckets:
+        return (ids >= 1) & (ids <= vocab)
+    return (ids >= 1) & (ids < buckets - buckets // 4)
+
+
+def foundation_forecast(state: dict[str, torch.Tensor], spec: FeatureSpec, target: TargetSpec,
+                        outputs: int) -> Forecast | None:
+    """The foundation head's forecast of a target, where it has one: churn (`no_event`: minus the
+    "acts in the window" logit) and propensity over a categorical column's values (`any_event`: the
+    bucket of each label that has one of its own). None for every other target: recommendation
+    (`items`) too, where adding the forecast of the items that have a bucket to the start made the
+    demo's validation NDCG@10 worse at every weight tried (0.4316 without; 0.4288 / 0.4221 / 0.4032 /
+    0.3549 / 0.3009 at 0.1 / 0.25 / 0.5 / 1 / 2; docs/quality.md)."""
+    weight, bias = state.get("head.linear.weight"), state.get("head.linear.bias")
+    if weight is None or bias is None:
+        return None
+    if target.kind == "no_event" and outputs == 1:
+        return Forecast(np.zeros(1, np.int64), np.zeros(1, np.int64), -weight[:1].clone(), -bias[:1].clone())
+    if target.kind == "any_event" and target.column in spec.categorical and len(target.labels) == outputs:
+        ids = np.asarray(target.labels, np.int64)
+        own = exact_buckets(ids, spec.categorical[target.column], spec.buckets)
+        if not own.any():
+            return None
+        rows = column_offsets(spec)[target.column] + ids[own] - 1
+        if rows.max() >= len(weight):  # (a head of another layout)
+            return None
+        index = torch.from_numpy(rows)
+        return Forecast(np.flatnonzero(own), rows, weight[index].clone(), bias[index].clone())
+    return None
+
+
+@torch.no_grad()
+def calibrate(inputs: torch.Tensor, y: torch.Tensor, iterations: int = 20) -> torch.Tensor:
+    """Per label, a logistic regression over its own inputs: `inputs` [rows, k, F] (the forecast's
+    logit first, then the label's own history channels), `y` [rows, k] of 0/1. Returns [k, F + 1]
+    (the weights, then the intercept), by Newton for every label at once. The weights are pulled
+    towards [1, 0, ...] (the forecast as it is) by PRIOR_ROWS pseudo-rows and the intercept kept in
+    [-8, 8], so that a few hundred labelled rows, or a label none of them has, cannot push the start
+    to extremes."""
+    x = torch.cat([inputs.double(), torch.ones_like(inputs[..., :1], dtype=torch.float64)], -1)  # [n, k, F + 1]
+    n, k, f = x.shape
+    y = y.double()
+    prior = torch.zeros(k, f, dtype=torch.float64)
+    prior[:, 0] = 1.0
+    ridge = torch.full((f,), PRIOR_ROWS / max(n, 1), dtype=torch.float64)
+    ridge[-1] = 1e-6  # (the intercept: nearly free)
+    beta = prior.clone()
+    for _ in range(iterations):
+        p = torch.sigmoid((x * beta).sum(-1))  # [n, k]
+        w = (p * (1 - p)).clamp_min(1e-9)
+        grad = torch.einsum("nk,nkf->kf", p - y, x) / n + ridge * (beta - prior)
+        hess = torch.einsum("nk,nkf,nkg->kfg", w, x, x) / n + torch.diag_embed(ridge.expand(k, f))
+        beta = beta - torch.linalg.solve(hess, grad)
+        beta[:, -1] = beta[:, -1].clamp(-8.0, 8.0)
+    return beta.float()
+
+
+@torch.no_grad()
+def start_at_forecast(model, forecast: Forecast, arrays, dev, history_channel_count: int) -> int:
+    """Set the head's outputs that have a forecast to a calibrated mix of the forecast and the label's
+    own history: their linear rows to a x (the foundation's rows), their biases to a x (its bias) + c,
+    their history weights to the fitted ones (`calibrate`). `arrays`: training chunks (features, label
+    history, targets), read until CALIBRATION_ROWS rows. Returns the rows it read."""
+    xs, hs, ys, n = [], [], [], 0
+    positions = forecast.positions
+    for x, h, y, *_ in arrays:
+        take = min(len(x), CALIBRATION_ROWS - n)
+        rows = np.arange(take)
+        xs.append(x[:take])
+        if history_channel_count:  # [take, k, channels] of the labels with a forecast
+            hs.append(np.stack([h[rows].dense(c, positions) for c in range(history_channel_count)], -1)
+                      if hasattr(h, "dense") else h[:take][:, positions])
+        part = y[rows]
+        if hasattr(part, "dense"):  # sparse label rows
+            ys.append(part.dense(0, positions))
+        else:
+            part = np.asarray(part)
+            ys.append(part[:, positions] if part.ndim == 2 else part[:, None])
+        n += take
+        if n >= CALIBRATION_ROWS:
+            break
+    if not n:
+        return 0
+    model.eval()
+    trunk = torch.cat([model.trunk(torch.from_numpy(x).to(dev)) for x in xs]).cpu()
+    weight, bias = forecast.weight.to(trunk.dtype), forecast.bias.to(trunk.dtype)
+    inputs = (trunk @ weight.T + bias)[..., None]  # [n, k, 1]
+    if history_channel_count:
+        inputs = torch.cat([inputs, torch.from_numpy(np.concatenate(hs).astype(np.float32))], -1)
+    beta = calibrate(inputs, torch.from_numpy(np.concatenate(ys).astype(np.float32)))
+    head = model.head
+    at = torch.from_numpy(positions).to(head.linear.weight.device)
+    a = beta[:, 0]
+    head.linear.weight[at] = (a[:, None] * weight).to(head.linear.weight)
+    head.linear.bias[at] = (a * bias + beta[:, -1]).to(head.linear.bias)
+    if history_channel_count and getattr(head, "label_skip", None) is not None:
+        head.label_skip[at] = (beta[:, 1:-1] - head.skip.weight[0]).to(head.label_skip)  # (shared + own = fitted)
+    return n
+

@@ -1,0 +1,169 @@
+"""Resumable training: the whole state of a training loop, saved every N steps and restored after a kill.
+
+A save is one folder, `<folder>/latest/`, renamed into place whole (habitus.models.storage.files.atomic_path):
+
+    state.safetensors   every tensor: weights, optimizer moments, the best epoch's weights, torch RNG
+    state.json          everything else: step, epoch, position in the epoch's data order, the order
+                        itself, numpy's RNG state, loss curves, counters; plus the SHA-256 of
+                        state.safetensors and the fingerprint of the run's inputs
+
+No pickle anywhere: nested optimizer / scheduler state dicts are split into tensors (safetensors)
+and plain values (JSON). A state is used only when its fingerprint matches the run's (same cache,
+same config, same cut-offs) and its tensors match their recorded SHA-256; otherwise training starts
+from the beginning. A resumed run ends with the same weights as an uninterrupted one, because every
+source of randomness is restored along with the position in the data.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from habitus.models.storage.files import atomic_path, file_sha256
+
+DEFAULT_EVERY_STEPS = 200
+_FORMAT = 1
+
+
+class Resumer:
+    """Saves and restores a training loop's state in `folder` for the run whose inputs hash to `fingerprint`."""
+
+    def __init__(self, folder: str | os.PathLike, fingerprint: str, every_steps: int = DEFAULT_EVERY_STEPS,
+                 log: Callable[[str], None] = print):
+        if every_steps < 1:
+            raise ValueError(f"every_steps must be >= 1, got {every_steps}")
+        self.folder = Path(folder)
+        self.fingerprint = fingerprint
+        self.every_steps = every_steps
+        self.log = log
+        self.saves = 0
+        self.step = 0  # optimizer steps done by the run, restored with the state
+        self._last_saved_step = 0
+
+    @property
+    def latest(self) -> Path:
+        return self.folder / "latest"
+
+    def after_chunk(self, batches: int, modules: dict, rng: np.random.Generator, loop: Callable[[], dict]) -> None:
+        """Called by a training loop after each chunk of work (`batches` optimizer steps): saves the
+        state once `every_steps` steps have passed since the last save. `loop()` builds the loop's
+        position only when a save is due."""
+        self.step += int(batches)
+        if self.step - self._last_saved_step >= self.every_steps:
+            self.save(self.step, modules, rng, loop())
+
+    def save(self, step: int, modules: dict, rng: np.random.Generator, loop: dict) -> None:
+        """Write the state atomically. `modules`: name -> object with state_dict() (model, optimizer,
+        scheduler); `loop`: the loop's own position and counters (JSON values and tensors)."""
+        tensors: dict[str, torch.Tensor] = {}
+        body = {
+            "format": _FORMAT,
+            "fingerprint": self.fingerprint,
+            "step": int(step),
+            "modules": {name: _split(m.state_dict(), tensors, f"modules.{name}") for name, m in modules.items()},
+            "loop": _split(loop, tensors, "loop"),
+            "numpy_rng": _split(rng.bit_generator.state, tensors, "numpy_rng"),
+            "torch_rng": _split(torch.get_rng_state(), tensors, "torch_rng"),
+            "cuda_rng": _split(torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [], tensors,
+                               "cuda_rng"),
+        }
+        with atomic_path(self.latest) as tmp:
+            tmp.mkdir(parents=True)
+            save_file(tensors, str(tmp / "state.safetensors"))
+            body["tensors_sha256"] = file_sha256(tmp / "state.safetensors")
+            (tmp / "state.json").write_text(json.dumps(body, allow_nan=True))
+        self._last_saved_step = int(step)
+        self.saves += 1
+
+    def restore(self, modules: dict, rng: np.random.Generator) -> dict | None:
+        """Load the saved state into `modules` and `rng` and return the loop's saved position, or None
+        (nothing saved, or saved by a run with other inputs, or damaged: training starts afresh)."""
+        body = self._read()
+        if body is None:
+            return None
+        tensors = load_file(str(self.latest / "state.safetensors"))
+        for name, m in modules.items():
+            m.load_state_dict(_join(body["modules"][name], tensors))
+        rng.bit_generator.state = _join(body["numpy_rng"], tensors)
+        torch.set_rng_state(_join(body["torch_rng"], tensors))
+        cuda = _join(body["cuda_rng"], tensors)
+        if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        self.step = self._last_saved_step = body["step"]
+        self.log(f"resuming from the state saved at step {body['step']} in {self.latest}")
+        return _join(body["loop"], tensors)
+
+    def _read(self) -> dict | None:
+        state_json, state_st = self.latest / "state.json", self.latest / "state.safetensors"
+        if not state_json.exists() or not state_st.exists():
+            return None
+        try:
+            body = json.loads(state_json.read_text())
+        except ValueError:
+            self.log(f"{state_json} is not valid JSON; ignoring the saved state and starting afresh")
+            return None
+        if body.get("format") != _FORMAT or body.get("fingerprint") != self.fingerprint:
+            self.log(f"the state saved in {self.latest} belongs to a run with other inputs; starting afresh")
+            return None
+        if body.get("tensors_sha256") != file_sha256(state_st):
+            self.log(f"{state_st} does not match the SHA-256 recorded in state.json (changed after it was "
+                     f"written); ignoring it and starting afresh")
+            return None
+        return body
+
+    def clear(self) -> None:
+        """Forget the saved state (after the finished model is saved)."""
+        import shutil
+
+        shutil.rmtree(self.latest, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- nested state <-> tensors + JSON
+
+
+def _split(obj, tensors: dict, key: str):
+    """A nested state (dicts with any keys, lists, tuples, tensors, numpy scalars) as JSON values,
+    its tensors moved into `tensors` under unique names."""
+    if isinstance(obj, torch.Tensor):
+        # a copy: safetensors refuses tensors that share memory, and the caller keeps training
+        tensors[key] = obj.detach().to("cpu").clone().contiguous()
+        return {"__tensor__": key}
+    if isinstance(obj, np.ndarray):
+        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj).copy())
+        return {"__ndarray__": key}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _split(v, tensors, f"{key}.{k}") for k, v in obj.items()}
+        return {"__items__": [[_split(k, tensors, f"{key}.k{i}"), _split(v, tensors, f"{key}.{i}")]
+                              for i, (k, v) in enumerate(obj.items())]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_split(v, tensors, f"{key}.{i}") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_split(v, tensors, f"{key}.{i}") for i, v in enumerate(obj)]
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot save a {type(obj).__name__} in a resumable state at {key!r} (no pickle)")
+
+
+def _join(obj, tensors: dict):
+    if isinstance(obj, list):
+        return [_join(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__tensor__" in obj:
+        return tensors[obj["__tensor__"]]
+    if "__ndarray__" in obj:
+        return tensors[obj["__ndarray__"]].numpy()
+    if "__tuple__" in obj:
+        return tuple(_join(v, tensors) for v in obj["__tuple__"])
+    if "__items__" in obj:
+        return {_join(k, tensors): _join(v, tensors) for k, v in obj["__items__"]}
+    return {k: _join(v, tensors) for k, v in obj.items()}
