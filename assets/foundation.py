@@ -13,7 +13,7 @@ from habitus.models.storage.files import combine
 from habitus.models.data.features import DAY
 from habitus.models.train.foundation import train_foundation
 from habitus.models.train.loop import day_floor
-from habitus.models.specs import config_dict
+from habitus.models.train.config import config_dict
 from habitus.resources.executor import TrainingExecutor
 from habitus.resources.workspace import Workspace, locked
 

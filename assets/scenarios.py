@@ -18,7 +18,8 @@ from habitus.models.storage.files import combine
 from habitus.models.evaluate.holdout import LOWER_IS_BETTER, headline, protocol, score_holdout
 from habitus.models.data.features import FeatureSpec
 from habitus.models.train.finetune import finetune
-from habitus.models.specs import TaskSpec, config_dict
+from habitus.models.train.config import config_dict
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacked_head import fit_head, save_head, trunk_of
 from habitus.models.tasks import task as task_of
 from habitus.models.tasks.base import TargetError

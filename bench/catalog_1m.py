@@ -78,7 +78,8 @@ def stage(name: str, folder: Path, items: int) -> dict:
     from habitus.models.data.features import FeatureSpec
     from habitus.models.train.finetune import finetune
     from habitus.models.train.foundation import train_foundation
-    from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+    from habitus.models.train.config import FinetuneConfig, FoundationConfig
+    from habitus.models.tasks.spec import TaskSpec
     from habitus.models.data.targets import TargetSpec
 
     test_cutoff = T0 + (SPAN_DAYS - WINDOW) * DAY

@@ -10,7 +10,7 @@ from habitus.models.evaluate.holdout import protocol
 from habitus.models.data.features import DAY, FeatureSpec
 from habitus.models.train.finetune import finetune
 from habitus.models.train.foundation import train_foundation
-from habitus.models.specs import FinetuneConfig, FoundationConfig
+from habitus.models.train.config import FinetuneConfig, FoundationConfig
 
 
 @dataclass

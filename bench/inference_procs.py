@@ -181,7 +181,7 @@ def random_checkpoints(config: Path, work: Path) -> tuple[str, str]:
     from habitus.models.data.features import FeatureSpec, chunk_at, featurize
     from habitus.models.nn.network import NetConfig
     from habitus.models.tasks.scoring import build_model
-    from habitus.models.specs import FoundationConfig
+    from habitus.models.train.config import FoundationConfig
 
     scenario, foundation = work / "random-churn", work / "random-foundation"
     if (scenario / "config.json").exists() and (foundation / "config.json").exists():

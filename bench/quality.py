@@ -43,7 +43,8 @@ from habitus.models.data.targets import TargetSpec  # noqa: E402
 from habitus.models.train.finetune import finetune  # noqa: E402
 from habitus.models.train.foundation import train_foundation  # noqa: E402
 from habitus.models.data.labels import top_values  # noqa: E402
-from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec  # noqa: E402
+from habitus.models.train.config import FinetuneConfig, FoundationConfig  # noqa: E402
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacked_head import fit_head, trunk_of  # noqa: E402
 from habitus.models.tasks import task as task_of  # noqa: E402
 

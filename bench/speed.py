@@ -232,7 +232,7 @@ def stage_foundation(st: Stage, profile: str | None = None) -> dict:
     from habitus.models.nn.checkpoint import save_checkpoint
     from habitus.models.data.features import DAY
     from habitus.models.train.foundation import train_foundation
-    from habitus.models.specs import config_dict
+    from habitus.models.train.config import config_dict
 
     cache = st.cache
     cfg = st.project.foundation.config()

@@ -44,7 +44,7 @@ from habitus.models.heads.stacked_rows import Rows, collect  # noqa: E402
 
 from habitus.models.train.finetune import finetune  # noqa: E402
 from habitus.models.train.foundation import train_foundation  # noqa: E402
-from habitus.models.specs import FinetuneConfig, FoundationConfig  # noqa: E402
+from habitus.models.train.config import FinetuneConfig, FoundationConfig  # noqa: E402
 
 TASKS = ("churn", "propensity", "spend")
 

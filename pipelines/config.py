@@ -16,7 +16,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from habitus.models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
-from habitus.models.specs import FinetuneConfig, FoundationConfig
+from habitus.models.train.config import FinetuneConfig, FoundationConfig
 from habitus.models.tasks import TASKS
 from habitus.pipelines.config_base import Strict
 from habitus.pipelines.config_operations import KubernetesSettings, RetrySettings, ScheduleSettings
@@ -108,7 +108,7 @@ class Source(Strict):
 # --------------------------------------------------------------------------- models
 
 
-_FOUNDATION, _FINETUNE = FoundationConfig(), FinetuneConfig()  # the defaults, declared in models/specs.py only
+_FOUNDATION, _FINETUNE = FoundationConfig(), FinetuneConfig()  # the defaults, declared in models/train/config.py only
 SAVE_EVERY_STEPS = 200
 
 

@@ -7,7 +7,7 @@ import torch
 from habitus.models.cache import Cache
 from habitus.models.data.features import DAY, RECENCY_DAYS, Chunk, FeatureSpec, featurize
 from habitus.models.data.items import SparseRows, batch_history, group_history
-from habitus.models.specs import TaskSpec
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.data.targets import TargetSpec, label_positions
 
 POPULARITY_DAYS = (7, 30)  # item popularity at a cut-off: events in the last 7 and 30 days

@@ -19,7 +19,7 @@ from habitus.models.data.features import (HALF_LIVES, FeatureSpec, chunk_at, ent
 from habitus.models.data.items import SparseRows
 from habitus.models.data.labels import label_history
 from habitus.models.train.loop import chunk_plan
-from habitus.models.specs import TaskSpec
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.tasks import task as task_of
 
 TOP_VALUES = 20

@@ -16,7 +16,7 @@ from habitus.models.data.features import DAY, FeatureSpec, chunk_at
 from habitus.models.data.labels import label_history, task_inputs
 from habitus.models.train.loop import chunk_plan, day_floor
 from habitus.models.nn.network import Model
-from habitus.models.specs import TaskSpec
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacking import blend
 from habitus.models.tasks import TASKS
 from habitus.models.tasks import task as task_of

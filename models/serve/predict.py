@@ -12,7 +12,7 @@ from habitus.models.nn.network import Model
 from habitus.models.data.labels import history_rows, task_inputs
 from habitus.models.train.loop import chunk_plan
 from habitus.models.tasks.scoring import build_model
-from habitus.models.specs import TaskSpec
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.tasks import task as task_of
 
 

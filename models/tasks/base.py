@@ -1,7 +1,7 @@
 """What a task type is: the one interface every task module (models/tasks/<name>.py) implements.
 
 A Task is stateless; the scenario's own settings (its target, k, widths) travel in a
-habitus.models.specs.TaskSpec, passed to each method as `spec`. The defaults here are those of a task with one
+habitus.models.tasks.spec.TaskSpec, passed to each method as `spec`. The defaults here are those of a task with one
 output per entity (binary, regression): a task overrides what it does differently.
 """
 

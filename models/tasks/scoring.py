@@ -7,7 +7,7 @@ from habitus.models.data.features import FeatureSpec
 from habitus.models.data.items import SparseRows, top_k_items
 from habitus.models.data.labels import history_rows
 from habitus.models.nn.network import Model, NetConfig
-from habitus.models.specs import TaskSpec
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.tasks import task as task_of
 
 

@@ -20,7 +20,8 @@ from habitus.models.nn.network import Model, NetConfig
 from habitus.models.train.prior import foundation_forecast, start_at_forecast
 from habitus.models.train.resume import Resumer
 from habitus.models.tasks.scoring import build_model
-from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.train.spill import Kept, Recomputed
 from habitus.models.tasks import task as task_of
 

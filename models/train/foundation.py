@@ -17,7 +17,7 @@ from habitus.models.train.loop import (Log, TrainResult, batches, by_shard, chun
                          processes_info, seeded, step)
 from habitus.models.nn.network import Model, NetConfig
 from habitus.models.train.resume import Resumer
-from habitus.models.specs import FoundationConfig
+from habitus.models.train.config import FoundationConfig
 from habitus.models.data.targets import foundation_target
 
 PROBE_CHUNKS = 4  # (a quarter of the plan: 2 chunks at 1M events, 11 at 10M, 107 at 100M)

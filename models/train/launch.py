@@ -21,7 +21,8 @@ import traceback
 from pathlib import Path
 
 from habitus.models.train.loop import TrainResult
-from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec, config_dict
+from habitus.models.train.config import FinetuneConfig, FoundationConfig, config_dict
+from habitus.models.tasks.spec import TaskSpec
 
 JOB = "job.json"
 RESULT = "result"

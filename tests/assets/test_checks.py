@@ -21,7 +21,7 @@ from habitus.assets.serving import passed_path, serving_checkpoint
 from habitus.pipelines.config import Scenario, load_project
 from habitus.pipelines.definitions import build_assets, build_resources
 from habitus.models.data.targets import TargetSpec
-from habitus.models.specs import TaskSpec
+from habitus.models.tasks.spec import TaskSpec
 from habitus.pipelines.demo_data import generate_demo_warehouse
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")

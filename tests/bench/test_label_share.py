@@ -15,7 +15,7 @@ from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache
 from habitus.models.data.features import FeatureSpec, chunk_at, featurize
 from habitus.models.data.targets import TargetSpec
 from habitus.models.train.loop import chunk_plan
-from habitus.models.specs import TaskSpec
+from habitus.models.tasks.spec import TaskSpec
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 T0 = calendar.timegm((2026, 1, 1, 0, 0, 0))

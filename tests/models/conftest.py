@@ -157,7 +157,7 @@ def segment_foundation(module_sources):
     each buying mostly its own products of 12, and a tiny foundation model whose targets end 14 days
     (the horizon) before the test cut-off, which leaves 14 days after it."""
     from habitus.models.train.foundation import train_foundation
-    from habitus.models.specs import FoundationConfig
+    from habitus.models.train.config import FoundationConfig
 
     cfg = FoundationConfig(horizon_days=SEGMENT_HORIZON, cutoff_every_days=7, hidden=16, layers=1, epochs=1,
                            batch_size=16, learning_rate=5e-3, buckets=32, seed=0, cutoffs_per_chunk=1,
@@ -172,7 +172,7 @@ def segment_foundation(module_sources):
 def segment_labels(segment_foundation):
     """`segment_labels(task)`: segment_foundation's (cache, test cut-off, foundation) and a TaskSpec of
     `task` ("multilabel", "multiclass") whose labels are every product, over the 14 days of the horizon."""
-    from habitus.models.specs import TaskSpec
+    from habitus.models.tasks.spec import TaskSpec
     from habitus.models.data.targets import TargetSpec
 
     cache, test_cutoff, foundation = segment_foundation

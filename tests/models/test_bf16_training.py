@@ -15,7 +15,8 @@ from habitus.models.data.features import DAY
 from habitus.models.data.targets import TargetSpec
 from habitus.models.train.finetune import finetune
 from habitus.models.train.foundation import train_foundation
-from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig, FoundationConfig
+from habitus.models.tasks.spec import TaskSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

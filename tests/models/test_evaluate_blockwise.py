@@ -20,7 +20,7 @@ from habitus.models.data.targets import TargetSpec, compute_target, eligible
 from habitus.models.data.labels import recent_popularity, task_inputs
 from habitus.models.train.loop import chunk_plan
 from habitus.models.tasks.scoring import build_model, scores
-from habitus.models.specs import TaskSpec
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.tasks.multilabel import baseline_scores
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -12,7 +12,7 @@ from habitus.models.nn.network import NetConfig
 from habitus.models.data.targets import TargetSpec, eligible
 from habitus.models.data.labels import item_popularity, task_inputs, top_values
 from habitus.models.tasks.scoring import build_model
-from habitus.models.specs import TaskSpec
+from habitus.models.tasks.spec import TaskSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,7 +17,8 @@ from habitus.models.data.features import FeatureSpec, chunk_at
 from habitus.models.data.items import SparseRows
 from habitus.models.data.labels import task_inputs
 from habitus.models.serve.predict import predict
-from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacking import StackConfig
 from habitus.models.heads.stacked_head import fit_head, trunk_of
 from habitus.models.data.targets import TargetSpec

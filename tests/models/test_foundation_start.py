@@ -12,7 +12,8 @@ from habitus.models.data.items import SparseRows
 from habitus.models.train.loop import chunk_plan
 from habitus.models.nn.network import Model, NetConfig
 from habitus.models.train.prior import Forecast, calibrate, foundation_forecast, start_at_forecast
-from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.data.targets import TargetSpec, compute_target, foundation_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")

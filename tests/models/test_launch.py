@@ -34,7 +34,8 @@ from habitus.models.data.targets import TargetSpec, foundation_target
 from habitus.models.train.finetune import finetune
 from habitus.models.train.foundation import foundation_loss, train_foundation
 from habitus.models.train.loop import chunk_plan
-from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig, FoundationConfig
+from habitus.models.tasks.spec import TaskSpec
 from habitus.resources.executor import ExecutorError, TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

@@ -14,7 +14,8 @@ from habitus.models.nn.network import NetConfig
 from habitus.models.data.targets import TargetSpec
 from habitus.models.train.foundation import train_foundation
 from habitus.models.tasks.scoring import build_model
-from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig, FoundationConfig
+from habitus.models.tasks.spec import TaskSpec
 
 HORIZON = 14
 CHURN = TaskSpec("binary", TargetSpec("no_event", HORIZON, active_days=30))

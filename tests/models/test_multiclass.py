@@ -14,7 +14,7 @@ from habitus.models.evaluate.holdout import LOWER_IS_BETTER, evaluate, headline,
 from habitus.models.data.features import FeatureSpec, chunk_at
 from habitus.models.train.finetune import finetune
 from habitus.models.serve.predict import predict
-from habitus.models.specs import FinetuneConfig
+from habitus.models.train.config import FinetuneConfig
 from habitus.models.data.targets import future_rows
 from habitus.models.tasks import TASKS, task
 from habitus.models.tasks.multiclass import multiclass_metrics

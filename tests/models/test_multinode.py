@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from habitus.models.train.launch import foundation_job, read_result, write_job
-from habitus.models.specs import FoundationConfig
+from habitus.models.train.config import FoundationConfig
 from habitus.resources.executor import ExecutorError, TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

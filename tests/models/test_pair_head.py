@@ -15,7 +15,7 @@ from habitus.models.serve.predict import load_model
 from habitus.models.data.targets import TargetSpec
 from habitus.models.tasks.multilabel import multilabel_loss
 from habitus.models.tasks.scoring import build_model
-from habitus.models.specs import PAIR_MAX_LABELS, PAIR_WIDTH, TaskSpec
+from habitus.models.tasks.spec import PAIR_MAX_LABELS, PAIR_WIDTH, TaskSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

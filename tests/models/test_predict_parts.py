@@ -19,7 +19,8 @@ from habitus.models.evaluate.holdout import protocol
 from habitus.models.train.loop import chunk_plan
 from habitus.models.serve.parts import Parts, PartsError, Pool, Scorer, staging
 from habitus.models.serve.predict import embed, embedding_scorer, load_model, predict, scenario_scorer
-from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacking import StackConfig
 from habitus.models.heads.stacked_head import fit_head, load_head, save_head, trunk_of
 from habitus.models.data.targets import TargetSpec

@@ -11,7 +11,7 @@ from habitus.models.nn.quantize import for_inference, precision_context
 from habitus.models.data.targets import TargetSpec
 from habitus.models.train.loop import chunk_plan
 from habitus.models.tasks.scoring import build_model
-from habitus.models.specs import TaskSpec
+from habitus.models.tasks.spec import TaskSpec
 
 
 def _model(seed=0) -> Model:

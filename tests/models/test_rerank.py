@@ -13,7 +13,8 @@ from habitus.models.nn.network import Model, NetConfig
 from habitus.models.serve.predict import load_model
 from habitus.models.heads.rerank import candidate_features, rerank
 from habitus.models.tasks.scoring import rank_items
-from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.data.targets import TargetSpec
 
 lgb = pytest.importorskip("lightgbm")

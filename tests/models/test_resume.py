@@ -12,7 +12,8 @@ from habitus.models.train.resume import Resumer
 from habitus.models.data.targets import TargetSpec
 from habitus.models.train.finetune import finetune
 from habitus.models.train.foundation import train_foundation
-from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig, FoundationConfig
+from habitus.models.tasks.spec import TaskSpec
 
 SPAN_DAYS, HORIZON = 100, 14
 FOUNDATION = FoundationConfig(horizon_days=HORIZON, cutoff_every_days=7, hidden=8, layers=1, epochs=2,

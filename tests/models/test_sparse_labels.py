@@ -28,7 +28,8 @@ from habitus.models.train.finetune import batch_loss, finetune
 from habitus.models.data.labels import label_history
 from habitus.models.train.loop import batches
 from habitus.models.tasks.scoring import build_model, scores
-from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.tasks.multilabel import baseline_scores
 
 N_CUSTOMERS, HORIZON = 240, 14  # (tests/models/conftest.py: segment_foundation)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from habitus.models.data.features import FeatureSpec
-from habitus.models.specs import TaskSpec
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacking import Reduction, Stack, StackConfig, blend, fit_stack, score
 from habitus.models.heads.stacked_rows import Rows, choice_fold, collect
 from habitus.models.data.targets import TargetSpec
@@ -108,7 +108,7 @@ def test_collect_reads_the_entities_evaluate_scores_in_its_order(sources):
     from habitus.models.evaluate.holdout import evaluate
     from habitus.models.train.finetune import finetune
     from habitus.models.train.foundation import train_foundation
-    from habitus.models.specs import FinetuneConfig, FoundationConfig
+    from habitus.models.train.config import FinetuneConfig, FoundationConfig
 
     cache = sources.random_purchases(4000, 300, 120)
     foundation = train_foundation(cache, FoundationConfig(hidden=16, layers=1, epochs=1, buckets=16), sources.at(100),

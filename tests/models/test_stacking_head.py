@@ -13,7 +13,8 @@ from habitus.models.evaluate.holdout import evaluate, holdout_chunks, protocol, 
 from habitus.models.data.features import FeatureSpec
 from habitus.models.serve.predict import load_model, predict
 from habitus.models.tasks.scoring import scores
-from habitus.models.specs import FinetuneConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig
+from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacking import StackConfig, score
 from habitus.models.heads.stacked_head import STACK_FILE, TRUNK_FILE, fit_head, load_head, save_head, trunk_of
 from habitus.models.heads.stacked_rows import collect

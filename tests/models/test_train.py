@@ -14,7 +14,8 @@ from habitus.models.serve.predict import predict
 from habitus.models.data.targets import TargetSpec
 from habitus.models.train.finetune import finetune
 from habitus.models.train.foundation import train_foundation
-from habitus.models.specs import FinetuneConfig, FoundationConfig, TaskSpec
+from habitus.models.train.config import FinetuneConfig, FoundationConfig
+from habitus.models.tasks.spec import TaskSpec
 
 N_CUSTOMERS = 300
 SPAN_DAYS = 126

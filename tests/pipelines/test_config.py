@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from habitus.models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
-from habitus.models.specs import FinetuneConfig, FoundationConfig
+from habitus.models.train.config import FinetuneConfig, FoundationConfig
 from habitus.pipelines.config import CONFIG_ENV, ConfigError, load_project
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ def test_minimal_config_loads(tmp_path):
 
 
 def test_the_config_translates_once_into_the_models_settings(tmp_path):
-    """The YAML's defaults are models/specs.py's (declared once); what a user sets reaches the models."""
+    """The YAML's defaults are models/train/config.py's (declared once); what a user sets reaches the models."""
     cfg = base()
     del cfg["foundation"]
     project = load_project(write(tmp_path, cfg))
