@@ -8,9 +8,10 @@ from pathlib import Path
 from habitus.models.cache import Cache, build_cache
 from habitus.models.evaluate.holdout import protocol
 from habitus.models.data.features import DAY, FeatureSpec
-from habitus.models.train.finetune import finetune
+from habitus.models.heads.stacking import StackConfig
+from habitus.models.train.config import FinetuneConfig, FoundationConfig, ScenarioConfig
 from habitus.models.train.foundation import train_foundation
-from habitus.models.train.config import FinetuneConfig, FoundationConfig
+from habitus.models.train.scenario import train_scenario
 
 
 @dataclass
@@ -38,18 +39,13 @@ def setup(cspec, test_cutoff: int, folder: Path, foundation_epochs: int, hidden:
 
 def scenario(s: Setup, task, test_cutoff: int, epochs: int, trees_weight: float | None = None,
              stacked: bool = False):
-    """(the fine-tuned network in eval mode, the head chosen on validation or None): with `stacked`, the head
-    as a scenario fits it (habitus.models.heads.stacked_head.fit_head); `trees_weight` forces its blend weight (the
-    demo's churn serves trees weighted 0.8), else the choice is the validation cut-off's."""
+    """(the fine-tuned network in eval mode, the head chosen on validation or None), trained by the scenario
+    recipe (models/train/scenario.py) without its LightGBM baseline: with `stacked`, the head as a scenario
+    chooses it; `trees_weight` forces its blend weight (the demo's churn serves trees weighted 0.8), else
+    the choice is the validation cut-off's."""
     plan = protocol(test_cutoff, task.target.window_days, 4, s.cache.time_range[0])
-    model = finetune(s.cache, s.foundation.model.state_dict(), s.foundation.info, task, list(plan.train_cutoffs),
-                     plan.val_cutoff, FinetuneConfig(epochs=epochs), log=lambda _: None).model.eval()
-    if not stacked and trees_weight is None:
-        return model, None
-    from habitus.models.heads.stacking import StackConfig
-    from habitus.models.heads.stacked_head import fit_head, trunk_of
-
-    cfg = StackConfig() if trees_weight is None else StackConfig(weights=(float(trees_weight),))
-    trunk = trunk_of(s.foundation.model.state_dict(), s.foundation.info["net"])
-    head = fit_head(s.cache, s.spec, task, trunk, model, plan.train_cutoffs, plan.val_cutoff, cfg=cfg)
-    return model, head
+    cfg = ScenarioConfig("bench", task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff,
+                         FinetuneConfig(epochs=epochs), head="chosen" if stacked or trees_weight is not None else "network")
+    run = train_scenario(s.cache, s.foundation.model.state_dict(), s.foundation.info, cfg, log=lambda _: None,
+                         baselines=False, stack=None if trees_weight is None else StackConfig(weights=(float(trees_weight),)))
+    return run.trained.model.eval(), run.head

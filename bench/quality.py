@@ -20,6 +20,7 @@ scalars (bench/probe.py). MovieLens-100k is read from the recbole wheel (bench/m
 import argparse
 import calendar
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import sys
@@ -34,24 +35,24 @@ from label_share import EntitySubset, labeled_entities, lightgbm_trained_on  # n
 from movielens import movielens_spec  # noqa: E402
 from probe import embedding_probe  # noqa: E402
 
-from habitus.models.evaluate.baselines import lightgbm_scores  # noqa: E402
 from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache  # noqa: E402
-from habitus.models.evaluate.holdout import evaluate, protocol  # noqa: E402
+from habitus.models.evaluate.holdout import protocol  # noqa: E402
 from habitus.models.data.features import DAY, FeatureSpec  # noqa: E402
 from habitus.models.nn.quantize import for_inference  # noqa: E402
 from habitus.models.data.targets import TargetSpec  # noqa: E402
-from habitus.models.train.finetune import finetune  # noqa: E402
 from habitus.models.train.foundation import train_foundation  # noqa: E402
 from habitus.models.data.labels import top_values  # noqa: E402
-from habitus.models.train.config import FinetuneConfig, FoundationConfig  # noqa: E402
-from habitus.models.tasks.spec import TaskSpec
-from habitus.models.heads.stacked_head import fit_head, trunk_of  # noqa: E402
+from habitus.models.train.config import FinetuneConfig, FoundationConfig, ScenarioConfig  # noqa: E402
+from habitus.models.train.scenario import train_scenario  # noqa: E402
+from habitus.models.tasks.spec import TaskSpec  # noqa: E402
 from habitus.models.tasks import task as task_of  # noqa: E402
 
 TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
 DATASETS = ("tafeng", "demo", "movielens")
 TASKS = ("churn", "propensity", "spend", "next_items", "embedding_probe")
 LABEL_SHARE_TASKS = ("churn", "propensity")  # the rows `<task>_<share>pct` of --label-share
+# fine-tuning epochs of the rows where the default does not fit: ranking the whole catalog is the slow part
+EPOCHS = {"next_items": 3}
 
 
 def tafeng_spec() -> tuple[CacheSpec, int, dict]:
@@ -158,7 +159,7 @@ def run(dataset: str, customers: int, log=print, only: tuple[str, ...] | None = 
             shares = [(name, None)] + ([(share_name(name, label_share), subset)] if subset is not None else [])
             plan = protocol(test_cutoff, task.target.window_days, 4, cache.time_range[0])
             for row_name, train_cache in [(n, c) for n, c in shares if n in only]:
-                new = score_task(cache, state, foundation.info, fspec, task, plan, row_name, train_cache)
+                new = score_task(cache, state, foundation.info, task, plan, row_name, train_cache)
                 rows += new
                 log(f"{row_name}: " + ", ".join(f"{r['metric']} {r['habitus']:.4f}" for r in new)
                     + f" (fine-tune {new[0]['finetune_s']:.0f}s, from scratch {new[0]['no_pretraining_s']:.0f}s; "
@@ -180,36 +181,25 @@ def run(dataset: str, customers: int, log=print, only: tuple[str, ...] | None = 
             "machine": machine(), "rows": rows}
 
 
-def score_task(cache: Cache, state: dict, foundation_info: dict, fspec: FeatureSpec, task: TaskSpec, plan,
-               name: str, train_cache: Cache | None = None) -> list[dict]:
-    """The fine-tuned scenario, the same network from scratch and LightGBM, trained on `train_cache`
+def finetune_config(row: str) -> FinetuneConfig:
+    """The fine-tuning settings of a row: the product's defaults, the epochs of EPOCHS where set."""
+    return FinetuneConfig(epochs=EPOCHS.get(row, FinetuneConfig.epochs))
+
+
+def score_task(cache: Cache, state: dict, foundation_info: dict, task: TaskSpec, plan, name: str,
+               train_cache: Cache | None = None) -> list[dict]:
+    """The scenario as its asset trains it (models/train/scenario.py: the fine-tuned network, the head
+    chosen on validation, LightGBM), and the same network from scratch, trained on `train_cache`
     (default: the whole cache; an EntitySubset for the few-labels rows), all scored at the test
     cut-off on every eligible entity of `cache`."""
     quiet = lambda msg: print(f"  {name}: {msg}", file=sys.stderr) if " start" in msg or "re-ranking" in msg else None  # noqa: E731
-    train = cache if train_cache is None else train_cache
-    # ranking the whole catalog is the slow part: 3 epochs for recommendation, on every dataset
-    epochs = task_of(task).bench_epochs
-    fcfg_task = FinetuneConfig() if epochs is None else FinetuneConfig(epochs=epochs)
-    t0 = time.time()
-    tuned = finetune(train, state, foundation_info, task, list(plan.train_cutoffs), plan.val_cutoff, fcfg_task,
-                     log=quiet)
-    tuned_s = time.time() - t0
-    t0 = time.time()
-    scratch = finetune(train, state, foundation_info, task, list(plan.train_cutoffs), plan.val_cutoff, fcfg_task,
-                       log=quiet, from_scratch=True)
-    scratch_s = time.time() - t0
-    # the product's head: chosen on the validation cut-off as the scenario asset chooses it (the network,
-    # LightGBM over [hand features + the foundation trunk's PCA], or a blend; models/heads/stacked_head.py),
-    # from the same (labeled) training and validation rows as the network
-    t0 = time.time()
-    head = fit_head(train, fspec, task, trunk_of(state, foundation_info["net"]), tuned.model, plan.train_cutoffs,
-                    plan.val_cutoff)
-    head_s = time.time() - t0
-    with lightgbm_trained_on(train, plan.test_cutoff) if train_cache is not None else contextlib.nullcontext():
-        lgbm = lightgbm_scores(cache, fspec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff)
-    report = evaluate(tuned.model, cache, fspec, task, plan.test_cutoff,
-                      constant=tuned.info["val_target_mean"], extra={"lightgbm": lgbm}, head=head)
-    no_pretrain = evaluate(scratch.model, cache, fspec, task, plan.test_cutoff)["model"]
+    cfg = ScenarioConfig(name, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff, finetune_config(name))
+    # LightGBM of the few-labels rows: fitted on the labeled entities, scored on all of them
+    with lightgbm_trained_on(train_cache, plan.test_cutoff) if train_cache is not None else contextlib.nullcontext():
+        run = train_scenario(cache, state, foundation_info, cfg, log=quiet, train_cache=train_cache)
+    scratch = train_scenario(cache, state, foundation_info, dataclasses.replace(cfg, from_scratch=True, head="network"),
+                             log=quiet, train_cache=train_cache, baselines=False)
+    report, no_pretrain, tuned, head = run.report, scratch.report["model"], run.trained, run.head
     metrics = task_of(task).report_metrics(task)
     rows = []
     for metric in metrics:
@@ -220,16 +210,17 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, fspec: FeatureS
         rows.append({"task": name, "metric": metric, "habitus": report["model"][metric],
                      "baselines": baselines, "entities": report["entities"],
                      "head": "network" if head is None else head.chosen,
-                     "head_weight": 0.0 if head is None else head.weight, "head_s": round(head_s, 1),
+                     "head_weight": 0.0 if head is None else head.weight, "head_s": round(run.seconds["head"], 1),
                      **({"head_report": report["head"]} if "head" in report else {}),
                      **({} if train_cache is None else {"labeled_entities": train_cache.n_entities,
                                                         "val_rows": tuned.info["val_rows"]}),
-                     "finetune_s": round(tuned_s, 1), "no_pretraining_s": round(scratch_s, 1),
+                     "finetune_s": round(run.seconds["finetune"], 1),
+                     "no_pretraining_s": round(scratch.seconds["finetune"], 1),
                      "soup_epochs": tuned.info["soup_epochs"], "head_start": tuned.info.get("head_start"),
                      "second_stage": tuned.info.get("second_stage"),
-                     "soup_epochs_no_pretraining": scratch.info["soup_epochs"],
+                     "soup_epochs_no_pretraining": scratch.trained.info["soup_epochs"],
                      "val_loss": tuned.curves["val_loss"],
-                     "val_loss_no_pretraining": scratch.curves["val_loss"]})
+                     "val_loss_no_pretraining": scratch.trained.curves["val_loss"]})
     return rows
 
 
@@ -259,7 +250,7 @@ def table(result: dict) -> str:
         if "labeled_entities" in r:
             lines.append(f"{'':<38}  labels of {r['labeled_entities']} entities only "
                          f"({r['val_rows']} validation rows); scored on all {r['entities']}")
-        if r.get("second_stage"):  # recommendation: re-ranking trees, chosen on validation (models/heads/rerank.py)
+        if r.get("second_stage"):  # recommendation: re-ranking trees, chosen on validation (models/tasks/rerank.py)
             st = r["second_stage"]
             figures = ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in st.items() if k.startswith("val_"))
             lines.append(f"{'':<38}  re-ranking on validation: {st['chosen']} ({figures or st.get('reason', '')})")

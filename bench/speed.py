@@ -116,16 +116,13 @@ class Stage:
 
     def scenario(self, name: str, cache):
         """(TaskSpec, Protocol, FinetuneConfig) of a scenario, as assets/scenarios.py builds them."""
-        from habitus.assets.scenarios import task_spec
-        from habitus.models.evaluate.holdout import protocol
+        from habitus.assets.scenarios import scenario_config
+        from habitus.models.evaluate.holdout import Protocol
 
-        sc = self.project.scenarios[name]
-        cutoff = self.cutoff(cache)
-        task = task_spec(name, sc, cache, cutoff)
-        plan = protocol(cutoff, task.target.window_days, sc.train_cutoffs, cache.time_range[0])
         spill = self.workspace.resume("scenarios", name)  # (where the asset spills its features too)
         spill.mkdir(parents=True, exist_ok=True)
-        return task, plan, sc.finetune_config(spill_dir=str(spill))
+        cfg = scenario_config(name, self.project.scenarios[name], cache, self.cutoff(cache), str(spill))
+        return cfg.task, Protocol(cfg.test_cutoff, cfg.val_cutoff, cfg.train_cutoffs), cfg.finetune
 
 
 def _timed(fn):

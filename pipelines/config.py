@@ -16,7 +16,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from habitus.models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
-from habitus.models.train.config import FinetuneConfig, FoundationConfig
+from habitus.models.train.config import SAVE_EVERY_STEPS, FinetuneConfig, FoundationConfig, LoraConfig
 from habitus.models.tasks import TASKS
 from habitus.pipelines.config_base import Strict
 from habitus.pipelines.config_operations import KubernetesSettings, RetrySettings, ScheduleSettings
@@ -108,8 +108,7 @@ class Source(Strict):
 # --------------------------------------------------------------------------- models
 
 
-_FOUNDATION, _FINETUNE = FoundationConfig(), FinetuneConfig()  # the defaults, declared in models/train/config.py only
-SAVE_EVERY_STEPS = 200
+_FOUNDATION, _FINETUNE, _LORA = FoundationConfig(), FinetuneConfig(), LoraConfig()  # the defaults: models/train/config.py
 
 
 class FoundationSettings(Strict):
@@ -199,8 +198,8 @@ Target = Annotated[
 
 
 class LoraSettings(Strict):
-    rank: int = Field(8, ge=1, description="rank of the adapters on the frozen trunk (models/nn/lora.py)")
-    alpha: float = Field(16.0, gt=0)
+    rank: int = Field(_LORA.rank, ge=1, description="rank of the adapters on the frozen trunk (models/nn/lora.py)")
+    alpha: float = Field(_LORA.alpha, gt=0)
 
 
 Precision = Literal["fp32", "int8", "bf16"]

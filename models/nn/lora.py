@@ -6,9 +6,12 @@ a small safetensors file next to the foundation checkpoint (`save_adapters`), an
 folds them into plain weights, so a merged model is an ordinary scenario checkpoint that
 habitus.models.serve.predict loads as it is.
 
-    result = finetune_lora(cache, state, foundation_config, task, train_cutoffs, val_cutoff, cfg)
+    result = finetune(cache, state, foundation_info, task, train_cutoffs, val_cutoff, cfg,
+                      adapters=LoraConfig(rank=8, alpha=16.0))       # models/train/finetune.py
     save_adapters(result.model, folder / "adapters.safetensors")
     save_checkpoint(folder, merge_lora(result.model), config)
+
+The rank and alpha a scenario uses by default are LoraConfig's (models/train/config.py).
 """
 
 import copy
@@ -23,8 +26,6 @@ from torch import nn
 from habitus.models.nn.network import Model
 from habitus.models.storage.files import durable_replace
 
-RANK, ALPHA = 8, 16.0
-
 
 class LoRALinear(nn.Linear):
     """y = x W^T + b + (alpha / r) x A^T B^T with W, b frozen. B starts at zero, so before training
@@ -32,7 +33,7 @@ class LoRALinear(nn.Linear):
     bias), so a plain foundation state loads into it; adapters missing from such a state keep
     their initialization."""
 
-    def __init__(self, base: nn.Linear, rank: int = RANK, alpha: float = ALPHA):
+    def __init__(self, base: nn.Linear, rank: int, alpha: float):
         super().__init__(base.in_features, base.out_features, base.bias is not None,
                          device=base.weight.device, dtype=base.weight.dtype)
         with torch.no_grad():
@@ -67,7 +68,7 @@ class LoRALinear(nn.Linear):
         missing_keys[before:] = [k for k in missing_keys[before:] if k not in adapters]
 
 
-def apply_lora(model: Model, rank: int = RANK, alpha: float = ALPHA) -> Model:
+def apply_lora(model: Model, rank: int, alpha: float) -> Model:
     """Put adapters on every Linear layer of the trunk and freeze the rest of the trunk (in place;
     returns the model). The head stays trainable: a scenario's outputs are its own."""
     if rank < 1:
@@ -132,26 +133,3 @@ def merge_lora(model: Model) -> Model:
         p.requires_grad_(True)
     return merged
 
-
-def finetune_lora(cache, foundation_state, foundation_info, task, train_cutoffs, val_cutoff, cfg, *,
-                  rank: int = RANK, alpha: float = ALPHA, **kwargs):
-    """habitus.models.train.finetune with adapters on the frozen trunk: the same data, schedule, epoch
-    choice and soup; only the adapters and the head learn. (finetune builds its model with
-    habitus.models.train.build_model; adapters are put on there for the duration of this call, and load
-    the foundation trunk through LoRALinear's state-dict compatibility.)"""
-    import habitus.models.train.finetune as train
-
-    build = train.build_model
-
-    def with_adapters(net, task_, spec):
-        return apply_lora(build(net, task_, spec), rank, alpha)
-
-    train.build_model = with_adapters
-    try:
-        result = train.finetune(cache, foundation_state, foundation_info, task, train_cutoffs, val_cutoff, cfg,
-                                **kwargs)
-    finally:
-        train.build_model = build
-    result.info.update(lora_rank=rank, lora_alpha=alpha,
-                       trainable_parameters=sum(p.numel() for p in result.model.parameters() if p.requires_grad))
-    return result

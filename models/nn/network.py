@@ -29,6 +29,11 @@ class NetConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "NetConfig":
+        """The network a checkpoint's config records under "net"."""
+        return cls(**d)
+
 
 class Block(nn.Module):
     def __init__(self, hidden: int, dropout: float):
@@ -56,7 +61,8 @@ class Trunk(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.dropout) for _ in range(cfg.layers))
         self.norm = nn.LayerNorm(cfg.hidden)
 
-    def fit_input_scale(self, x: torch.Tensor, std_floor: float = 1e-3) -> None:
+    def fit_input_scale(self, x: torch.Tensor, std_floor: float) -> None:
+        """`std_floor`: inputs are divided by max(std, floor) (its default: FoundationConfig.std_floor)."""
         self.in_mean.copy_(x.mean(0))
         self.in_std.copy_(x.std(0).clamp_min(std_floor))
         if self.cfg.ple_bins:
@@ -231,7 +237,7 @@ class ItemHead(nn.Module):
         return self.items.num_embeddings
 
     def set_reranker(self, text: str) -> None:
-        """Trees that re-order the head's best items (models/heads/rerank.py), kept in the state as the bytes of
+        """Trees that re-order the head's best items (models/tasks/rerank.py), kept in the state as the bytes of
         their text dump, so a checkpoint carries them."""
         self.register_buffer("reranker", torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8).clone())
         self._booster = None
@@ -305,3 +311,11 @@ class Model(nn.Module):
             return self.head.sampled(self.trunk(x), history, *labels)
         out = self.head(self.trunk(x), history)
         return out.squeeze(-1) if out.shape[-1] == 1 else out
+
+
+def load_trunk(state: dict[str, torch.Tensor], net: dict) -> Trunk:
+    """The trunk of a checkpoint's weights (its `trunk.` entries, as float32) and its config's "net", in
+    eval mode: the foundation's representation for embeddings, stacked heads and explanations."""
+    trunk = Trunk(NetConfig.from_dict(net))
+    trunk.load_state_dict({k.removeprefix("trunk."): v.float() for k, v in state.items() if k.startswith("trunk.")})
+    return trunk.eval()

@@ -1,9 +1,19 @@
-"""The settings of training, declared once: the foundation model's (FoundationConfig) and a scenario's
-fine-tuning (FinetuneConfig). Their defaults live here only; pipelines/config.py reads them without torch."""
+"""The settings of training, declared once: the foundation model's (FoundationConfig), a scenario's
+fine-tuning (FinetuneConfig), its LoRA adapters (LoraConfig) and the whole scenario as its recipe
+takes it (ScenarioConfig, models/train/scenario.py). Their defaults live here only; pipelines/config.py
+reads them without torch."""
 
-from dataclasses import asdict, dataclass
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 from habitus.models.data.features import HALF_LIVES
+
+if TYPE_CHECKING:  # (the task's module imports torch; the settings are read without it)
+    from habitus.models.tasks.spec import TaskSpec
+
+SAVE_EVERY_STEPS = 200  # optimizer steps between two saves of a resumable training state (models/train/resume.py)
 
 
 @dataclass
@@ -73,8 +83,34 @@ class FinetuneConfig:
     # categorical column): its own forecast, recalibrated (models/train/prior.py); validation chooses
     foundation_start: bool = True
     # recommendation: re-ranking trees over the network's best items, kept where they win on validation
-    # (models/heads/rerank.py; LightGBM)
+    # (models/tasks/rerank.py; LightGBM)
     second_stage: bool = True
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters on the frozen foundation trunk (models/nn/lora.py): rank r adds r * (in + out)
+    numbers per Linear layer, scaled by alpha / r."""
+    rank: int = 8
+    alpha: float = 16.0
+
+
+@dataclass
+class ScenarioConfig:
+    """One scenario as its recipe (models/train/scenario.py) trains it: the task, the cut-offs of the
+    protocol (models/evaluate/holdout.py), the fine-tuning settings and the choices around them."""
+    name: str
+    task: TaskSpec
+    train_cutoffs: tuple[int, ...]  # the labels that train the network and the trees, oldest first
+    val_cutoff: int  # what picks the epochs, the soup and the head
+    test_cutoff: int  # the hold-out: read by the report only
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    lora: LoraConfig | None = None  # None: every weight fine-tuned
+    save_every_steps: int = SAVE_EVERY_STEPS
+    # chosen: the network, trees over [hand features + the foundation's representation] or their blend,
+    # whichever scores best on validation (tasks with a stack); network: the network alone
+    head: Literal["chosen", "network"] = "chosen"
+    from_scratch: bool = False  # a random trunk (the foundation's input scaling kept): what pretraining is worth
 
 
 def config_dict(cfg) -> dict:

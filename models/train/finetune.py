@@ -4,6 +4,8 @@ training cut-offs, the epochs chosen (and averaged: a greedy soup) on the valida
 import contextlib
 import math
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -16,42 +18,109 @@ from habitus.models.data.items import SparseRows
 from habitus.models.data.labels import task_inputs
 from habitus.models.train.loop import (Log, TrainResult, batches, by_shard, chunk_plan, epoch_loss, fast_bf16, fused, iso, processes,
                          processes_info, seeded, state_copy, step)
+from habitus.models.nn.lora import apply_lora
 from habitus.models.nn.network import Model, NetConfig
 from habitus.models.train.prior import foundation_forecast, start_at_forecast
 from habitus.models.train.resume import Resumer
 from habitus.models.tasks.scoring import build_model
-from habitus.models.train.config import FinetuneConfig
+from habitus.models.train.config import FinetuneConfig, LoraConfig
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.train.spill import Kept, Recomputed
 from habitus.models.tasks import task as task_of
 
 def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation_info: dict, task: TaskSpec,
              train_cutoffs: list[int], val_cutoff: int, cfg: FinetuneConfig, *, device: str = "auto",
-             log: Log = print, from_scratch: bool = False, resume: Resumer | None = None,
-             dist: Dist | None = None) -> TrainResult:
+             log: Log = print, from_scratch: bool = False, adapters: LoraConfig | None = None,
+             resume: Resumer | None = None, dist: Dist | None = None) -> TrainResult:
     """A scenario model: the foundation trunk (its weights as the start) + a fresh head, trained on
     labels at `train_cutoffs`; the epoch with the best loss at `val_cutoff` is kept.
     `from_scratch` keeps only the foundation's input scaling and starts the trunk at random: the
-    comparison that shows what pretraining is worth.
+    comparison that shows what pretraining is worth. `adapters`: LoRA adapters on a frozen trunk
+    (models/nn/lora.py); only they and the head learn (merge_lora folds them in for scoring).
     Under torchrun (`dist`, by default read from its variables) each rank trains on its share of the
     entity chunks with DDP in lockstep; validation runs on all of it on every rank; only rank 0 logs."""
     started = time.time()
     dist, dev, log = processes(dist, device, log, resume)
-    order, rng = seeded(cfg.seed, dist)
+    order, rng = seeded(cfg.seed, dist)  # (before the model: its fresh weights are drawn from torch's seed)
     spec = FeatureSpec.from_dict(foundation_info["feature_spec"])
-    net = NetConfig(**foundation_info["net"])
-    t = task_of(task)
-    model = build_model(net, task, spec).to(dev)
+    model = start_model(foundation_state, foundation_info, task, spec, dev, from_scratch, adapters)
+    data = plan_features(cache, task, spec, cfg, val_cutoff)
+    with torch.no_grad():  # the head starts near the base rate, so the first steps do not wreck the pretrained trunk
+        task_of(task).init_head(model, task, spec, data.val, data.y_mean, data.n_val, data.extras[val_cutoff])
+    judge = Judge.of(task, cfg, data, dev)
+    opt = optimizer(model, cfg, dev)
+    best, start = choose_start(model, task, spec, data, judge, train_cutoffs, foundation_state,
+                               use_forecast=cfg.foundation_start and not from_scratch, log=log)
+    curves, rows, best, snapshots = train_epochs(model, opt, task, cfg, data, judge, train_cutoffs, best, order, rng,
+                                                 dist, resume, log)
+    with judge.mixed():
+        soup = greedy_soup(model, task, judge.scored, dev, best, snapshots, judge.negatives) if cfg.soup else [best[2]]
+    model.eval()
+    # a second stage where the task has one (recommendation: re-ranking trees), chosen on validation too
+    second = task_of(task).second_stage(
+        model, task, (data.kept.get((s, lo, hi, c)) for s, lo, hi in data.plan for c in train_cutoffs), data.val,
+        str(dev), log) if cfg.second_stage else None
+    data.kept.close()
+    rows = int(sum_over_ranks([rows], dist)[0]) if dist.enabled else rows
+    info = {"best_epoch": best[2] + 1, "soup_epochs": [e + 1 for e in soup], "seconds": round(time.time() - started, 2),
+            "rows_seen": rows, "train_cutoffs": [iso(c) for c in train_cutoffs], "val_cutoff": iso(val_cutoff),
+            "val_rows": int(data.n_val), "val_chunk_stride": judge.stride, "head_start": start,
+            **({"second_stage": second} if second else {}),
+            "val_target_mean": float(np.mean(data.y_mean)) if data.n_val else 0.0,
+            "device": str(dev), **processes_info(dist),
+            **({"sampled_negatives": judge.train_negatives} if judge.train_negatives else {})}
+    if adapters is not None:
+        info.update(lora_rank=adapters.rank, lora_alpha=adapters.alpha,
+                    trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad))
+    return TrainResult(model, curves, info)
+
+
+def start_model(foundation_state: dict, foundation_info: dict, task: TaskSpec, spec: FeatureSpec, dev,
+                from_scratch: bool, adapters: LoraConfig | None) -> Model:
+    """The task's network with the foundation's trunk weights (from scratch: its input scaling only),
+    LoRA adapters on the trunk when asked."""
+    model = build_model(NetConfig.from_dict(foundation_info["net"]), task, spec)
+    if adapters is not None:  # (a plain trunk state loads into the adapted layers: models/nn/lora.py)
+        apply_lora(model, adapters.rank, adapters.alpha)
+    model = model.to(dev)
     keep_on_heap(max(p.numel() * p.element_size() for p in model.parameters()))  # (its gradient, every step)
     trunk_state = {k.removeprefix("trunk."): v for k, v in foundation_state.items() if k.startswith("trunk.")}
     if from_scratch:
         trunk_state = {k: v for k, v in trunk_state.items() if k.startswith("in_")}
     model.trunk.load_state_dict(trunk_state, strict=not from_scratch)
+    return model
+
+
+@dataclass
+class Features:
+    """What fine-tuning reads: the features of every (chunk, cut-off), computed once (`kept`), and the
+    validation rows with their base rates."""
+    kept: Kept
+    plan: list[tuple[int, int, int]]  # (shard, first entity, end) of every chunk
+    extras: dict[int, tuple]  # what every chunk at a cut-off shares (recommendation: the item popularity)
+    val_cutoff: int
+    first: tuple  # the first validation chunk's arrays
+    n_val: int = 0
+    y_mean: np.ndarray | None = None
+
+    def validation(self, chunks: list | None = None) -> Recomputed:
+        """The arrays of `chunks` (default every chunk) at the validation cut-off, read again at each pass."""
+        chunks = self.plan if chunks is None else chunks
+        return Recomputed(lambda: (self.kept.get((s, lo, hi, self.val_cutoff)) for s, lo, hi in chunks))
+
+    @property
+    def val(self) -> Recomputed:
+        return self.validation()
+
+
+def plan_features(cache: Cache, task: TaskSpec, spec: FeatureSpec, cfg: FinetuneConfig, val_cutoff: int) -> Features:
+    """Features of every (chunk, cut-off) are the same each epoch: computed once, kept in memory or in
+    files within the budgets (validation's first: it is read the most), else computed again."""
+    t = task_of(task)
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     plan = chunk_plan(cache, cfg.chunk_entities)
-
-    extras: dict[int, tuple] = {}  # what every chunk at a cut-off shares (recommendation: the item popularity)
+    extras: dict[int, tuple] = {}
 
     def data(s, lo, hi, cutoff):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)  # (the cache keeps the last shard read)
@@ -61,28 +130,53 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
             extras[cutoff] = t.chunk_extra(cache, task.target, cutoff)
         return (x[keep], None if h is None else h[keep], y, *extras[cutoff])
 
-    # features of every (chunk, cut-off) are the same each epoch: computed once, kept in memory or in
-    # files within the budgets (validation's first: it is read the most), else computed again
     kept = Kept(data, cfg.memory_budget_bytes, cfg.spill_budget_bytes, cfg.spill_dir)
-    first = kept.get(plan[0] + (val_cutoff,))
-    val = Recomputed(lambda: (kept.get((s, lo, hi, val_cutoff)) for s, lo, hi in plan))
-    n_val, y_sum = 0, 0.0
-    for arrays in val:
+    features = Features(kept, plan, extras, val_cutoff, kept.get(plan[0] + (val_cutoff,)))
+    y_sum = 0.0
+    for arrays in features.val:
         y = arrays[2]
-        n_val += len(y)
+        features.n_val += len(y)
         y_sum = y_sum + (y.col_counts() if isinstance(y, SparseRows) else t.target_sums(task, y))
-    y_mean = np.asarray(y_sum, np.float64) / max(n_val, 1)
-    # the head starts near the base rate, so the first steps do not wreck the pretrained trunk
-    with torch.no_grad():
-        t.init_head(model, task, spec, val, y_mean, n_val, extras[val_cutoff])
-    negatives = t.sampled_negatives(task, cfg)  # wide label heads: sampled negatives (0: the full loss)
-    val_negatives = min(cfg.val_sampled_negatives, task.outputs) if negatives else 0
-    # a wide head's sampled validation loss, run after every epoch and for every soup candidate, reads
-    # about cfg.val_sampled_rows rows: every k-th chunk (a fifth of the 16k fine-tuning at 10M events
-    # when it read all of them); the base rates above count every row
-    stride = max(1, math.ceil(n_val / cfg.val_sampled_rows)) if negatives else 1
-    scored = val if stride == 1 else Recomputed(
-        lambda: (kept.get((s, lo, hi, val_cutoff)) for s, lo, hi in plan[::stride]))
+    features.y_mean = np.asarray(y_sum, np.float64) / max(features.n_val, 1)
+    return features
+
+
+@dataclass
+class Judge:
+    """How validation scores an epoch: on which rows (`scored`), with how many sampled labels, under
+    which precision."""
+    scored: Recomputed  # the validation rows that pick the epochs
+    stride: int  # every stride-th validation chunk is scored
+    train_negatives: int  # labels sampled per training batch (0: the full loss)
+    negatives: int  # labels sampled per validation batch (0: the full loss)
+    mixed: Callable  # the context of the matrix products (bf16 where the hardware has it, for sampled heads)
+    dev: torch.device
+
+    @classmethod
+    def of(cls, task: TaskSpec, cfg: FinetuneConfig, data: Features, dev) -> "Judge":
+        negatives = task_of(task).sampled_negatives(task, cfg)  # wide label heads: sampled negatives (0: the full loss)
+        val_negatives = min(cfg.val_sampled_negatives, task.outputs) if negatives else 0
+        # a wide head's sampled validation loss, run after every epoch and for every soup candidate, reads
+        # about cfg.val_sampled_rows rows: every k-th chunk (reading them all was a fifth of the wide
+        # head's fine-tuning, docs/speed.md); the base rates count every row
+        stride = max(1, math.ceil(data.n_val / cfg.val_sampled_rows)) if negatives else 1
+        scored = data.val if stride == 1 else data.validation(data.plan[::stride])
+        mixed = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if negatives and cfg.sampled_bf16 \
+            and fast_bf16(dev) else contextlib.nullcontext
+        return cls(scored, stride, negatives, val_negatives, mixed, dev)
+
+    def criterion(self, model, task: TaskSpec, loss: float | None = None) -> float:
+        with self.mixed():
+            return _val_criterion(model, task, self.scored, self.dev, loss, negatives=self.negatives)
+
+    def loss(self, model, task: TaskSpec) -> float:
+        with self.mixed():
+            return _val_loss(model, task, self.scored, self.dev, negatives=self.negatives)
+
+
+def optimizer(model: Model, cfg: FinetuneConfig, dev) -> torch.optim.Optimizer:
+    """AdamW with a learning rate per part: the pretrained trunk slower than the head, the per-label
+    history weights and the pairwise scorer's label embeddings at their own scales."""
     label_skip = [p for n, p in model.head.named_parameters() if n == "label_skip"]
     pair_labels = [p for n, p in model.head.named_parameters() if n == "pair.label.weight"]
     params = [{"params": model.trunk.parameters(), "lr": cfg.learning_rate * cfg.trunk_lr_scale},
@@ -92,91 +186,88 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
         params.append({"params": label_skip, "lr": cfg.learning_rate * cfg.label_skip_lr_scale})
     if pair_labels:
         params.append({"params": pair_labels, "lr": cfg.learning_rate * cfg.pair_label_lr_scale})
-    opt = torch.optim.AdamW(params, weight_decay=cfg.weight_decay, fused=fused(dev))
-    curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
-    mixed = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if negatives and cfg.sampled_bf16 \
-        and fast_bf16(dev) else contextlib.nullcontext  # (sampled wide heads: bf16 matrix products)
-    # the starting point (epoch 0) competes too: fine-tuning is kept only where it helps on validation
-    with mixed():
-        best = (_val_criterion(model, task, scored, dev, negatives=val_negatives), state_copy(model), -1)
+    return torch.optim.AdamW(params, weight_decay=cfg.weight_decay, fused=fused(dev))
+
+
+def choose_start(model: Model, task: TaskSpec, spec: FeatureSpec, data: Features, judge: Judge, train_cutoffs,
+                 foundation_state: dict, *, use_forecast: bool, log: Log) -> tuple[tuple, str]:
+    """The starting point competes too (epoch -1: fine-tuning is kept only where it helps on
+    validation), and where the foundation already forecasts the head's outputs, a second start: its own
+    forecast, recalibrated. Leaves the better start in `model`; returns (criterion, weights, -1) and its name."""
+    best = (judge.criterion(model, task), state_copy(model), -1)
     log(f"{task.task} start: validation criterion {best[0]:.4f}")
-    forecast = None if from_scratch or not cfg.foundation_start else foundation_forecast(
-        foundation_state, spec, task.target, task.outputs)
+    forecast = foundation_forecast(foundation_state, spec, task.target, task.outputs) if use_forecast else None
+    if forecast is None:
+        return best, "baseline"
     start = "baseline"
-    if forecast is not None:  # a second start: the foundation's own forecast, recalibrated; validation chooses
-        calibration = (kept.get((s, lo, hi, c)) for c in reversed(train_cutoffs) for s, lo, hi in plan)
-        with torch.no_grad():
-            start_at_forecast(model, forecast, calibration, dev, spec.channels if t.uses_label_history else 0)
-        with mixed():
-            criterion = _val_criterion(model, task, scored, dev, negatives=val_negatives)
-        log(f"{task.task} start at the foundation's forecast, calibrated ({len(forecast.positions)} of "
-            f"{task.outputs} outputs): validation criterion {criterion:.4f}")
-        if criterion < best[0]:
-            best, start = (criterion, state_copy(model), -1), "foundation (calibrated)"
-        model.load_state_dict(best[1])
+    calibration = (data.kept.get((s, lo, hi, c)) for c in reversed(train_cutoffs) for s, lo, hi in data.plan)
+    with torch.no_grad():
+        start_at_forecast(model, forecast, calibration, judge.dev, spec.channels if task_of(task).uses_label_history else 0)
+    criterion = judge.criterion(model, task)
+    log(f"{task.task} start at the foundation's forecast, calibrated ({len(forecast.positions)} of "
+        f"{task.outputs} outputs): validation criterion {criterion:.4f}")
+    if criterion < best[0]:
+        best, start = (criterion, state_copy(model), -1), "foundation (calibrated)"
+    model.load_state_dict(best[1])
+    return best, start
+
+
+def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: Features, judge: Judge, train_cutoffs,
+                 best: tuple, order: np.random.Generator, rng: np.random.Generator, dist: Dist,
+                 resume: Resumer | None, log: Log) -> tuple[dict, int, tuple, list]:
+    """The epochs: each a shuffled pass over every (chunk, training cut-off), then scored on validation.
+    Returns the loss curves, the rows seen, the best (criterion, weights, epoch) and every epoch's
+    (criterion, weights, epoch) for the soup. With `resume`: continues a killed run from its last
+    saved state and saves between chunks every N steps (models/train/resume.py)."""
+    t, dev = task_of(task), judge.dev
+    curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
     rows = 0
-    # >>> resume hook (models/train/resume.py): continue a killed run from its last saved state
     modules = {"model": model, "opt": opt}
     at = resume.restore(modules, rng) if resume is not None else None
     if at:
         curves, rows, best = at["curves"], at["rows"], tuple(at["best"])
-    # <<< resume hook
-    # (criterion, weights, epoch) of every epoch, for the greedy soup (restored after a resume)
     snapshots = [tuple(snap) for snap in at["snapshots"]] if at else []
     # one process: the model itself and the whole plan; several: DDP, this rank's entity chunks
     net = wrap(model, dist, find_unused=t.find_unused_parameters)
-    mine, lock = set(shard(plan, dist)), Lockstep(dist)
-    last = (first, np.arange(min(len(first[0]), cfg.batch_size)))  # a batch for padding steps (loss x 0)
+    mine, lock = set(shard(data.plan, dist)), Lockstep(dist)
+    last = (data.first, np.arange(min(len(data.first[0]), cfg.batch_size)))  # a batch for padding steps (loss x 0)
     for epoch in range(at["epoch"] if at else 0, cfg.epochs):
         net.train()
-        if at and epoch == at["epoch"]:  # resume hook: the saved epoch's data order and losses so far
+        if at and epoch == at["epoch"]:  # resumed: the saved epoch's data order and losses so far
             work, losses, first = at["work"], at["losses"], at["next"]
         else:
-            work = by_shard([(s, lo, hi, c) for s, lo, hi in plan for c in train_cutoffs], order)
+            work = by_shard([(s, lo, hi, c) for s, lo, hi in data.plan for c in train_cutoffs], order)
             if dist.enabled:  # this rank's entity chunks
                 work = [w for w in work if tuple(w[:3]) in mine]
             losses, first = [], 0
         for i, (s, lo, hi, cutoff) in enumerate(work[first:], first):
-            arrays = kept.get((s, lo, hi, int(cutoff)))
+            arrays = data.kept.get((s, lo, hi, int(cutoff)))
             rows += len(arrays[0])
             for b in batches(len(arrays[0]), cfg.batch_size, rng):
                 lock.real()
-                with mixed():
-                    loss = batch_loss(net, task, arrays, b, dev, rng, negatives)
+                with judge.mixed():
+                    loss = batch_loss(net, task, arrays, b, dev, rng, judge.train_negatives)
                 last = (arrays, b) if dist.enabled else last
                 step(model, opt, loss)
                 losses.append(loss.item())
-            if resume is not None:  # resume hook: save between chunks every N steps
+            if resume is not None:
                 resume.after_chunk(math.ceil(len(arrays[0]) / cfg.batch_size), modules, rng, lambda: {
                     "epoch": epoch, "next": i + 1, "work": work, "losses": losses, "curves": curves,
                     "rows": rows, "best": list(best), "snapshots": [list(snap) for snap in snapshots]})
         for _ in lock.padding():  # several processes: this rank's share is spent, the others' is not
-            loss = batch_loss(net, task, last[0], last[1], dev, rng, negatives) * 0.0
+            loss = batch_loss(net, task, last[0], last[1], dev, rng, judge.train_negatives) * 0.0
             step(model, opt, loss)
         curves["train_loss"].append(epoch_loss(losses, dist))
-        with mixed():
-            curves["val_loss"].append(_val_loss(model, task, scored, dev, negatives=val_negatives))
+        curves["val_loss"].append(judge.loss(model, task))
         log(f"{task.task} epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}, "
             f"validation loss {curves['val_loss'][-1]:.4f}")
-        criterion = _val_criterion(model, task, scored, dev, curves["val_loss"][-1], negatives=val_negatives)
+        criterion = _val_criterion(model, task, judge.scored, dev, curves["val_loss"][-1], negatives=judge.negatives)
         if not t.loss_is_criterion(task):
             log(f"{task.task} epoch {epoch + 1}: validation criterion {criterion:.4f}")
         snapshots.append((criterion, state_copy(model), epoch))
         if criterion < best[0]:
             best = (criterion, state_copy(model), epoch)
-    with mixed():
-        soup = greedy_soup(model, task, scored, dev, best, snapshots, val_negatives) if cfg.soup else [best[2]]
-    model.eval()
-    # a second stage where the task has one (recommendation: re-ranking trees), chosen on validation too
-    second = t.second_stage(model, task, (kept.get((s, lo, hi, c)) for s, lo, hi in plan for c in train_cutoffs),
-                            val, str(dev), log) if cfg.second_stage else None
-    kept.close()
-    rows = int(sum_over_ranks([rows], dist)[0]) if dist.enabled else rows
-    info = {"best_epoch": best[2] + 1, "soup_epochs": [e + 1 for e in soup], "seconds": round(time.time() - started, 2), "rows_seen": rows,
-            "train_cutoffs": [iso(c) for c in train_cutoffs], "val_cutoff": iso(val_cutoff),
-            "val_rows": int(n_val), "val_chunk_stride": stride, "head_start": start, **({"second_stage": second} if second else {}), "val_target_mean": float(np.mean(y_mean)) if n_val else 0.0,
-            "device": str(dev), **processes_info(dist), **({"sampled_negatives": negatives} if negatives else {})}
-    return TrainResult(model, curves, info)
+    return curves, rows, best, snapshots
 
 
 def greedy_soup(model: Model, task: TaskSpec, val, dev, best, snapshots, negatives: int = 0) -> list[int]:

@@ -24,15 +24,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from habitus.models.storage.files import atomic_path, file_sha256
+from habitus.models.train.config import SAVE_EVERY_STEPS
 
-DEFAULT_EVERY_STEPS = 200
 _FORMAT = 1
 
 
 class Resumer:
     """Saves and restores a training loop's state in `folder` for the run whose inputs hash to `fingerprint`."""
 
-    def __init__(self, folder: str | os.PathLike, fingerprint: str, every_steps: int = DEFAULT_EVERY_STEPS,
+    def __init__(self, folder: str | os.PathLike, fingerprint: str, every_steps: int = SAVE_EVERY_STEPS,
                  log: Callable[[str], None] = print):
         if every_steps < 1:
             raise ValueError(f"every_steps must be >= 1, got {every_steps}")

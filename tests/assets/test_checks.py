@@ -15,7 +15,7 @@ import pytest
 import yaml
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-import habitus.assets.scenarios
+import habitus.models.train.scenario
 from habitus.assets.checks import SEVERE_SHARE, baseline_margin, build_checks, schema_problems
 from habitus.assets.serving import passed_path, serving_checkpoint
 from habitus.pipelines.config import Scenario, load_project
@@ -302,9 +302,9 @@ def test_baseline_margin_compares_like_for_like():
     m = baseline_margin(cfg)
     wide = TaskSpec("multilabel", TargetSpec("any_event", 28, "brand", tuple(range(1, 16_001))))
     assert (m["best_baseline"], m["model"], m["baseline"]) == ("lightgbm (top 200 labels)", 0.88, 0.90)
-    assert habitus.assets.scenarios.beats_baselines(wide, cfg["metrics"]) is False
+    assert habitus.models.train.scenario.beats_baselines(wide, cfg["metrics"]) is False
     cfg["metrics"]["baselines"]["lightgbm (top 200 labels)"]["model_macro_auroc"] = 0.91
-    assert baseline_margin(cfg)["model"] == 0.91 and habitus.assets.scenarios.beats_baselines(wide, cfg["metrics"]) is True
+    assert baseline_margin(cfg)["model"] == 0.91 and habitus.models.train.scenario.beats_baselines(wide, cfg["metrics"]) is True
     # lower is better: the closest baseline is the one with the smallest error
     mae = {"headline": "mae", "metrics": {"model": {"mae": 20.0}, "baselines": {
         "training mean": {"mae": 44.0}, "lightgbm": {"mae": 22.0}, "broken": {"mae": float("nan")}}}}
@@ -338,7 +338,7 @@ def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, 
     _extract_all(project, instance)
     scenario, predictions = dg.AssetKey(["scenario", "churn"]), dg.AssetKey(["predictions", "churn"])
     ws = build_resources(project)["workspace"]
-    monkeypatch.setattr(habitus.assets.scenarios, "beats_baselines", lambda task, report: True)
+    monkeypatch.setattr(habitus.models.train.scenario, "beats_baselines", lambda task, report: True)
     trained = _run(project, [dg.AssetKey("foundation_model"), scenario], instance=instance)
     assert trained.success
     meta = trained.asset_materializations_for_node("scenario__churn")[0].metadata
@@ -351,7 +351,7 @@ def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, 
     assert serving_checkpoint(ws, "churn") == (passed_path(ws, "churn"), True)
 
     # retrained (other weights) into a model that loses to its baselines
-    monkeypatch.setattr(habitus.assets.scenarios, "beats_baselines", lambda task, report: False)
+    monkeypatch.setattr(habitus.models.train.scenario, "beats_baselines", lambda task, report: False)
     monkeypatch.setattr(Scenario, "finetune_config", _other_weights)
     result = _run(project, [scenario, predictions], instance=instance, partition_key="2026-05-31")
     bad = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"]
@@ -390,7 +390,7 @@ def test_a_deliberately_bad_scenario_fails_its_check_and_the_passed_checkpoint_k
     _extract_all(project, instance)
     scenario, predictions = dg.AssetKey(["scenario", "churn"]), dg.AssetKey(["predictions", "churn"])
     ws = build_resources(project)["workspace"]
-    monkeypatch.setattr(habitus.assets.scenarios, "beats_baselines", lambda task, report: True)  # stage a passed one
+    monkeypatch.setattr(habitus.models.train.scenario, "beats_baselines", lambda task, report: True)  # stage a passed one
     assert _run(project, [dg.AssetKey("foundation_model"), scenario], instance=instance).success
     good = json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"]
     monkeypatch.undo()

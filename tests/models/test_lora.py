@@ -9,12 +9,13 @@ from torch import nn
 from habitus.models.nn.checkpoint import save_checkpoint
 from habitus.models.evaluate.holdout import protocol
 from habitus.models.data.features import DAY, FeatureSpec
-from habitus.models.nn.lora import LoRALinear, apply_lora, finetune_lora, load_adapters, merge_lora, save_adapters
+from habitus.models.nn.lora import LoRALinear, apply_lora, load_adapters, merge_lora, save_adapters
 from habitus.models.nn.network import NetConfig
 from habitus.models.data.targets import TargetSpec
 from habitus.models.train.foundation import train_foundation
 from habitus.models.tasks.scoring import build_model
-from habitus.models.train.config import FinetuneConfig, FoundationConfig
+from habitus.models.train.config import FinetuneConfig, FoundationConfig, LoraConfig
+from habitus.models.train.finetune import finetune
 from habitus.models.tasks.spec import TaskSpec
 
 HORIZON = 14
@@ -53,16 +54,16 @@ def _world(sources):
 
 
 @pytest.mark.slow
-def test_finetune_lora_trains_adapters_and_head_only(sources, tmp_path, one_thread):
+def test_finetune_with_adapters_trains_adapters_and_head_only(sources, tmp_path, one_thread):
     cache, test_cutoff = _world(sources)
     fcfg = FoundationConfig(horizon_days=HORIZON, hidden=16, layers=1, epochs=1, batch_size=32, buckets=16,
                             chunk_entities=64)
     foundation = train_foundation(cache, fcfg, test_cutoff - HORIZON * DAY, device="cpu", log=lambda _: None)
     state = {k: v.clone() for k, v in foundation.model.state_dict().items()}
     plan = protocol(test_cutoff, HORIZON, 2, cache.time_range[0])
-    result = finetune_lora(cache, state, foundation.info, CHURN, list(plan.train_cutoffs), plan.val_cutoff,
-                           FinetuneConfig(epochs=2, batch_size=32, chunk_entities=64, soup=False),
-                           rank=2, alpha=4.0, device="cpu", log=lambda _: None)
+    result = finetune(cache, state, foundation.info, CHURN, list(plan.train_cutoffs), plan.val_cutoff,
+                      FinetuneConfig(epochs=2, batch_size=32, chunk_entities=64, soup=False),
+                      adapters=LoraConfig(rank=2, alpha=4.0), device="cpu", log=lambda _: None)
     model = result.model
     assert result.info["lora_rank"] == 2
     # the trunk's own weights are the foundation's; the adapters moved
@@ -76,7 +77,7 @@ def test_finetune_lora_trains_adapters_and_head_only(sources, tmp_path, one_thre
     # the adapters file alone (plus the foundation) restores the tuned model
     size = save_adapters(model, tmp_path / "adapters.safetensors")
     spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
-    fresh = apply_lora(build_model(NetConfig(**foundation.info["net"]), CHURN, spec), 2, 4.0)
+    fresh = apply_lora(build_model(NetConfig.from_dict(foundation.info["net"]), CHURN, spec), 2, 4.0)
     fresh.trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
     load_adapters(fresh, tmp_path / "adapters.safetensors")
     x = torch.randn(20, foundation.info["net"]["in_dim"])
@@ -93,9 +94,9 @@ def test_finetune_lora_trains_adapters_and_head_only(sources, tmp_path, one_thre
 def test_adapters_that_do_not_fit_are_refused(tmp_path):
     spec_net = NetConfig(10, 8, 1, 0.0)
     spec = FeatureSpec({}, [], {}, {}, [])
-    model = apply_lora(build_model(spec_net, CHURN, spec), rank=2)
+    model = apply_lora(build_model(spec_net, CHURN, spec), rank=2, alpha=16.0)
     save_adapters(model, tmp_path / "a.safetensors")
-    other = apply_lora(build_model(spec_net, CHURN, spec), rank=3)
+    other = apply_lora(build_model(spec_net, CHURN, spec), rank=3, alpha=16.0)
     with pytest.raises(ValueError, match="adapters do not fit this model"):
         load_adapters(other, tmp_path / "a.safetensors")
     with pytest.raises(ValueError, match="no LoRA adapters"):
