@@ -17,7 +17,7 @@ from habitus.assets.foundation import FOUNDATION_KEY
 from habitus.assets.predictions import CHUNK_ENTITIES, as_of_time, parts_of_day, scoring_pool, write_entity_file
 from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.data.features import WINDOWS, FeatureSpec
-from habitus.models.nn.network import NetConfig, Trunk
+from habitus.models.nn.network import load_trunk
 from habitus.models.serve.parts import Scorer
 from habitus.models.serve.predict import embed, embedding_width
 from habitus.models.nn.quantize import for_inference
@@ -67,9 +67,7 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
         if not cache.fits(config):
             raise dg.Failure("the cache was rebuilt with other settings since the foundation model was trained (its "
                              "ids differ); materialize foundation_model again before exporting embeddings")
-        trunk = Trunk(NetConfig(**config["net"]))
-        trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
-        trunk = for_inference(trunk, executor.inference_precision).to(device)
+        trunk = for_inference(load_trunk(state, config["net"]), executor.inference_precision).to(device)
         spec = FeatureSpec.from_dict(config["feature_spec"])
         params = {"cache": str(cache.path), "cache_fingerprint": cache.fingerprint,
                   "checkpoint": str(workspace.foundation), "weights_sha256": config["weights_sha256"],

@@ -12,7 +12,7 @@ sold once in the first 60 days to a random entity, so that the whole catalog is 
 vocabulary (the items the head ranks). The project's own
 code runs every stage, as the assets do: build_cache, train_foundation (1 epoch, hidden 64), finetune
 of a recommendation scenario over every item (`items: item_id`, k 10; 2 epochs; the re-ranking trees
-of models/heads/rerank.py included), evaluate at the test cut-off (14-day window), predict (the asset's
+of models/tasks/rerank.py included), evaluate at the test cut-off (14-day window), predict (the asset's
 top-10 lists). Each stage runs in a fresh process; "peak GB" is its maximum RSS (ru_maxrss), and
 entities/s is the entities scored over the wall time of the predict stage.
 Never part of the tests.
@@ -110,7 +110,7 @@ def stage(name: str, folder: Path, items: int) -> dict:
     from habitus.models.tasks.scoring import build_model
     from habitus.models.nn.network import NetConfig
 
-    model = build_model(NetConfig(**saved["info"]["net"]), task, spec)
+    model = build_model(NetConfig.from_dict(saved["info"]["net"]), task, spec)
     model.load_state_dict(torch.load(folder / "scenario.pt", weights_only=True))
     model.eval()
     if name == "evaluate":

@@ -376,14 +376,12 @@ def stage_embed(st: Stage) -> dict:
     from habitus.assets.predictions import write_entity_file
     from habitus.models.nn.checkpoint import load_checkpoint
     from habitus.models.data.features import FeatureSpec
-    from habitus.models.nn.network import NetConfig, Trunk
+    from habitus.models.nn.network import load_trunk
     from habitus.models.serve.predict import embed
 
     cache = st.cache
     state, config = load_checkpoint(st.workspace.foundation)
-    trunk = Trunk(NetConfig(**config["net"]))
-    trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
-    trunk.to(st.device).eval()
+    trunk = load_trunk(state, config["net"]).to(st.device)
     cutoff = st.cutoff(cache)
     rows, seconds = _timed(lambda: write_entity_file(
         cache, embed(trunk, cache, FeatureSpec.from_dict(config["feature_spec"]), cutoff, dtype=np.float16,

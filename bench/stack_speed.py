@@ -61,7 +61,8 @@ def measure(config: Path, rounds: int, say) -> dict:
     from habitus.assets.predictions import write_entity_file
     from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
     from habitus.models.serve.predict import load_model, predict
-    from habitus.models.heads.stacked_head import fit_head, load_head, save_head, trunk_of
+    from habitus.models.heads.stacked_head import fit_head, load_head, save_head
+    from habitus.models.nn.network import load_trunk
 
     st = speed.Stage(str(config), "cpu")
     cache = st.cache
@@ -70,7 +71,7 @@ def measure(config: Path, rounds: int, say) -> dict:
     state, cfg = load_checkpoint(st.workspace.scenario("churn"))
     model, spec, task = load_model(state, cfg)
     t0 = time.perf_counter()
-    head = fit_head(cache, spec, task, trunk_of(fstate, foundation["net"]), model, plan.train_cutoffs, plan.val_cutoff,
+    head = fit_head(cache, spec, task, load_trunk(fstate, foundation["net"]), model, plan.train_cutoffs, plan.val_cutoff,
                     log=say)
     fit_s = time.perf_counter() - t0
     stacked = st.workspace.scenario("churn_stacked")

@@ -313,9 +313,9 @@ class Model(nn.Module):
         return out.squeeze(-1) if out.shape[-1] == 1 else out
 
 
-def load_trunk(state: dict[str, torch.Tensor], net: dict) -> Trunk:
-    """The trunk of a checkpoint's weights (its `trunk.` entries, as float32) and its config's "net", in
+def load_trunk(state: dict[str, torch.Tensor], net: dict, prefix: str = "trunk.") -> Trunk:
+    """The trunk of a checkpoint's weights (its `prefix` entries, as float32) and its config's "net", in
     eval mode: the foundation's representation for embeddings, stacked heads and explanations."""
     trunk = Trunk(NetConfig.from_dict(net))
-    trunk.load_state_dict({k.removeprefix("trunk."): v.float() for k, v in state.items() if k.startswith("trunk.")})
+    trunk.load_state_dict({k.removeprefix(prefix): v.float() for k, v in state.items() if k.startswith(prefix)})
     return trunk.eval()

@@ -20,7 +20,8 @@ from habitus.models.serve.predict import predict
 from habitus.models.train.config import FinetuneConfig
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacking import StackConfig
-from habitus.models.heads.stacked_head import fit_head, trunk_of
+from habitus.models.heads.stacked_head import fit_head
+from habitus.models.nn.network import load_trunk
 from habitus.models.data.targets import TargetSpec
 from habitus.models.tasks import task as task_of
 
@@ -64,7 +65,7 @@ def scenarios(world):
                 p.normal_(0.0, 0.3)
             if name == "regression":  # amounts away from the clamp at 0, a kink no quadrature integrates fast
                 tuned.model.head.linear.bias.add_(2.0)
-        trunk = trunk_of(foundation.model.state_dict(), foundation.info["net"])
+        trunk = load_trunk(foundation.model.state_dict(), foundation.info["net"])
         head = fit_head(cache, spec, task, trunk, tuned.model, plan.train_cutoffs, plan.val_cutoff, cfg=cfg)
         assert head is not None and head.weight == 0.5
         out[name] = (task, tuned.model.eval(), head)

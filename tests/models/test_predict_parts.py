@@ -22,7 +22,8 @@ from habitus.models.serve.predict import embed, embedding_scorer, load_model, pr
 from habitus.models.train.config import FinetuneConfig
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacking import StackConfig
-from habitus.models.heads.stacked_head import fit_head, load_head, save_head, trunk_of
+from habitus.models.heads.stacked_head import fit_head, load_head, save_head
+from habitus.models.nn.network import load_trunk
 from habitus.models.data.targets import TargetSpec
 from habitus.resources.executor import ExecutorError, TrainingExecutor
 
@@ -46,7 +47,7 @@ def world(segment_foundation, tmp_path_factory):
     plan = protocol(test_cutoff, 14, 3, cache.time_range[0])
     tuned = finetune(cache, foundation.model.state_dict(), foundation.info, task, list(plan.train_cutoffs),
                      plan.val_cutoff, FinetuneConfig(epochs=1, batch_size=64), log=lambda _: None, device="cpu")
-    trunk = trunk_of(foundation.model.state_dict(), foundation.info["net"])
+    trunk = load_trunk(foundation.model.state_dict(), foundation.info["net"])
     head = fit_head(cache, _spec(foundation), task, trunk, tuned.model, plan.train_cutoffs, plan.val_cutoff,
                     cfg=StackConfig(n_estimators=20, weights=(0.5,)))
     assert head is not None and head.weight == 0.5  # the trees are read wherever the head scores
@@ -116,12 +117,9 @@ def _one_process(world, what: str, path: Path, cutoff: int) -> int:
         model, spec, task = load_model(state, config)
         batches = predict(model, cache, spec, task, cutoff, chunk_entities=CHUNK, head=load_head(scenario, config))
     else:
-        from habitus.models.nn.network import NetConfig, Trunk
         from habitus.models.data.features import FeatureSpec
 
-        trunk = Trunk(NetConfig(**config["net"]))
-        trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
-        batches = embed(trunk.eval(), cache, FeatureSpec.from_dict(config["feature_spec"]), cutoff, chunk_entities=CHUNK)
+        batches = embed(load_trunk(state, config["net"]), cache, FeatureSpec.from_dict(config["feature_spec"]), cutoff, chunk_entities=CHUNK)
     return write_entity_file(cache, batches, path, "customer_id", "f" * 16, as_of_time(DAY))
 
 

@@ -16,7 +16,8 @@ from habitus.models.tasks.scoring import scores
 from habitus.models.train.config import FinetuneConfig
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacking import StackConfig, score
-from habitus.models.heads.stacked_head import STACK_FILE, TRUNK_FILE, fit_head, load_head, save_head, trunk_of
+from habitus.models.heads.stacked_head import STACK_FILE, TRUNK_FILE, fit_head, load_head, save_head
+from habitus.models.nn.network import load_trunk
 from habitus.models.heads.stacked_rows import collect
 from habitus.models.data.targets import TargetSpec
 
@@ -45,7 +46,7 @@ def _scenario(world, name: str, cfg: StackConfig = FORCED):
     plan = protocol(test_cutoff, 14, 3, cache.time_range[0])
     tuned = finetune(cache, foundation.model.state_dict(), foundation.info, task, list(plan.train_cutoffs),
                      plan.val_cutoff, FinetuneConfig(epochs=1, batch_size=64), log=lambda _: None, device="cpu")
-    trunk = trunk_of(foundation.model.state_dict(), foundation.info["net"])
+    trunk = load_trunk(foundation.model.state_dict(), foundation.info["net"])
     head = fit_head(cache, spec, task, trunk, tuned.model, plan.train_cutoffs, plan.val_cutoff, cfg=cfg)
     return task, plan, tuned.model, head
 
@@ -169,5 +170,5 @@ def _network_all(model, cache, spec, task, cutoff):
 def test_tasks_without_a_stack_get_none(world):
     cache, test_cutoff, foundation, spec = world
     rec = TaskSpec("recommendation", TargetSpec("items", 14, "product_id", tuple(range(1, 13))), k=3)
-    assert fit_head(cache, spec, rec, trunk_of(foundation.model.state_dict(), foundation.info["net"]), None,
+    assert fit_head(cache, spec, rec, load_trunk(foundation.model.state_dict(), foundation.info["net"]), None,
                     [test_cutoff - 28 * 86400], test_cutoff - 14 * 86400) is None
