@@ -31,12 +31,12 @@ class FoundationConfig:
     chunk_entities: int = 4096
     min_history_days: int = 28
     # inputs are divided by max(std, floor): a small floor blows rare histogram buckets up to huge
-    # values and the model overfits them (Ta-Feng churn AUROC 0.708 at 1e-3, 0.729 at 1.0)
+    # values and the model overfits them (Ta-Feng churn: docs/quality.md, "Defaults")
     std_floor: float = 1.0
     dropout: float = 0.1
     half_lives: tuple[float, ...] = HALF_LIVES  # days: decayed counts per value at each of these
-    # quantile bins of the piecewise-linear scalar inputs (network.NetConfig.ple_bins; 0: off). Worth
-    # +0.003 churn AUROC on Ta-Feng, +0.002 churn / +0.002 propensity on the demo (docs/quality.md)
+    # quantile bins of the piecewise-linear scalar inputs (network.NetConfig.ple_bins; 0: off): a little
+    # better churn and propensity on Ta-Feng and the demo (docs/quality.md, "Defaults")
     ple_bins: int = 16
 
 
@@ -51,23 +51,23 @@ class FinetuneConfig:
     # the features of every (chunk, cut-off) are computed once: kept in memory up to
     # `memory_budget_bytes` (validation's first), then written to files in `spill_dir` (None: the
     # system's temporary folder) up to `spill_budget_bytes` and read back at each epoch, then computed
-    # again at each use. 2 GiB in memory made the peak grow with the data (churn at 10M events kept
-    # ~1 GB of validation features); a file costs a read from the page cache (~26 MB a chunk).
+    # again at each use. A larger memory budget made the peak grow with the data; a file costs a read
+    # from the page cache (docs/speed.md, "Defaults").
     memory_budget_bytes: int = 512 << 20
     spill_budget_bytes: int = 16 << 30
     spill_dir: str | None = None
     soup: bool = True  # average the weights of the epochs that help on validation (greedy soup)
-    # the learning rate of the per-label history weights, relative to the head's (Ta-Feng propensity
-    # macro AUROC 0.753 at 1x, 0.766 at 10x, 0.768 at 30x; demo 0.892 / 0.908 / 0.910; docs/quality.md)
+    # the learning rate of the per-label history weights, relative to the head's: they must travel far
+    # in a few hundred steps (propensity on Ta-Feng and the demo, 1x / 10x / 30x: docs/quality.md)
     label_skip_lr_scale: float = 30.0
     # the learning rate of the pairwise scorer's label embeddings, relative to the head's
     pair_label_lr_scale: float = 1.0
-    # the pretrained trunk's learning rate, relative to the head's (demo churn AUROC over three seeds:
-    # 0.8597 at 1.0, 0.8595 at 0.3, 0.8592 at 0.1; docs/quality.md)
+    # the pretrained trunk's learning rate, relative to the head's (demo churn over three seeds: no
+    # difference beyond the seeds' between 0.1 and 1.0; docs/quality.md)
     trunk_lr_scale: float = 0.3
     # multilabel heads wider than `sampled_above_labels` train on the labels of each batch's positives
     # plus `sampled_negatives` other labels drawn uniformly per batch (sampled_multilabel_loss): the
-    # head's matrix products shrink by labels / columns (16,000 / ~3,600 at the 16k scenario); narrow
+    # head's matrix products shrink by labels / columns (docs/speed.md, "Defaults"); narrow
     # heads (Ta-Feng's 50 brands) keep the full loss. Validation samples `val_sampled_negatives` per
     # batch with a fixed seed (the same labels at every epoch). 0 negatives: the full loss everywhere.
     sampled_negatives: int = 1024
@@ -76,8 +76,8 @@ class FinetuneConfig:
     val_sampled_rows: int = 32768  # sampled heads: about this many validation rows pick the epochs
     # sampled heads train and validate with their matrix products in bfloat16 (torch.autocast; the
     # weights, their updates and the losses stay float32) where the hardware multiplies bf16 natively
-    # (CUDA with bf16, CPUs with AVX-512 BF16 or AMX): 16k fine-tuning at 1M, one thread, CPU time
-    # 76 s -> 36 s with fused AdamW, test macro AUROC 0.91579 -> 0.91582 (the same epochs chosen)
+    # (CUDA with bf16, CPUs with AVX-512 BF16 or AMX): about half the CPU time of the 16k fine-tuning,
+    # the same epochs chosen and the same macro AUROC to the fourth decimal (docs/speed.md)
     sampled_bf16: bool = True
     # a second starting point for heads the foundation already forecasts (churn, propensity over a
     # categorical column): its own forecast, recalibrated (models/train/prior.py); validation chooses

@@ -8,8 +8,8 @@ average (`Lockstep`; or shadow their all-reduces without stepping: `uneven`, DDP
 only rank 0 writes checkpoints and reports (`Dist.is_writer`).
 
 Without torchrun's variables everything here is a no-op: one process, no process group, the
-model unwrapped. A training loop written once runs both ways (models/train.py does, and
-models/train/launch.py is what torchrun starts for the assets):
+model unwrapped. A training loop written once runs both ways (models/train/foundation.py and
+models/train/finetune.py do; models/train/launch.py is what torchrun starts for the assets):
 
     dist = detect(device)                         # from_env under torchrun, else one process
     plan = shard(chunk_plan(cache, cfg.chunk_entities), dist)

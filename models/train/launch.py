@@ -20,9 +20,17 @@ import sys
 import traceback
 from pathlib import Path
 
-from habitus.models.train.loop import TrainResult
-from habitus.models.train.config import FinetuneConfig, FoundationConfig, config_dict
+from habitus.models.cache import Cache
+from habitus.models.data.features import FeatureSpec
+from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
+from habitus.models.nn.network import Model, NetConfig
+from habitus.models.tasks.scoring import build_model
 from habitus.models.tasks.spec import TaskSpec
+from habitus.models.train.config import FinetuneConfig, FoundationConfig, config_dict
+from habitus.models.train.distributed import autocast, close, from_env, weights_gap
+from habitus.models.train.finetune import finetune
+from habitus.models.train.foundation import train_foundation
+from habitus.models.train.loop import TrainResult
 
 JOB = "job.json"
 RESULT = "result"
@@ -63,14 +71,8 @@ def _foundation_config(d: dict) -> FoundationConfig:
 
 
 def train(job: dict, dist, log) -> tuple[TrainResult, dict]:
-    """Every rank: the job's training on its share of the data (train.py reads `dist`); returns the
-    result and the feature spec its model reads."""
-    from habitus.models.cache import Cache
-    from habitus.models.nn.checkpoint import load_checkpoint
-    from habitus.models.train.distributed import autocast
-    from habitus.models.train.finetune import finetune
-    from habitus.models.train.foundation import train_foundation
-
+    """Every rank: the job's training on its share of the data (train_foundation and finetune read
+    `dist`); returns the result and the feature spec its model reads."""
     cache = Cache(job["cache"])
     if cache.fingerprint != job["cache_fingerprint"]:
         raise RuntimeError(f"the cache at {job['cache']} is not the version the asset chose "
@@ -92,9 +94,6 @@ def train(job: dict, dist, log) -> tuple[TrainResult, dict]:
 
 def run(job_dir) -> None:
     """One rank of the launch: join, train, check that the ranks agree, rank 0 writes the result."""
-    from habitus.models.nn.checkpoint import save_checkpoint
-    from habitus.models.train.distributed import close, from_env, weights_gap
-
     job_dir = Path(job_dir)
     rank = os.environ.get("RANK", "0")
     try:
@@ -117,13 +116,8 @@ def run(job_dir) -> None:
 
 def read_result(job_dir, device: str = "cpu") -> TrainResult:
     """Rank 0's result as the TrainResult of a training in this process (the model on `device`)."""
-    from habitus.models.nn.checkpoint import load_checkpoint
-    from habitus.models.data.features import FeatureSpec
-    from habitus.models.nn.network import Model, NetConfig
-    from habitus.models.tasks.scoring import build_model
-
     state, cfg = load_checkpoint(Path(job_dir) / RESULT)
-    net = NetConfig(**cfg["net"])
+    net = NetConfig.from_dict(cfg["net"])
     if cfg["kind"] == "foundation":
         model = Model(net, cfg["info"]["targets_width"])
     else:

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from habitus.models.cache import Cache
 from habitus.models.train.distributed import Dist, detect, sum_over_ranks
+from habitus.models.data.chunks import chunk_plan, day_floor  # noqa: F401 (the training loops read them here too)
 from habitus.models.data.features import DAY
 from habitus.models.nn.network import Model
 
@@ -24,10 +24,6 @@ class TrainResult:
     info: dict = field(default_factory=dict)
 
 
-def day_floor(ts: int) -> int:
-    return int(ts) // DAY * DAY
-
-
 def cutoff_grid(first_ts: int, last_cutoff: int, every_days: int, min_history_days: int) -> list[int]:
     """Cut-offs every `every_days` back from `last_cutoff`, leaving `min_history_days` of history."""
     earliest = day_floor(first_ts) + min_history_days * DAY
@@ -35,20 +31,11 @@ def cutoff_grid(first_ts: int, last_cutoff: int, every_days: int, min_history_da
     return sorted(grid)
 
 
-def chunk_plan(cache: Cache, chunk_entities: int) -> list[tuple[int, int, int]]:
-    """(shard, first entity position, end position) covering every entity of every shard."""
-    plan = []
-    for s, meta in enumerate(cache.manifest["shards"]):
-        for lo in range(0, meta["entities"], chunk_entities):
-            plan.append((s, lo, min(lo + chunk_entities, meta["entities"])))
-    return plan
-
-
 def by_shard(work: list, rng: np.random.Generator) -> list:
     """`work` (shard, ...) items shuffled, then grouped by shard (the shards in the order they first
     appear, each keeping its items' shuffled order): training reads one shard at a time, where holding
-    every shard in memory was most of the peak at 10M events (3 shards of ~155 MB). One shard: just
-    the shuffle."""
+    every shard in memory was most of the peak at 10M events (docs/speed.md). One shard: just the
+    shuffle."""
     rng.shuffle(work)
     first: dict = {}
     for w in work:
@@ -73,7 +60,8 @@ def fast_bf16(dev: torch.device) -> bool:
 
 def fused(dev: torch.device) -> bool | None:
     """AdamW's fused kernel where torch has one (one pass over each tensor): torch's default on CPUs,
-    one step per operation, took 9 ms a step for the 16,000 x 256 head (the fused one ~2 ms)."""
+    one step per operation, was several times slower a step on the 16,000-label head (docs/speed.md,
+    "Fused AdamW")."""
     return True if dev.type in ("cpu", "cuda") else None
 
 
