@@ -5,6 +5,13 @@ from habitus.models.cache import Cache
 from habitus.models.data.features import DAY
 
 
+# entities a chunk holds. Training reads CHUNK_ENTITIES at a time (its batches are drawn within a chunk),
+# and so do the hold-out and explanations; the scoring passes (predictions, embeddings, the stacked
+# head's rows, LightGBM's rows) read SCORING_CHUNK_ENTITIES: fewer, larger reads where no gradient is kept
+CHUNK_ENTITIES = 4096
+SCORING_CHUNK_ENTITIES = 8192
+
+
 def day_floor(ts: int) -> int:
     return int(ts) // DAY * DAY
 

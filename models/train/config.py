@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from habitus.models.data.chunks import CHUNK_ENTITIES
 from habitus.models.data.features import HALF_LIVES
 
 if TYPE_CHECKING:  # (the task's module imports torch; the settings are read without it)
@@ -28,7 +29,7 @@ class FoundationConfig:
     buckets: int = 256
     seed: int = 0
     cutoffs_per_chunk: int = 2  # cut-offs sampled for each chunk of entities in each epoch
-    chunk_entities: int = 4096
+    chunk_entities: int = CHUNK_ENTITIES
     min_history_days: int = 28
     # inputs are divided by max(std, floor): a small floor blows rare histogram buckets up to huge
     # values and the model overfits them (Ta-Feng churn: docs/quality.md, "Defaults")
@@ -45,7 +46,7 @@ class FinetuneConfig:
     epochs: int = 6
     learning_rate: float = 1e-3
     batch_size: int = 512
-    chunk_entities: int = 4096
+    chunk_entities: int = CHUNK_ENTITIES
     weight_decay: float = 1e-4
     seed: int = 0
     # the features of every (chunk, cut-off) are computed once: kept in memory up to
