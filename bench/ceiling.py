@@ -33,7 +33,7 @@ from habitus.models.evaluate.baselines import hand_features  # noqa: E402
 from habitus.models.cache import Cache, build_cache  # noqa: E402
 from habitus.models.evaluate.holdout import protocol  # noqa: E402
 from habitus.models.data.features import DAY, FeatureSpec, chunk_at  # noqa: E402
-from habitus.models.evaluate.metrics import auroc  # noqa: E402
+from habitus.models.tasks.metrics import auroc  # noqa: E402
 from habitus.models.data.targets import compute_target, eligible  # noqa: E402
 from habitus.models.train.loop import chunk_plan  # noqa: E402
 

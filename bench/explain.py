@@ -47,10 +47,12 @@ from explain_setup import scenario, setup  # noqa: E402
 from habitus.models.explain import DEFAULT_STEPS, Explainer, ServedExplainer, column_totals, input_groups, rendered  # noqa: E402
 from habitus.models.explain.served import StackInputs  # noqa: E402
 from habitus.models.data.features import chunk_at  # noqa: E402
-from habitus.models.serve.predict import predict, top_labels  # noqa: E402
+from habitus.models.serve.predict import predict  # noqa: E402
+from habitus.models.tasks import task as task_of  # noqa: E402
+from habitus.models.tasks.multilabel import top_labels  # noqa: E402
 from habitus.models.data.targets import eligible  # noqa: E402
 from habitus.models.data.labels import task_inputs  # noqa: E402
-from habitus.models.train.loop import chunk_plan  # noqa: E402
+from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan  # noqa: E402
 from quality import demo_spec, machine, tafeng_spec, tasks  # noqa: E402
 
 KS = (1, 3, 5, 10)
@@ -88,7 +90,7 @@ def sample(cache, spec, task, cutoff, n, rng, model=None, head=None):
     entity_table = cache.entity_table()
     vs = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     xs, hs, chunks, stack = [], [], [], []
-    for s, lo, hi in chunk_plan(cache, 8192):
+    for s, lo, hi in chunk_plan(cache, SCORING_CHUNK_ENTITIES):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
         keep = eligible(chunk, task.target)
         if chunk.n == 0 or not keep.any():
@@ -99,7 +101,7 @@ def sample(cache, spec, task, cutoff, n, rng, model=None, head=None):
         chunks.append((chunk, np.flatnonzero(keep)))
         if head is not None:
             stack.append(head.rows(chunk, np.flatnonzero(keep), x, spec, task, entity_table, vs,
-                                   model=None if task.task == "multilabel" else model))
+                                   model=None if task_of(task).label_outputs else model))
     x = np.concatenate(xs)
     from habitus.models.data.items import SparseRows
 
@@ -147,7 +149,7 @@ class Subject:
         return self.e.scores_of(xp, hp, hand, emb, target)
 
     def pairs(self, model, task, x, h, rows):
-        if task.task != "multilabel":
+        if not task_of(task).label_outputs:
             return rows, None
         adjust = None
         if self.si is not None:  # the served top labels: the blend's
@@ -272,7 +274,7 @@ def explain_all(model, cache, spec, task, groups, cutoff, steps, head=None) -> t
     explainer = make_explainer(model, spec, task, groups, steps, head)
     served = isinstance(explainer, ServedExplainer)
     t, n = time.time(), 0
-    for s, lo, hi in chunk_plan(cache, 8192):
+    for s, lo, hi in chunk_plan(cache, SCORING_CHUNK_ENTITIES):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
         keep = np.flatnonzero(eligible(chunk, task.target))
         if chunk.n == 0 or not len(keep):

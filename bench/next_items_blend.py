@@ -42,7 +42,7 @@ from habitus.models.data.features import HALF_LIVES, chunk_at  # noqa: E402
 from habitus.models.data.items import SparseRows, top_k_items  # noqa: E402
 from habitus.models.data.labels import item_popularity, label_history  # noqa: E402
 from habitus.models.train.loop import chunk_plan  # noqa: E402
-from habitus.models.evaluate.metrics import ranking_metrics_at  # noqa: E402
+from habitus.models.tasks.metrics import ranking_metrics_at  # noqa: E402
 from habitus.models.tasks import task as task_of  # noqa: E402
 
 HAND = {"w_hist": (0.0, 5.0, 0.0), "w_item": (0.0, 0.2, 0.0, 0.0)}  # the head's start (recommendation.init_head)

@@ -18,17 +18,17 @@ import numpy as np
 
 from habitus.models.cache import Cache
 from habitus.models.data.features import FeatureSpec, chunk_at, scalar_features, visit_features
-from habitus.models.evaluate.metrics import auroc
+from habitus.models.tasks.metrics import auroc
 from habitus.models.nn.network import Trunk
 from habitus.models.serve.predict import embed
 from habitus.models.data.targets import TargetSpec, compute_target, eligible
-from habitus.models.train.loop import chunk_plan
+from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
 
 FOLDS = 5
 
 
 def rfm_scalars(cache: Cache, spec: FeatureSpec, target: TargetSpec, cutoff: int,
-                chunk_entities: int = 8192) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                chunk_entities: int = SCORING_CHUNK_ENTITIES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(entity indices, RFM scalars [n, spec.scalar_width], churn labels) of the eligible entities."""
     ents, xs, ys = [], [], []
     for s, lo, hi in chunk_plan(cache, chunk_entities):

@@ -42,6 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from speed_scale import over_linear, peak_gb, scale_keys  # noqa: E402
 
+from habitus.models.tasks import task as task_of  # noqa: E402
+
 TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
 # customers, products -> ~1.03M / ~10.3M / ~103M purchases (measured); 100m written a block of customers at a time
 GENERATED = {"1m": (17_500, 20_000), "10m": (175_000, 20_000), "100m": (1_750_000, 100_000)}
@@ -315,7 +317,7 @@ def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profil
         "kind": "scenario", "scenario": name, "task": task.to_dict(), "feature_spec": foundation["feature_spec"],
         "net": foundation["net"], "foundation_sha256": foundation["weights_sha256"]})
     out["checkpoint_bytes"] = (path / "model.safetensors").stat().st_size
-    if task.task in ("binary", "multilabel") and holdout:
+    if task_of(task).headline in ("auroc", "macro_auroc") and holdout:  # churn, the multilabel scenarios
         out.update(_holdout(st, result.model, cache, task, plan.test_cutoff, "fp32"))
     return out
 
@@ -365,7 +367,7 @@ def stage_predict(st: Stage, name: str, precision: str, profile: str | None = No
     rows, seconds = _profiled(run, profile)
     out = {"seconds": seconds, "rows": rows, "entities_per_s": rows / seconds,
            "events_per_s": cache.manifest["n_events"] / seconds}
-    if task.task == "binary":
+    if task_of(task).one_probability:  # churn
         out.update(_holdout(st, model, cache, task, cutoff, precision))
     return out
 

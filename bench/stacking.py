@@ -1,13 +1,13 @@
-"""Heads chosen on validation (issue 15, item 6), measured: per dataset and task, at the test cut-off,
-the fine-tuned network, LightGBM on hand features (the baseline, habitus.models.evaluate.baselines.lightgbm_scores),
+"""Heads chosen on validation, measured: per dataset and task, at the test cut-off, the fine-tuned
+network, LightGBM on hand features (the baseline, habitus.models.evaluate.baselines.lightgbm_scores),
 LightGBM on [the foundation's embedding + hand features], their blend, and what the validation
 cut-off chose (habitus.models.heads.stacking), with every candidate's validation score.
 
     python bench/stacking.py --dataset tafeng [--tasks churn,propensity,spend] [--json out.json]
     python bench/stacking.py --dataset demo [--customers 20000]
     python bench/stacking.py --dataset movielens
-    python bench/stacking.py --dataset tafeng --embeddings pca,trunk,readout,none,pca/components=8,pca/choice_rule=best
-                                                     # variants: the trees' inputs, then StackConfig changes
+    python bench/stacking.py --dataset tafeng --variants default,components=8,choice_rule=best/se_blocks=5
+                                                     # variants: StackConfig changes, "/" between fields
 
 The columns: "gbt" is the trees alone (w = 1), "blend" the best blend strictly between 0 and 1 on
 validation, "chosen" what StackConfig's rule picked (its weight in the "val" line); "val" is the
@@ -35,13 +35,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from quality import dataset_parser, dataset_spec, machine, tasks  # noqa: E402
 
-from habitus.models.evaluate.baselines import _top_labels, lightgbm_scores  # noqa: E402
 from habitus.models.cache import Cache, build_cache  # noqa: E402
-from habitus.models.evaluate.holdout import evaluate, headline, protocol  # noqa: E402
 from habitus.models.data.features import DAY, FeatureSpec  # noqa: E402
-from habitus.models.heads.stacking import StackConfig, blend, fit_stack, score  # noqa: E402
+from habitus.models.evaluate.baselines import lightgbm_scores, most_frequent_labels  # noqa: E402
+from habitus.models.evaluate.holdout import LOWER_IS_BETTER, evaluate, headline, protocol  # noqa: E402
 from habitus.models.heads.stacked_rows import Rows, collect  # noqa: E402
-
+from habitus.models.heads.stacking import StackConfig, blend, fit_stack, score  # noqa: E402
+from habitus.models.tasks import task as task_of  # noqa: E402
 from habitus.models.train.finetune import finetune  # noqa: E402
 from habitus.models.train.foundation import train_foundation  # noqa: E402
 from habitus.models.train.config import FinetuneConfig, FoundationConfig  # noqa: E402
@@ -70,7 +70,7 @@ def _load(path: Path) -> tuple[dict[str, Rows], dict]:
     return rows, extra
 
 
-def run(dataset: str, customers: int, only: tuple[str, ...], embeddings: tuple[str, ...], keep: Path | None,
+def run(dataset: str, customers: int, only: tuple[str, ...], variants: tuple[str, ...], keep: Path | None,
         reuse: bool, log=print) -> dict:
     quiet = lambda _: None  # noqa: E731
     t_run = time.time()
@@ -108,8 +108,8 @@ def run(dataset: str, customers: int, only: tuple[str, ...], embeddings: tuple[s
                 row["finetune_s"] = round(time.time() - t0, 1)
                 log(f"{dataset} {name}: fine-tuned in {row['finetune_s']}s (epochs {tuned.info['soup_epochs']})")
                 t0 = time.time()
-                labels = (_top_labels(cache, task, plan.train_cutoffs, StackConfig().max_labels)
-                          if task.task == "multilabel" else None)
+                labels = (most_frequent_labels(cache, task, plan.train_cutoffs, StackConfig().max_labels)
+                          if task_of(task).stacking.per_label else None)
                 trunk = foundation.model.trunk
                 parts = [collect(cache, fspec, task, trunk, c, labels=labels) for c in plan.train_cutoffs]
                 data = {"train": Rows(*(np.concatenate([getattr(p, k) for p in parts]) for k in
@@ -132,14 +132,13 @@ def run(dataset: str, customers: int, only: tuple[str, ...], embeddings: tuple[s
                                         "collect_s": row["collect_s"], "lightgbm_s": row["lightgbm_s"],
                                         "labels": labels})
             test = data["test"]
-            lower = row["metric"] in ("mae", "rmse")
-            sign = -1 if lower else 1
+            sign = -1 if row["metric"] in LOWER_IS_BETTER else 1
             row["entities"] = int(len(test))
             row["network"] = sign * score(task.task, test.y, test.network)
             row["lightgbm"] = sign * score(task.task, test.y, lgbm) if lgbm is not None else None
             row["variants"] = {}
-            for emb in embeddings:
-                cfg = variant_config(emb)
+            for variant in variants:
+                cfg = variant_config(variant)
                 stack = fit_stack(task.task, data["train"], data["val"], cfg, labels=labels, log=log)
                 t0 = time.time()
                 gbt = stack.gbt_scores(test)
@@ -155,8 +154,8 @@ def run(dataset: str, customers: int, only: tuple[str, ...], embeddings: tuple[s
                                     for k, x in stack.validation.items() if k != "by_weight"},
                      "by_weight": {k: sign * x for k, x in stack.validation["by_weight"].items()},
                      "predict_us_per_entity": round(1e6 * predict_s / max(len(test), 1), 1)}
-                row["variants"][emb] = v
-                log(f"{dataset} {name} [{emb}]: test network {row['network']:.4f}, lightgbm {row['lightgbm']:.4f}, "
+                row["variants"][variant] = v
+                log(f"{dataset} {name} [{variant}]: test network {row['network']:.4f}, lightgbm {row['lightgbm']:.4f}, "
                     f"gbt {v['test']['gbt']:.4f}, blend {v['test']['blend']} (w {w}), chosen {stack.chosen} "
                     f"{v['test']['chosen']:.4f}; fit {stack.seconds}s")
             out["rows"].append(row)
@@ -165,10 +164,9 @@ def run(dataset: str, customers: int, only: tuple[str, ...], embeddings: tuple[s
 
 
 def variant_config(name: str) -> StackConfig:
-    """`pca`, or `pca/components=8/choice_share=0.3`: the embedding, then StackConfig fields to change."""
-    kind, *changes = name.split("/")
-    cfg = replace(StackConfig(), embedding=kind)
-    for change in changes:
+    """`default`, or `components=8/choice_share=0.3`: StackConfig fields to change."""
+    cfg = StackConfig()
+    for change in ([] if name == "default" else name.split("/")):
         key, value = change.split("=")
         kind_of = type(getattr(cfg, key))
         cfg = replace(cfg, **{key: value in ("1", "true", "True") if kind_of is bool else kind_of(value)})
@@ -185,13 +183,13 @@ def _best_on_test(task: str, test: Rows, gbt: np.ndarray, weights, sign: int) ->
 def table(result: dict) -> str:
     lines = [f"dataset {result['dataset']} ({result['machine']}; foundation {result.get('foundation_s')}s, "
              f"whole run {result['total_s']}s)",
-             f"{'task':<11} {'metric':<12} {'inputs':<20} {'':<5} {'network':>8} {'lightgbm':>9} {'gbt':>8} "
+             f"{'task':<11} {'metric':<12} {'variant':<20} {'':<5} {'network':>8} {'lightgbm':>9} {'gbt':>8} "
              f"{'blend':>8} {'w':>4} {'chosen':>8}  {'picked':<8} {'fit s':>6} {'tune s':>6}"]
     for r in result["rows"]:
-        for emb, v in r["variants"].items():
+        for variant, v in r["variants"].items():
             t, val = v["test"], v["validation"]
             f = lambda x: "" if x is None else f"{x:.4f}"  # noqa: E731
-            lines.append(f"{r['task']:<11} {r['metric']:<12} {emb:<20} {'test':<5} {r['network']:>8.4f} "
+            lines.append(f"{r['task']:<11} {r['metric']:<12} {variant:<20} {'test':<5} {r['network']:>8.4f} "
                          f"{f(r['lightgbm']):>9} {t['gbt']:>8.4f} {f(t['blend']):>8} "
                          f"{'' if val['blend_weight'] is None else val['blend_weight']:>4} {t['chosen']:>8.4f}  "
                          f"{v['chosen']:<8} {v['seconds']:>6} {r['finetune_s']:>6}")
@@ -205,15 +203,15 @@ def table(result: dict) -> str:
 def main() -> None:
     parser = dataset_parser(__doc__)
     parser.add_argument("--tasks", default=",".join(TASKS))
-    parser.add_argument("--embeddings", default="pca",
-                        help="comma-separated variants: StackConfig.embedding, then /field=value changes "
-                             "(pca/components=8)")
+    parser.add_argument("--variants", default="default",
+                        help="comma-separated variants: `default`, or StackConfig field=value changes joined "
+                             "by / (components=8/choice_rule=best)")
     parser.add_argument("--keep", help="folder for each task's rows (npz)")
     parser.add_argument("--reuse", action="store_true", help="read the rows from --keep instead of training")
     args = parser.parse_args()
     only = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    embeddings = tuple(e.strip() for e in args.embeddings.split(",") if e.strip())
-    result = run(args.dataset, args.customers, only, embeddings, Path(args.keep) if args.keep else None, args.reuse,
+    variants = tuple(e.strip() for e in args.variants.split(",") if e.strip())
+    result = run(args.dataset, args.customers, only, variants, Path(args.keep) if args.keep else None, args.reuse,
                  log=lambda m: print(m, file=sys.stderr, flush=True))
     print(table(result))
     if args.json:

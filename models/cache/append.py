@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 from habitus.models.cache.encode import _coverage, _encode
+from habitus.models.cache.quarantine import finish
 from habitus.models.cache.reader import Cache
 from habitus.models.cache.spec import CacheSpec
 from habitus.models.cache.stage import _stage_events
@@ -19,8 +20,6 @@ def _append(con, spec: CacheSpec, prev: "Cache", files: dict[str, list[str]], ou
             part_events: int) -> dict:
     """Encode only the events of new files and add them to `prev`'s shards, which are hard-linked
     (never copied, never modified): past events are not read, let alone re-encoded."""
-    from habitus.models.cache.quarantine import finish
-
     st = _stage_events(con, spec, files)
     pm = prev.manifest
     seq = pm.get("appends", 0) + 1

@@ -12,6 +12,7 @@ import pyarrow.ipc as ipc
 
 from habitus.models.cache.append import _append
 from habitus.models.cache.encode import PART_EVENTS, _coverage, _encode
+from habitus.models.cache.quarantine import finish, summary
 from habitus.models.cache.reader import Cache
 from habitus.models.cache.spec import CACHE_FORMAT, CacheError, CacheSpec
 from habitus.models.cache.stage import _stage_events
@@ -124,8 +125,6 @@ def _prune(root: Path, keep: int, current: Path) -> None:
 
 
 def _build(con, spec: CacheSpec, out: Path, log, seed: "Cache | None", part_events: int) -> dict:
-    from habitus.models.cache.quarantine import finish, summary
-
     st = _stage_events(con, spec, {t.name: t.files for t in spec.events})
     if st.stats["rows_in"] == 0:
         raise CacheError("the events sources hold no rows: nothing to train on; extract source partitions with data")

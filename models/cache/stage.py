@@ -5,6 +5,7 @@ habitus.models.cache.encode for the whole sequence)."""
 import time
 from dataclasses import dataclass
 
+from habitus.models.cache.quarantine import screen
 from habitus.models.cache.spec import CacheError, CacheSpec, TableInput
 from habitus.models.cache.sql import _column_sql, _epoch_s, _field_type, _files_sql, _one, _q, _utc
 
@@ -22,8 +23,6 @@ def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> _Staged:
     """Views `raw_events` (every event source as one stream, the entity id as text) and the quarantine's
     `raw_events_valid`; one temp table per attributes source (one row per key: duplicate keys would
     copy events)."""
-    from habitus.models.cache.quarantine import screen
-
     ent = _q(spec.entity)
     parts = []
     for i, t in enumerate(spec.events):

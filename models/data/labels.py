@@ -7,7 +7,6 @@ import torch
 from habitus.models.cache import Cache
 from habitus.models.data.features import DAY, RECENCY_DAYS, Chunk, FeatureSpec, featurize
 from habitus.models.data.items import SparseRows, batch_history, group_history
-from habitus.models.tasks.spec import TaskSpec
 from habitus.models.data.targets import TargetSpec, label_positions
 
 POPULARITY_DAYS = (7, 30)  # item popularity at a cut-off: events in the last 7 and 30 days
@@ -38,7 +37,9 @@ def label_history(chunk: Chunk, target: TargetSpec, vocab_size: int, half_lives)
                          half_lives, RECENCY_DAYS)
 
 
-def task_inputs(chunk: Chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_sizes: dict[str, int]):
+def task_inputs(chunk: Chunk, spec: FeatureSpec, task, entity_table, vocab_sizes: dict[str, int]):
+    """The network's inputs of a chunk: its features and, where the scenario's head reads them (`task`:
+    a habitus.models.tasks.spec.TaskSpec), its label histories."""
     x = featurize(chunk, spec, entity_table)
     h = label_history(chunk, task.target, vocab_sizes[task.target.column], spec.half_lives) \
         if task.uses_label_history else None
@@ -65,7 +66,6 @@ def top_values(cache: Cache, column: str, before: int, n: int) -> tuple[int, ...
     counts[0] = 0
     order = np.argsort(-counts, kind="mergesort")
     return tuple(int(i) for i in order[:n] if counts[i] > 0)
-
 
 
 def recent_popularity(cache: Cache, target: TargetSpec, cutoff: int, days: int = 30) -> np.ndarray:

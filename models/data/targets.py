@@ -10,6 +10,7 @@ import numpy as np
 
 from habitus.models.data.features import DAY, Chunk, bucket_count, bucketize
 from habitus.models.data.items import SparseRows
+from habitus.models.data.target_functions import function_target
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,6 @@ def compute_target(chunk: Chunk, spec: TargetSpec, vocab_size: int | None = None
     local, rows = future_rows(chunk, spec.window_days)
     n = chunk.n
     if spec.kind == "function":
-        from habitus.models.data.target_functions import function_target
-
         if cache is None:
             raise ValueError(f"scenario {spec.scenario!r}: the target function {spec.function!r} needs the cache")
         return function_target(chunk, spec, cache, local, rows)

@@ -17,24 +17,17 @@ from habitus.models.cache import Cache
 from habitus.models.data.features import (HALF_LIVES, FeatureSpec, chunk_at, entity_features, scalar_features, value_history,
                              visit_features)
 from habitus.models.data.items import SparseRows
+from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
 from habitus.models.data.labels import label_history
-from habitus.models.train.loop import chunk_plan
-from habitus.models.tasks.spec import TaskSpec
 from habitus.models.tasks import task as task_of
+from habitus.models.tasks.base import LabelScores
+from habitus.models.tasks.spec import TaskSpec
 
 TOP_VALUES = 20
 MAX_VOCAB = 5_000  # columns with more values (product ids) are left to the per-label counts
 MULTILABEL_ROWS = 30_000
 # one model per label: a wider head (16,000 products) would take hours, so LightGBM learns its most frequent labels only
 MULTILABEL_MAX_LABELS = 200
-
-
-@dataclass
-class LabelScores:
-    """Scores of some labels only: `scores` [entities, len(labels)] for the label positions `labels` (sorted)."""
-
-    labels: np.ndarray
-    scores: np.ndarray
 
 
 def hand_features(chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_sizes: dict[str, int],
@@ -57,7 +50,7 @@ def hand_features(chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_
     return np.concatenate(parts, axis=1)
 
 
-def _dataset(cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoffs, chunk_entities: int = 8192,
+def _dataset(cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoffs, chunk_entities: int = SCORING_CHUNK_ENTITIES,
              labels: np.ndarray | None = None):
     """Hand features and targets; label tasks: the 0/1 matrix of `labels` (default all)."""
     entity_table = cache.entity_table()
@@ -80,16 +73,22 @@ def _dataset(cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoffs, chunk_ent
 @dataclass
 class Datasets:
     """The hand-feature datasets of a task at the "train", "val" and "test" cut-offs: `data(which,
-    labels)` -> (x, y); `max_labels`: the widest label set LightGBM learns whole."""
+    labels)` -> (x, y); `max_labels`: the widest label set LightGBM learns whole; `label_rows`: the
+    training rows of each label's model."""
 
     cache: Cache
     spec: FeatureSpec
     task: TaskSpec
     cutoffs: dict
     max_labels: int
+    label_rows: int = MULTILABEL_ROWS
 
     def __call__(self, which: str, labels: np.ndarray | None = None):
         return _dataset(self.cache, self.spec, self.task, self.cutoffs[which], labels=labels)
+
+    def most_frequent_labels(self) -> np.ndarray | None:
+        """The `max_labels` labels with the most positives at the training cut-offs (None: every label)."""
+        return most_frequent_labels(self.cache, self.task, self.cutoffs["train"], self.max_labels)
 
 
 def lightgbm_scores(cache: Cache, spec: FeatureSpec, task: TaskSpec, train_cutoffs, val_cutoff: int,
@@ -111,7 +110,7 @@ def lightgbm_scores(cache: Cache, spec: FeatureSpec, task: TaskSpec, train_cutof
     return task_of(task).lightgbm(lgb, params, task, data, seed)
 
 
-def _top_labels(cache: Cache, task: TaskSpec, cutoffs, n: int, chunk_entities: int = 8192) -> np.ndarray | None:
+def most_frequent_labels(cache: Cache, task: TaskSpec, cutoffs, n: int, chunk_entities: int = SCORING_CHUNK_ENTITIES) -> np.ndarray | None:
     """The n label positions with the most positives at the training cut-offs (sorted), or None if
     the head has no more than n labels."""
     if task.outputs <= n:

@@ -10,17 +10,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from habitus.models.evaluate.baselines import LabelScores
 from habitus.models.cache import Cache
+from habitus.models.data.chunks import CHUNK_ENTITIES, chunk_plan, day_floor
 from habitus.models.data.features import DAY, FeatureSpec, chunk_at
 from habitus.models.data.labels import label_history, task_inputs
-from habitus.models.train.loop import chunk_plan, day_floor
 from habitus.models.nn.network import Model
-from habitus.models.tasks.spec import TaskSpec
-from habitus.models.heads.stacking import blend
 from habitus.models.tasks import TASKS
 from habitus.models.tasks import task as task_of
-from habitus.models.tasks.base import PerEntity
+from habitus.models.tasks.base import LabelScores, PerEntity
+from habitus.models.tasks.spec import TaskSpec
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ class Holdout:
     scores: np.ndarray | None = None
 
 
-def holdout_chunks(cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, chunk_entities: int = 4096):
+def holdout_chunks(cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, chunk_entities: int = CHUNK_ENTITIES):
     """The hold-out at `cutoff` a chunk at a time, in evaluate's order: (chunk, keep, x, h, y), `keep`
     the chunk's eligible rows, x and h the network's inputs of every row, y the kept rows' labels."""
     entity_table, vocab_sizes = cache.entity_table(), _vocab_sizes(cache)
@@ -76,7 +74,7 @@ def evaluate(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cuto
 
 def score_holdout(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, *,
                   constant: float | None = None, extra: dict[str, np.ndarray | LabelScores | None] | None = None,
-                  chunk_entities: int = 4096, device: str = "cpu", head=None) -> Holdout:
+                  chunk_entities: int = CHUNK_ENTITIES, device: str = "cpu", head=None) -> Holdout:
     """The model and each baseline on the entities eligible at `cutoff`: their metrics (`report`) and,
     where the task has one score per entity, the labels and the model's scores.
     `extra`: scores of other baselines (e.g. LightGBM) for the same entities in the same order; for
@@ -111,8 +109,8 @@ def with_head(holdout, t, head, parts: list) -> Holdout:
     inner = head.stack.validation.get("blend_weight")
     candidates = {"network": network, "gbt": gbt, "chosen": chosen}
     if inner is not None:
-        candidates[f"blend {inner}"] = blend(head.stack.task, network, gbt, inner)
-    one = head.labels is None and t.name != "multilabel"  # one score per entity (not some labels' scores)
+        candidates[f"blend {inner}"] = head.choose(network, gbt, inner)
+    one = head.labels is None and not t.stacking.per_label  # one score per entity (not some labels' scores)
     report = holdout.report(chosen if one else LabelScores(_covered(head.labels, y), chosen))
     report["head"] = {"chosen": head.chosen, "weight": head.weight, "labels": None if head.labels is None
                       else len(head.labels), "candidates": {k: t.metrics(y, v) for k, v in candidates.items()},

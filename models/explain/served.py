@@ -28,9 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from habitus.models.data.features import ENTITY_BUCKETS, HALF_LIVES, bucket_count, bucketize
+from habitus.models.evaluate.baselines import MAX_VOCAB, TOP_VALUES
 from habitus.models.explain.inputs import Groups, scalar_names
 from habitus.models.explain.integrated import ABS_TOLERANCE, Explained, Explainer, integrated_gradients
-from habitus.models.data.features import ENTITY_BUCKETS, HALF_LIVES, bucket_count, bucketize
+from habitus.models.tasks import task as task_of
 
 REPRESENTATION = ("representation", "foundation", "representation", "foundation representation (other components)")
 STABLE_SHARE = 0.01  # a component moved by less than this share of the representation's movement stays whole
@@ -70,8 +72,6 @@ def hand_map(spec, task, groups: Groups, scalars: dict, label_group: np.ndarray,
     """Where each hand feature goes, in hand_features' order: the RFM and visit scalars (the same names as
     the network's), the entity's attributes (the network's own encoding), the decayed counts of each small
     column's most frequent values, the labels' own history."""
-    from habitus.models.evaluate.baselines import MAX_VOCAB, TOP_VALUES
-
     group, label, base = [], [], []
     for k, c, d in scalar_names(dataclasses.replace(spec, half_lives=HALF_LIVES, visits=True)):
         g = scalars[(k, c, d)]
@@ -126,7 +126,8 @@ class ServedExplainer:
         self.head, self.spec, self.task = head, spec, task
         self.stack = head.stack
         self.w = float(head.weight)
-        self.logits = task.task != "regression"
+        rule = task_of(task).stacking
+        self.logits, self.per_label = rule.logits, rule.per_label  # the blend's scale; trees per label
         self.net = Explainer(model, spec, task, groups, device=device, raw=self.logits, **integration)
         self.steps, self.max_steps, self.tolerance = self.net.steps, self.net.max_steps, self.net.tolerance
         self.label_group = self.net.label_group
@@ -151,16 +152,15 @@ class ServedExplainer:
     def covered(self, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the trees' weight of each pair, the label's column among the stack's labels): multilabel labels
         without trees keep the network's score (weight 0)."""
-        if self.task.task != "multilabel":
+        if not self.per_label:
             return np.full(len(target), self.w), np.zeros(len(target), np.int64)
         labels = np.arange(self.task.outputs) if self.stack.labels is None else self.stack.labels
         j = np.clip(np.searchsorted(labels, target), 0, len(labels) - 1)
         cov = labels[j] == target
         return np.where(cov, self.w, 0.0), np.where(cov, j, -1)
 
-    def _tree_inputs(self, hand: np.ndarray, emb: np.ndarray, column: int | None) -> np.ndarray:
-        red = self.stack.reduction
-        return np.concatenate([hand, red.apply(emb.astype(np.float32), column)], 1).astype(np.float32)
+    def _tree_inputs(self, hand: np.ndarray, emb: np.ndarray) -> np.ndarray:
+        return np.concatenate([hand, self.stack.reduction.apply(emb.astype(np.float32))], 1).astype(np.float32)
 
     def trees(self, hand: np.ndarray, emb: np.ndarray, column: np.ndarray) -> tuple:
         """For m pairs (hand [m, H], foundation representation [m, hidden], the stack's label column, -1 for
@@ -169,11 +169,11 @@ class ServedExplainer:
         m, H = hand.shape
         z, z0 = np.zeros(m), np.zeros(m)
         contrib = None
-        labelled = self.task.task == "multilabel"
+        labelled = self.per_label
         for j in (np.unique(column[column >= 0]) if labelled else [None]):
             sel = np.flatnonzero(column == j) if labelled else np.arange(m)
-            x = self._tree_inputs(hand[sel], emb[sel], j if self.stack.reduction.kind == "readout" else None)
-            xs = self._tree_inputs(self.hand.baseline[None], self.base_emb, j if self.stack.reduction.kind == "readout" else None)
+            x = self._tree_inputs(hand[sel], emb[sel])
+            xs = self._tree_inputs(self.hand.baseline[None], self.base_emb)
             prob, prob0, part = np.zeros(len(sel)), np.zeros(1), np.zeros((len(sel), x.shape[1]))
             folds = [f[0 if j is None else int(j)] for f in self.stack.boosters]
             for b in folds:
@@ -237,36 +237,22 @@ class ServedExplainer:
             ax = ax.index_add(1, self.ple_input, attr[1].detach().double())
         return ax
 
-    def representation(self, x: np.ndarray, emb: np.ndarray, part: np.ndarray, column: np.ndarray,
+    def representation(self, x: np.ndarray, emb: np.ndarray, part: np.ndarray,
                        steps: int) -> tuple[np.ndarray, np.ndarray]:
         """The representation's tree contributions `part` [m, tree inputs] spread over the network's
         inputs at `steps`: (grouped [m, groups], the rest [m] for the representation group)."""
-        red = self.stack.reduction
         m = len(x)
         dense = np.zeros((m, len(self.groups)))
-        if red.kind == "none" or part.shape[1] == 0:
+        if part.shape[1] == 0:
             return dense, np.zeros(m)
         e = emb.astype(np.float64) - self.base_emb  # the representation's movement
-        if red.kind == "trunk":
-            moved, matrix = e, None
-        else:
-            matrix = red.matrix.astype(np.float64)
-            if red.kind == "readout":  # the label's own column (one per label), without its intercept
-                matrix = matrix[:-1]
-                cols = np.where(column >= 0, column, 0) if self.task.task == "multilabel" else np.zeros(m, np.int64)
-                moved = np.einsum("mh,hm->m", e, matrix[:, cols])[:, None]
-            else:
-                moved = e @ matrix
+        matrix = self.stack.reduction.matrix.astype(np.float64)
+        moved = e @ matrix  # each component's
         stable = np.abs(moved) >= STABLE_SHARE * np.linalg.norm(moved, axis=1, keepdims=True)
         stable &= np.abs(moved) > 1e-12
         a = np.where(stable, part / np.where(stable, moved, 1.0), 0.0)
         rest = np.where(stable, 0.0, part).sum(1)
-        if red.kind == "trunk":
-            v = a
-        elif red.kind == "readout":
-            v = matrix[:, cols].T * a
-        else:
-            v = a @ matrix.T
+        v = a @ matrix.T
         todo = np.flatnonzero(np.abs(a).sum(1) > 0)
         if len(todo):
             xt = torch.from_numpy(np.ascontiguousarray(x[todo])).to(self.dev)
@@ -280,7 +266,7 @@ class ServedExplainer:
     # ------------------------------------------------------------ the served score
     def inputs(self, model, chunk, keep: np.ndarray, x: np.ndarray, entity_table, vocab_sizes: dict) -> StackInputs:
         """The stack's rows of the chunk's eligible rows `keep`, as predictions computes them."""
-        net = None if self.task.task == "multilabel" else model
+        net = None if self.per_label else model
         rows = self.head.rows(chunk, keep, x, self.spec, self.task, entity_table, vocab_sizes, model=net,
                               device=str(self.dev))
         position = np.full(len(x), -1, np.int64)
@@ -288,18 +274,20 @@ class ServedExplainer:
         return StackInputs(rows, position)
 
     def _blend(self, net: np.ndarray, trees: np.ndarray, wp: np.ndarray) -> np.ndarray:
-        """On the blend's scale: the network's logit (clipped as serving's logit of its probability) or amount."""
-        if self.task.task == "binary":
+        """On the blend's scale: the network's logit or amount. One probability per entity: serving blends
+        the logit of the network's probability, clipped (stacking._logit); per label it blends the
+        network's logits as they are (HeadStack.adjust_logits)."""
+        if self.logits and not self.per_label:
             net = np.clip(net, -CLIP, CLIP)
         return (1 - wp) * net + wp * trees
 
     def tree_scores(self, hand: np.ndarray, emb: np.ndarray, column: np.ndarray) -> np.ndarray:
         """The trees' scores of m pairs on the blend's scale (0 where a pair has no trees)."""
         out = np.zeros(len(hand))
-        labelled = self.task.task == "multilabel"
+        labelled = self.per_label
         for j in (np.unique(column[column >= 0]) if labelled else [None]):
             sel = np.flatnonzero(column == j) if labelled else np.arange(len(hand))
-            x = self._tree_inputs(hand[sel], emb[sel], j if self.stack.reduction.kind == "readout" else None)
+            x = self._tree_inputs(hand[sel], emb[sel])
             folds = [f[0 if j is None else int(j)] for f in self.stack.boosters]
             s = np.mean([np.full(len(sel), self.stack.constants[int(j)]) if b is None else b.predict(x)
                          for b in folds], axis=0)
@@ -311,7 +299,7 @@ class ServedExplainer:
         rows = np.asarray(rows, np.int64)
         target = np.full(len(rows), -1, np.int64) if target is None else np.asarray(target, np.int64)
         pos = si.position[rows]
-        if self.task.task != "multilabel":
+        if not self.per_label:
             r = si.rows
             picked = dataclasses.replace(r, entities=r.entities[pos], hand=r.hand[pos], embedding=r.embedding[pos],
                                          network=r.network[pos])  # (no targets: Rows.take would index them)
@@ -366,7 +354,7 @@ class ServedExplainer:
             full[tp] = c
             trees = (np.zeros(len(rows)), np.zeros(len(rows)), full)
             trees[0][tp], trees[1][tp] = z, z0
-        score = self.score(x, h, rows, target, si) if self.task.task != "multilabel" else None
+        score = self.score(x, h, rows, target, si) if not self.per_label else None
         every = np.arange(len(rows))
         ex, steps = self._explained(x, h, rows, target, wp, col, emb, trees, score, every, self.steps), self.steps
         while steps < self.max_steps:
@@ -408,7 +396,7 @@ class ServedExplainer:
                 pr, pc = np.nonzero(th[:, rare])
                 extra = [np.r_[extra[0], tp[pr]], np.r_[extra[1], self.hand.label[rare[pc]]],
                          np.r_[extra[2], th[pr, rare[pc]]]]
-            rd, rest = self.representation(x[rows[tp]], emb[tp], c[:, H:], col[tp], steps)
+            rd, rest = self.representation(x[rows[tp]], emb[tp], c[:, H:], steps)
             part_dense += wp[tp, None] * rd
             part_dense[:, self.rep_group] += wp[tp] * rest
             dense[tp] += part_dense

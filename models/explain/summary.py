@@ -3,12 +3,16 @@
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import torch
 
+from habitus.models.data.chunks import CHUNK_ENTITIES, chunk_plan
+from habitus.models.data.features import FeatureSpec, chunk_at
+from habitus.models.data.labels import task_inputs
 from habitus.models.explain.inputs import Groups, vocab_reader
 from habitus.models.explain.integrated import ABS_TOLERANCE, DEFAULT_STEPS, MAX_STEPS, TOLERANCE, Explained, Explainer
 from habitus.models.explain.reasons import column_totals, rendered
-from habitus.models.data.features import FeatureSpec, chunk_at
+from habitus.models.explain.served import ServedExplainer
 from habitus.models.nn.network import Model
 from habitus.models.tasks import task as task_of
 
@@ -76,9 +80,9 @@ DEFAULT_SELECT, DEFAULT_SHARE = "top", 0.1  # the cost of a daily run: docs/expl
 
 
 def default_per_entity(task) -> int:
-    """Scores explained per entity where the config does not say: the predicted class of a multiclass
-    scenario (its one prediction), the 3 best labels or items of the other label heads."""
-    return 1 if task.task == "multiclass" else 3
+    """Scores explained per entity where the config does not say (Task.explained_labels): the predicted
+    class of a multiclass scenario (its one prediction), the 3 best labels or items of the other label heads."""
+    return task_of(task).explained_labels
 
 
 def chosen(score: np.ndarray, select: str = DEFAULT_SELECT, share: float = DEFAULT_SHARE,
@@ -98,7 +102,7 @@ def chosen(score: np.ndarray, select: str = DEFAULT_SELECT, share: float = DEFAU
 
 def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, groups: Groups, *, top: int = 5,
                    labels: list | None = None, per_entity: int | None = None, label_names: list | None = None,
-                   steps: int = DEFAULT_STEPS, max_steps: int = MAX_STEPS, device: str = "cpu", chunk_entities: int = 4096,
+                   steps: int = DEFAULT_STEPS, max_steps: int = MAX_STEPS, device: str = "cpu", chunk_entities: int = CHUNK_ENTITIES,
                    select: str = DEFAULT_SELECT, share: float = DEFAULT_SHARE, summary: Summary | None = None,
                    head=None):
     """Record batches of the `top` reasons of the entities `select` chooses at `cutoff`, one row per
@@ -113,11 +117,6 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
     figures. `head`: the checkpoint's head chosen on validation (habitus.models.heads.stacked_head.load_head): where it
     blends trees in, the score explained, chosen by and written is the served one (ServedExplainer);
     None or the network alone: the network's."""
-    import pyarrow as pa
-
-    from habitus.models.data.labels import task_inputs
-    from habitus.models.train.loop import chunk_plan
-
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     vocab = vocab_reader(cache)
@@ -129,8 +128,6 @@ def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, gr
     names = np.asarray([str(v) for v in label_names], object) if label_names is not None else None
     served = head is not None and head.weight > 0
     if served:
-        from habitus.models.explain.served import ServedExplainer
-
         explainer = ServedExplainer(model, head, spec, task, groups, steps=steps, max_steps=max_steps, device=device)
         groups = explainer.groups
     else:

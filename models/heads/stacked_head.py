@@ -22,10 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from habitus.models.nn.network import NetConfig, Trunk
-from habitus.models.heads.stacking import Stack, StackConfig, _logit, blend, fit_stack
+from habitus.models.evaluate.baselines import most_frequent_labels
 from habitus.models.heads.stacked_rows import Rows, chunk_rows, collect
+from habitus.models.heads.stacking import Stack, StackConfig, _logit, blend, fit_stack
+from habitus.models.nn.checkpoint import CheckpointError
+from habitus.models.nn.network import Trunk, load_trunk
 from habitus.models.storage.files import file_sha256
+from habitus.models.tasks import task as task_of
 
 STACK_FILE, TRUNK_FILE = "stack.json", "stack_trunk.safetensors"
 
@@ -59,9 +62,10 @@ class HeadStack:
         """The trees' scores (None where the network alone was chosen)."""
         return None if self.stack.weight == 0 else self.stack.gbt_scores(rows)
 
-    def choose(self, network: np.ndarray, gbt: np.ndarray | None) -> np.ndarray:
-        """The chosen candidate's scores from the network's and the trees'."""
-        return np.asarray(network, np.float32) if gbt is None else blend(self.stack.task, network, gbt, self.weight)
+    def choose(self, network: np.ndarray, gbt: np.ndarray | None, weight: float | None = None) -> np.ndarray:
+        """The chosen candidate's scores from the network's and the trees' (`weight`: another blend's)."""
+        w = self.weight if weight is None else weight
+        return np.asarray(network, np.float32) if gbt is None else blend(self.stack.task, network, gbt, w)
 
     def adjust_logits(self, gbt: np.ndarray | None):
         """Multilabel predictions: `fn(rows, logits) -> logits` that puts the chosen blend into the network's
@@ -85,33 +89,23 @@ class HeadStack:
         return self.stack.summary()
 
 
-def trunk_of(state: dict, net: dict) -> Trunk:
-    """The trunk of a foundation checkpoint's state (its `trunk.` weights), fp32, in eval mode."""
-    trunk = Trunk(NetConfig(**net))
-    trunk.load_state_dict({k.removeprefix("trunk."): v.float() for k, v in state.items() if k.startswith("trunk.")})
-    return trunk.eval()
-
-
 def fit_head(cache, spec, task, trunk: Trunk, model, train_cutoffs, val_cutoff: int, *, cfg: StackConfig | None = None,
              device: str = "cpu", log=lambda _: None) -> HeadStack | None:
     """The head chosen on the validation cut-off for the fine-tuned `model` (models/heads/stacking.py), or None
     where the task has no stack (multiclass, recommendation) or LightGBM is not installed. The trees
     train on `train_cutoffs`; the choice reads `val_cutoff` only, never the test cut-off. Multilabel: the
     `cfg.max_labels` labels with the most training positives get trees; the rest keep the network's score."""
-    from habitus.models.tasks import task as task_of
-
-    if not getattr(task_of(task), "stackable", False):
+    rule = task_of(task).stacking
+    if rule is None:
         return None
     try:
         import lightgbm  # noqa: F401
     except ImportError:
         log("LightGBM is not installed: the network alone scores (no head chosen on validation)")
         return None
-    from habitus.models.evaluate.baselines import _top_labels
-
     cfg = cfg or StackConfig()
     dev = "cpu" if device == "auto" else device
-    labels = _top_labels(cache, task, train_cutoffs, cfg.max_labels) if task.task == "multilabel" else None
+    labels = most_frequent_labels(cache, task, train_cutoffs, cfg.max_labels) if rule.per_label else None
     trunk = trunk.float().eval()
     parts = [collect(cache, spec, task, trunk, c, labels=labels, device=dev) for c in train_cutoffs]
     train = Rows(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("entities", "hand", "embedding", "y")))
@@ -140,8 +134,6 @@ def load_head(folder: str | Path, config: dict) -> HeadStack | None:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from habitus.models.nn.checkpoint import CheckpointError
-
     entry = config.get("stack")
     if not entry:
         return None
@@ -157,9 +149,8 @@ def load_head(folder: str | Path, config: dict) -> HeadStack | None:
                                   f"was changed after training. Re-materialize the scenario")
     try:
         stack = Stack.from_state(json.loads((folder / STACK_FILE).read_text()))
-        trunk = Trunk(NetConfig(**config["net"]))
-        trunk.load_state_dict(load_file(str(folder / TRUNK_FILE)))
+        trunk = load_trunk(load_file(str(folder / TRUNK_FILE)), config["net"], prefix="")
     except (ValueError, KeyError, SafetensorError) as e:
         raise CheckpointError(f"{folder}: the head chosen on validation does not load ({type(e).__name__}: {e}); "
                               f"re-materialize the scenario") from None
-    return HeadStack(stack, trunk.eval())
+    return HeadStack(stack, trunk)

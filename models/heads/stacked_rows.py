@@ -7,13 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from habitus.models.evaluate.baselines import hand_features
 from habitus.models.cache import Cache
+from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
 from habitus.models.data.features import FeatureSpec, chunk_at, featurize
 from habitus.models.data.items import SparseRows, batch_history
 from habitus.models.data.labels import label_history
-from habitus.models.train.loop import chunk_plan
-from habitus.models.tasks.scoring import scores
+from habitus.models.evaluate.baselines import hand_features
 from habitus.models.tasks import task as task_of
 
 
@@ -37,7 +36,7 @@ class Rows:
 
 @torch.no_grad()
 def collect(cache: Cache, spec: FeatureSpec, task, trunk, cutoff: int, *, labels: np.ndarray | None = None,
-            model=None, chunk_entities: int = 8192, device: str = "cpu") -> Rows:
+            model=None, chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu") -> Rows:
     """Rows of the entities `task` scores at `cutoff`: hand features, the foundation `trunk`'s
     representation, targets and (with the fine-tuned `model`) the network's scores; multilabel:
     of the label positions `labels` (sorted; default all)."""
@@ -56,7 +55,7 @@ def collect(cache: Cache, spec: FeatureSpec, task, trunk, cutoff: int, *, labels
                                 model=model, y=y, device=device))
     if not parts:
         width = len(labels) if labels is not None else task.outputs
-        empty_y = np.zeros((0, width) if task.task == "multilabel" else 0, np.float32)
+        empty_y = np.zeros((0, width) if _per_label(task) else 0, np.float32)
         return Rows(np.zeros(0, np.int64), np.zeros((0, 0), np.float32), np.zeros((0, trunk.cfg.hidden), np.float32),
                     empty_y, empty_y.copy() if model is not None else None)
     return Rows(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("entities", "hand", "embedding", "y")),
@@ -93,8 +92,8 @@ def network_scores(model, task, x: np.ndarray, h: SparseRows | None, labels: np.
     """The fine-tuned network's probabilities / amounts; multilabel: of the columns `labels` only (a
     16,000-label head is never scored over all its labels here)."""
     model = model.to(dev).eval()
-    if task.task != "multilabel":
-        return scores(model, task.task, x, h, device=str(dev))
+    if not _per_label(task):
+        return task_of(task).scores(model, x, h, device=str(dev))
     cols = torch.from_numpy(np.arange(task.outputs) if labels is None else np.asarray(labels, np.int64)).to(dev)
     empty = torch.zeros(0, dtype=torch.int64, device=dev)
     out = []
@@ -104,6 +103,12 @@ def network_scores(model, task, x: np.ndarray, h: SparseRows | None, labels: np.
         logits = model.head.sampled(model.trunk(torch.from_numpy(x[rows]).to(dev)), hist, cols, empty, empty)[0]
         out.append(torch.sigmoid(logits).float().cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, len(cols)), np.float32)
+
+
+def _per_label(task) -> bool:
+    """Whether the stack fits trees per label (Stacking.per_label), its rows then [n, labels]."""
+    rule = task_of(task).stacking
+    return rule is not None and rule.per_label
 
 
 def choice_fold(entities: np.ndarray, share: float) -> np.ndarray:

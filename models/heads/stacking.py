@@ -1,17 +1,18 @@
-"""Heads chosen on validation (issue 15, item 6): the fine-tuned network, gradient-boosted trees over
-[the foundation model's embedding + the hand features habitus already builds], or a blend of both.
+"""Heads chosen on validation: the fine-tuned network, gradient-boosted trees over [the foundation
+model's embedding + the hand features habitus already builds], or a blend of both.
 
-Candidates, for a binary, regression or multilabel scenario:
+Candidates, for a task type with a `stacking` (habitus.models.tasks.base.Stacking: binary,
+regression, multilabel):
 
 - "network": the fine-tuned scenario network alone (what habitus scored before);
 - "gbt": LightGBM over [hand features (habitus.models.evaluate.baselines.hand_features, what the LightGBM baseline
   reads) + the entity's representation by the *foundation* trunk, reduced to its first 16 principal
-  components (`StackConfig.embedding`, `components`)]. The foundation's trunk, not the fine-tuned
+  components (`StackConfig.components`)]. The foundation's trunk, not the fine-tuned
   one: that trunk has seen the training cut-offs' labels, so trees fitted on it there would trust
   it more than it deserves at a later cut-off. Its 256 floats as they are dilute the trees' inputs
   (docs/quality.md, "Heads chosen on validation");
-- "blend": w x gbt + (1 - w) x network, on logits for probabilities, on amounts for regression, one
-  w from `StackConfig.weights` for the whole head.
+- "blend": w x gbt + (1 - w) x network, on logits for probabilities, on amounts for regression
+  (`Stacking.logits`), one w from `StackConfig.weights` for the whole head.
 
 The choice is made on the validation cut-off only, never the test cut-off. The trees train on the
 training cut-offs; the validation entities are split in two folds by a hash of the entity index
@@ -27,7 +28,8 @@ of the validation rows: its validation figure is that much optimistic.
 The LightGBM *baseline* (habitus.models.evaluate.baselines.lightgbm_scores) stays the same trees without the
 foundation's inputs, so what the foundation model adds is measured, not hidden.
 
-Multilabel heads: one small model per label (as the baseline, on `multilabel_rows` training rows),
+Multilabel heads (`Stacking.per_label`): one small model per label (as the baseline, on
+`multilabel_rows` training rows),
 on the `max_labels` labels with the most training positives; every other label keeps the network's
 score (a 16,000-product head: trees for 50 of them, so it stays fast to fit and to score). The labels' models share one binned dataset.
 A Stack saves as plain values (`state()` / `Stack.from_state`): LightGBM boosters as their text
@@ -42,21 +44,16 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from habitus.models.evaluate.baselines import MULTILABEL_ROWS
-from habitus.models.evaluate.metrics import auroc, macro_auroc, mae
 from habitus.models.heads.stacked_rows import Rows, choice_fold
-
-EMBEDDINGS = ("trunk", "pca", "readout", "none")
+from habitus.models.tasks import task as task_of
+from habitus.models.tasks.base import Stacking
 
 
 @dataclass
 class StackConfig:
-    # how the foundation's representation enters the trees: "trunk" its `hidden` floats as they are;
-    # "pca" its first `components` principal components (fitted on the training rows); "readout" a
-    # ridge regression of the target on it (fitted on the training rows; one column per label, the
-    # label's own for its model); "none": hand features only (the baseline's inputs, for ablation)
-    embedding: str = "pca"
+    # the foundation's representation enters the trees as its first `components` principal components
+    # (fitted on the training rows): its floats as they are dilute the trees' inputs
     components: int = 16
-    ridge: float = 1.0  # readout: L2 strength, relative to the mean squared norm of a row
     choice_share: float = 0.5  # validation entities kept out of early stopping, for the choice
     cross_fit: bool = True  # and the other way round: the choice reads every validation row
     weights: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))  # w of the trees in the blend
@@ -97,56 +94,36 @@ class StackConfig:
 
 @dataclass
 class Reduction:
-    """How the foundation's representation becomes tree inputs (StackConfig.embedding)."""
+    """The foundation's representation as tree inputs: its first principal components."""
 
-    kind: str
-    mean: np.ndarray | None = None  # [hidden]
-    matrix: np.ndarray | None = None  # pca: [hidden, components]; readout: [hidden + 1, outputs]
+    mean: np.ndarray  # [hidden]
+    matrix: np.ndarray  # [hidden, components]
+    kind = "pca"  # (as stack.json records it)
 
     @classmethod
-    def fit(cls, kind: str, emb: np.ndarray, y: np.ndarray, task: str, cfg: StackConfig) -> "Reduction":
-        if kind not in EMBEDDINGS:
-            raise ValueError(f"StackConfig.embedding must be one of {EMBEDDINGS}, got {kind!r}")
-        if kind in ("trunk", "none"):
-            return cls(kind)
+    def fit(cls, emb: np.ndarray, cfg: StackConfig) -> "Reduction":
         rng = np.random.default_rng(cfg.seed)
         sample = rng.permutation(len(emb))[:100_000]
         e = emb[sample].astype(np.float64)
         mean = e.mean(0)
         e -= mean
-        if kind == "pca":
-            _, _, vt = np.linalg.svd(e, full_matrices=False)
-            return cls(kind, mean.astype(np.float32), vt[:cfg.components].T.astype(np.float32))
-        # readout: ridge regression of the target (log amounts for regression) on the centered representation
-        t = y[sample].astype(np.float64)
-        t = np.log1p(np.clip(t, 0, None)) if task == "regression" else t
-        t = t.reshape(len(t), -1)
-        lam = cfg.ridge * float((e ** 2).sum(1).mean())
-        w = np.linalg.solve(e.T @ e + lam * np.eye(e.shape[1]), e.T @ (t - t.mean(0)))
-        return cls(kind, mean.astype(np.float32), np.vstack([w, t.mean(0)]).astype(np.float32))
+        _, _, vt = np.linalg.svd(e, full_matrices=False)
+        return cls(mean.astype(np.float32), vt[:cfg.components].T.astype(np.float32))
 
-    def apply(self, emb: np.ndarray, column: int | None = None) -> np.ndarray:
-        """Tree inputs from the representation; readout of a multilabel head: label `column`'s own."""
-        if self.kind == "none":
-            return emb[:, :0]
-        if self.kind == "trunk":
-            return emb
+    def apply(self, emb: np.ndarray) -> np.ndarray:
         # in float64, then float32: a float32 product rounds by how many rows it has (its BLAS kernel), and
         # one float's last bit can move an entity across a tree's split (scored in chunks or all at once)
         z = emb.astype(np.float64) - self.mean
-        if self.kind == "pca":
-            return (z @ self.matrix.astype(np.float64)).astype(np.float32)
-        w = (self.matrix if column is None else self.matrix[:, column:column + 1]).astype(np.float64)
-        return (z @ w[:-1] + w[-1]).astype(np.float32)
+        return (z @ self.matrix.astype(np.float64)).astype(np.float32)
 
     def state(self) -> dict:
-        return {"kind": self.kind, "mean": None if self.mean is None else self.mean.tolist(),
-                "matrix": None if self.matrix is None else self.matrix.tolist()}
+        return {"kind": self.kind, "mean": self.mean.tolist(), "matrix": self.matrix.tolist()}
 
     @classmethod
     def from_state(cls, d: dict) -> "Reduction":
-        arr = lambda v: None if v is None else np.asarray(v, np.float32)  # noqa: E731
-        return cls(d["kind"], arr(d["mean"]), arr(d["matrix"]))
+        if d.get("kind") != cls.kind:
+            raise ValueError(f"the trees read the representation as {d.get('kind')!r}; only {cls.kind!r} is known")
+        return cls(np.asarray(d["mean"], np.float32), np.asarray(d["matrix"], np.float32))
 
 
 # ---------------------------------------------------------------- the stack
@@ -157,26 +134,28 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p / (1 - p))
 
 
+def stacking(task: str) -> Stacking:
+    """The task type's Stacking (a task without one has no stack)."""
+    rule = task_of(task).stacking
+    if rule is None:
+        raise ValueError(f"no stack for {task} scenarios")
+    return rule
+
+
 def blend(task: str, network: np.ndarray, gbt: np.ndarray, w: float) -> np.ndarray:
-    """w x trees + (1 - w) x network: on logits for probabilities, on amounts for regression."""
+    """w x trees + (1 - w) x network: on logits for probabilities, on amounts (Stacking.logits)."""
     if w == 0:
         return np.asarray(network, np.float32)
     if w == 1:
         return np.asarray(gbt, np.float32)
-    if task == "regression":
+    if not stacking(task).logits:
         return (w * gbt + (1 - w) * network).astype(np.float32)
     return (1 / (1 + np.exp(-(w * _logit(gbt) + (1 - w) * _logit(network))))).astype(np.float32)
 
 
 def score(task: str, y: np.ndarray, s: np.ndarray) -> float:
-    """The choice's criterion, higher is better: AUROC, macro AUROC, minus MAE."""
-    if task == "binary":
-        return auroc(y, s)
-    if task == "multilabel":
-        return macro_auroc(y, s)
-    if task == "regression":
-        return -mae(y, s)
-    raise ValueError(f"no stack for {task} scenarios")
+    """The choice's criterion, higher is better (Stacking.criterion: AUROC, macro AUROC, minus MAE)."""
+    return stacking(task).criterion(y, s)
 
 
 @dataclass
@@ -185,7 +164,7 @@ class Stack:
     config: StackConfig
     reduction: Reduction
     # lightgbm Boosters: per validation fold (StackConfig.cross_fit: two), one (binary, regression)
-    # or one per label (None: a label constant in training, scored `constants[label]`)
+    # or one per label (Stacking.per_label; None: a label constant in training, scored `constants[label]`)
     boosters: list
     constants: list
     labels: np.ndarray | None  # multilabel: the label positions the trees cover (sorted; None: all)
@@ -205,18 +184,12 @@ class Stack:
         return np.mean([self._fold_scores(self.boosters[f], rows) for f in folds], axis=0).astype(np.float32)
 
     def _fold_scores(self, boosters: list, rows: Rows) -> np.ndarray:
-        if self.task != "multilabel":
-            return boosters[0].predict(np.concatenate([rows.hand, self.reduction.apply(rows.embedding)], 1))
+        x = np.concatenate([rows.hand, self.reduction.apply(rows.embedding)], 1)
+        if not stacking(self.task).per_label:
+            return boosters[0].predict(x)
         out = np.zeros((len(rows), len(boosters)), np.float32)
-        shared = None
-        if self.reduction.kind != "readout":
-            shared = np.concatenate([rows.hand, self.reduction.apply(rows.embedding)], 1)
         for j, (b, c) in enumerate(zip(boosters, self.constants)):
-            if b is None:
-                out[:, j] = c
-                continue
-            x = np.concatenate([rows.hand, self.reduction.apply(rows.embedding, j)], 1) if shared is None else shared
-            out[:, j] = b.predict(x)
+            out[:, j] = c if b is None else b.predict(x)
         return out
 
     def predict(self, rows: Rows, gbt: np.ndarray | None = None) -> np.ndarray:
@@ -258,22 +231,21 @@ def fit_stack(task: str, train: Rows, val: Rows, cfg: StackConfig | None = None,
     With `cfg.cross_fit` the folds swap too: every validation row is scored by the trees that did not
     stop on it, the choice reads all of them, and the stack keeps both folds' trees (their mean)."""
     cfg = cfg or StackConfig()
-    if task not in ("binary", "regression", "multilabel"):
-        raise ValueError(f"no stack for {task} scenarios")
+    rule = stacking(task)
     started = time.time()
     fold = choice_fold(val.entities, cfg.choice_share)
     splits = [(~fold, fold)] + ([(fold, ~fold)] if cfg.cross_fit else [])
     if not fold.any() or fold.all():  # too few validation entities to split: both use all of them
         everything = np.ones(len(val), bool)
         splits = [(everything, everything)]
-    reduction = Reduction.fit(cfg.embedding, train.embedding, train.y, task, cfg)
-    if task == "multilabel":
+    reduction = Reduction.fit(train.embedding, cfg)
+    if rule.per_label:
         train = train.take(np.sort(np.random.default_rng(cfg.seed).permutation(len(train))[:cfg.multilabel_rows]))
     boosters, constants = [], []
     oof = None  # the trees' scores of each validation row, from the trees that did not stop on it
     chosen_rows = np.zeros(len(val), bool)
     for stop, choose in splits:
-        fold_boosters, constants = _fit_fold(task, train, val.take(stop), reduction, cfg)
+        fold_boosters, constants = _fit_fold(rule, train, val.take(stop), reduction, cfg)
         boosters.append(fold_boosters)
         part = Stack(task, cfg, reduction, [fold_boosters], constants, labels, 1.0).gbt_scores(val.take(choose))
         oof = np.zeros((len(val),) + part.shape[1:], np.float32) if oof is None else oof
@@ -303,7 +275,7 @@ def fit_stack(task: str, train: Rows, val: Rows, cfg: StackConfig | None = None,
                         "choice_rows": int(chosen_rows.sum()), "folds": len(splits), "rule": cfg.choice_rule,
                         **({} if se is None else {"standard_errors": se})}
     trees = [b.num_trees() for fold_boosters in boosters for b in fold_boosters if b is not None]
-    width = reduction.apply(train.embedding[:1], 0 if task == "multilabel" else None).shape[1]
+    width = reduction.apply(train.embedding[:1]).shape[1]
     # the fit's wall-clock time is metadata, not part of stack.json: the same data gives the same file
     stack.seconds = round(fit_s, 1)
     stack.info = {"trees": int(np.sum(trees)), "models": len(trees),
@@ -339,18 +311,19 @@ def _one_se(task: str, picked: Rows, gbt: np.ndarray, grid: dict, best_w: float,
     return float(pick), se
 
 
-def _fit_fold(task: str, train: Rows, stop: Rows, reduction: Reduction, cfg: StackConfig) -> tuple[list, list]:
+def _fit_fold(rule: Stacking, train: Rows, stop: Rows, reduction: Reduction, cfg: StackConfig) -> tuple[list, list]:
     """(boosters, constants): the trees on `train`, early-stopped on `stop`."""
-    if task in ("binary", "regression"):
-        params = _params(cfg, "l1" if task == "regression" else "binary", cfg.learning_rate, cfg.num_leaves)
-        d_tr = _data(np.concatenate([train.hand, reduction.apply(train.embedding)], 1), train.y)
-        d_st = _data(np.concatenate([stop.hand, reduction.apply(stop.embedding)], 1), stop.y, d_tr)
+    x_train = np.concatenate([train.hand, reduction.apply(train.embedding)], 1)
+    x_stop = np.concatenate([stop.hand, reduction.apply(stop.embedding)], 1)
+    if not rule.per_label:
+        params = _params(cfg, rule.objective, cfg.learning_rate, cfg.num_leaves)
+        d_tr = _data(x_train, train.y)
+        d_st = _data(x_stop, stop.y, d_tr)
         return [_train(params, d_tr, d_st, cfg.n_estimators, cfg.early_stopping)], [0.0]
-    params = _params(cfg, "binary", cfg.label_learning_rate, cfg.label_num_leaves)
-    shared = None
-    if reduction.kind != "readout":  # one binned dataset for every label's model: only the label changes
-        d_tr = _data(np.concatenate([train.hand, reduction.apply(train.embedding)], 1), train.y[:, 0])
-        shared = (d_tr, _data(np.concatenate([stop.hand, reduction.apply(stop.embedding)], 1), stop.y[:, 0], d_tr))
+    params = _params(cfg, rule.objective, cfg.label_learning_rate, cfg.label_num_leaves)
+    # one binned dataset for every label's model: only the label changes
+    d_tr = _data(x_train, train.y[:, 0])
+    d_st = _data(x_stop, stop.y[:, 0], d_tr)
     boosters, constants = [], []
     for j in range(train.y.shape[1]):
         y = train.y[:, j]
@@ -358,13 +331,8 @@ def _fit_fold(task: str, train: Rows, stop: Rows, reduction: Reduction, cfg: Sta
             boosters.append(None)
             constants.append(float(y[0]) if len(y) else 0.0)
             continue
-        if shared is None:  # readout: the label's own column of the embedding's read-out
-            d_tr = _data(np.concatenate([train.hand, reduction.apply(train.embedding, j)], 1), y)
-            d_st = _data(np.concatenate([stop.hand, reduction.apply(stop.embedding, j)], 1), stop.y[:, j], d_tr)
-        else:
-            d_tr, d_st = shared
-            d_tr.set_label(np.ascontiguousarray(y))  # (a column view: LightGBM warns about sliced arrays)
-            d_st.set_label(np.ascontiguousarray(stop.y[:, j]))
+        d_tr.set_label(np.ascontiguousarray(y))  # (a column view: LightGBM warns about sliced arrays)
+        d_st.set_label(np.ascontiguousarray(stop.y[:, j]))
         boosters.append(_train(params, d_tr, d_st, cfg.label_n_estimators, cfg.label_early_stopping))
         constants.append(0.0)
     return boosters, constants
@@ -396,13 +364,3 @@ def _train(params: dict, d_train, d_stop, rounds: int, patience: int):
     if b.best_iteration and b.best_iteration < b.current_iteration():
         b = lgb.Booster(model_str=b.model_to_string(num_iteration=b.best_iteration))
     return b
-
-
-def full_scores(stack: Stack, rows: Rows, network_all: np.ndarray) -> np.ndarray:
-    """Multilabel: the chosen scores over every label, [n, labels]: the stack's on its labels, the
-    network's (`network_all`, [n, labels]) elsewhere."""
-    out = np.array(network_all, np.float32, copy=True)
-    if stack.labels is None:
-        return stack.predict(rows)
-    out[:, stack.labels] = stack.predict(rows)
-    return out

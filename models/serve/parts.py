@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Iterator
 import pyarrow as pa
 
 from habitus.models.storage.files import DiskFullError, is_disk_full, read_json, recover_tree, write_json
+from habitus.models.train.launch import child_env
 
 FORMAT = 1
 ROOT = Path(__file__).resolve().parents[1]
@@ -310,8 +311,6 @@ class Pool:
 
 
 def _start(scorer: Scorer, rank: int, device: str, threads: int) -> subprocess.Popen:
-    from habitus.models.train.launch import child_env
-
     env = child_env({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
     cmd = [sys.executable, "-m", "habitus.models.serve.parts"]
     child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)

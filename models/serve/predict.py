@@ -7,28 +7,29 @@ import pyarrow as pa
 import torch
 
 from habitus.models.cache import Cache
+from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
 from habitus.models.data.features import FeatureSpec, chunk_at, featurize
-from habitus.models.nn.network import Model
-from habitus.models.data.labels import history_rows, task_inputs
-from habitus.models.train.loop import chunk_plan
+from habitus.models.data.labels import task_inputs
+from habitus.models.heads.stacked_head import load_head
+from habitus.models.nn.checkpoint import load_checkpoint
+from habitus.models.nn.network import Model, NetConfig, load_trunk
+from habitus.models.nn.quantize import for_inference
+from habitus.models.tasks import task as task_of
 from habitus.models.tasks.scoring import build_model
 from habitus.models.tasks.spec import TaskSpec
-from habitus.models.tasks import task as task_of
 
 
 def load_model(state: dict, config: dict) -> tuple[Model, FeatureSpec, TaskSpec]:
-    from habitus.models.nn.network import NetConfig
-
     spec = FeatureSpec.from_dict(config["feature_spec"])
     task = TaskSpec.from_dict(config["task"])
-    model = build_model(NetConfig(**config["net"]), task, spec)
+    model = build_model(NetConfig.from_dict(config["net"]), task, spec)
     model.load_state_dict(state)
     model.eval()
     return model, spec, task
 
 
 def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, *, k: int = 20,
-            label_names: list | None = None, chunk_entities: int = 8192, device: str = "cpu",
+            label_names: list | None = None, chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu",
             head=None) -> Iterator[pa.RecordBatch]:
     """Record batches of (entity index, score) or (entity index, top-k labels, top-k scores).
     `head`: the checkpoint's head chosen on validation (habitus.models.heads.stacked_head.load_head; None: the
@@ -40,7 +41,7 @@ def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutof
 
 
 def predict_chunks(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, chunks: Iterable[int],
-                   *, k: int = 20, label_names: list | None = None, chunk_entities: int = 8192, device: str = "cpu",
+                   *, k: int = 20, label_names: list | None = None, chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu",
                    head=None) -> Iterator[tuple[int, pa.RecordBatch]]:
     """`predict` over the chunks `chunks` (positions in chunk_plan(cache, chunk_entities), taken one
     at a time: models/serve/parts.py deals them to several processes): (chunk, batch) for each chunk with
@@ -77,9 +78,6 @@ def scenario_scorer(p: dict):
     weights_sha256, precision, device, k, label_names, chunk_entities}; the checkpoint's head chosen
     on validation included. The same model in every process: a checkpoint replaced since the caller
     read it is refused."""
-    from habitus.models.nn.quantize import for_inference
-    from habitus.models.heads.stacked_head import load_head
-
     cache = _cache(p)
     state, config = _checkpoint(p)
     model, spec, task = load_model(state, config)
@@ -87,23 +85,18 @@ def scenario_scorer(p: dict):
     head = load_head(p["checkpoint"], config)
     return lambda cutoff, chunks: predict_chunks(
         model, cache, spec, task, cutoff, chunks, k=p["k"], label_names=p.get("label_names"),
-        chunk_entities=p.get("chunk_entities", 8192), device=p["device"], head=head)
+        chunk_entities=p.get("chunk_entities", SCORING_CHUNK_ENTITIES), device=p["device"], head=head)
 
 
 def embedding_scorer(p: dict):
     """habitus.models.serve.parts' Scorer of the foundation's embeddings: `p` = {cache, cache_fingerprint, checkpoint,
     weights_sha256, precision, device, chunk_entities, scalars}."""
-    from habitus.models.nn.network import NetConfig, Trunk
-    from habitus.models.nn.quantize import for_inference
-
     cache = _cache(p)
     state, config = _checkpoint(p)
-    trunk = Trunk(NetConfig(**config["net"]))
-    trunk.load_state_dict({k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")})
-    trunk = for_inference(trunk, p["precision"]).to(p["device"])
+    trunk = for_inference(load_trunk(state, config["net"]), p["precision"]).to(p["device"])
     spec = FeatureSpec.from_dict(config["feature_spec"])
     return lambda cutoff, chunks: embed_chunks(trunk, cache, spec, cutoff, chunks, dtype=np.float16,
-                                               chunk_entities=p.get("chunk_entities", 8192), device=p["device"],
+                                               chunk_entities=p.get("chunk_entities", SCORING_CHUNK_ENTITIES), device=p["device"],
                                                scalars=p.get("scalars", True))
 
 
@@ -116,8 +109,6 @@ def _cache(p: dict) -> Cache:
 
 
 def _checkpoint(p: dict) -> tuple[dict, dict]:
-    from habitus.models.nn.checkpoint import load_checkpoint
-
     state, config = load_checkpoint(p["checkpoint"])
     if config["weights_sha256"] != p["weights_sha256"]:
         raise RuntimeError(f"the checkpoint at {p['checkpoint']} changed after the asset read it "
@@ -125,34 +116,7 @@ def _checkpoint(p: dict) -> tuple[dict, dict]:
     return state, config
 
 
-LABEL_BLOCK = 1_024  # rows scored over every label at a time: 1,024 x 16,000 labels = 66 MB of logits
-
-
-@torch.no_grad()
-def top_labels(model: Model, x: np.ndarray, h, k: int, *, device: str = "cpu",
-               block: int = LABEL_BLOCK, adjust=None) -> tuple[np.ndarray, np.ndarray]:
-    """The k most probable labels of every row of a multilabel model, best first, as (label
-    positions [rows, k], probabilities [rows, k]). Rows are scored a block at a time, so a wide label
-    set (16,000 products) never holds a chunk's [rows, labels] scores at once; the k best logits are
-    the k best probabilities (the sigmoid is monotonic), so only those k go through it. What
-    scores() + metrics.top_k gave over the whole chunk, up to float rounding (a block's matrix
-    products may round differently from a chunk's) and the order among exactly equal scores.
-    `adjust(rows, logits) -> logits`: the head chosen on validation, applied to each block's logits."""
-    dev = next(model.parameters()).device if device == "auto" else torch.device(device)
-    kk = min(k, model.head.linear.out_features)
-    best, best_scores = [np.zeros((0, kk), np.int64)], [np.zeros((0, kk), np.float32)]
-    for i in range(0, len(x), block):
-        rows = np.arange(i, min(i + block, len(x)))
-        logits = model(torch.from_numpy(x[i:i + block]).to(dev), history_rows(h, rows, dev)).float()
-        if adjust is not None:
-            logits = adjust(rows, logits[:, None] if logits.dim() == 1 else logits)
-        top, index = torch.topk(logits[:, None] if logits.dim() == 1 else logits, kk, dim=1)
-        best.append(index.cpu().numpy())
-        best_scores.append(torch.sigmoid(top).cpu().numpy())
-    return np.concatenate(best), np.concatenate(best_scores)
-
-
-def embed(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, *, dtype=np.float16, chunk_entities: int = 8192,
+def embed(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, *, dtype=np.float16, chunk_entities: int = SCORING_CHUNK_ENTITIES,
           device: str = "cpu", scalars: bool = True) -> Iterator[pa.RecordBatch]:
     """The foundation model's profile of every entity with history at `cutoff`: record batches of
     (entity index, fixed-size list of `embedding_width(trunk, spec)` floats). The first `hidden` are
@@ -160,7 +124,7 @@ def embed(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, *, dtype=np.float
     frequency / monetary / visit scalars (the network's leading inputs, habitus.models.data.features) standardized
     by the foundation's own input scaling, so a linear reader gets them without the trunk's
     nonlinearity in between (a logistic regression read less churn from the trunk part alone than
-    from 15 RFM scalars: issue 15; docs/quality.md, "Embeddings for other teams")."""
+    from 15 RFM scalars: docs/quality.md, "Embeddings for other teams")."""
     plan = chunk_plan(cache, chunk_entities)
     for _, batch in embed_chunks(trunk, cache, spec, cutoff, range(len(plan)), dtype=dtype,
                                  chunk_entities=chunk_entities, device=device, scalars=scalars):
@@ -169,7 +133,7 @@ def embed(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, *, dtype=np.float
 
 @torch.no_grad()
 def embed_chunks(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, chunks: Iterable[int], *, dtype=np.float16,
-                 chunk_entities: int = 8192, device: str = "cpu", scalars: bool = True
+                 chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu", scalars: bool = True
                  ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """`embed` over the chunks `chunks` (positions in chunk_plan(cache, chunk_entities)): (chunk,
     batch) for each chunk with history."""

@@ -5,20 +5,44 @@ habitus.models.tasks.spec.TaskSpec, passed to each method as `spec`. The default
 output per entity (binary, regression): a task overrides what it does differently.
 """
 
+import dataclasses
+from typing import Callable
+
 import numpy as np
+import pyarrow as pa
 import torch
 
 from habitus.models.data import targets
 from habitus.models.data.features import FeatureSpec
-from habitus.models.data.labels import history_rows
-from habitus.models.nn.network import Model, NetConfig
+from habitus.models.data.items import SparseRows
+from habitus.models.data.labels import history_rows, top_values
+from habitus.models.data.target_functions import function_labels, resolve
 from habitus.models.data.targets import TargetSpec
+from habitus.models.nn.network import Model, NetConfig
 
 HEAD_ZERO_INIT = True  # the head's weights start at zero: the first steps train the head, not wreck the trunk
 
 
+@dataclasses.dataclass(frozen=True)
+class Stacking:
+    """How the head chosen on validation (models/heads/stacking.py) treats a task's scores."""
+
+    objective: str  # LightGBM's objective for the trees ("binary": probabilities, "l1": amounts)
+    logits: bool  # the blend of trees and network runs on logits (probabilities), else on amounts
+    per_label: bool  # one tree model per label (on the most frequent labels), else one per entity
+    criterion: Callable[[np.ndarray, np.ndarray], float]  # the choice's criterion on validation, higher is better
+
+
 class TargetError(ValueError):
     """A scenario's target that does not fit the data (the asset turns it into a failure)."""
+
+
+@dataclasses.dataclass
+class LabelScores:
+    """Scores of some labels only: `scores` [entities, len(labels)] for the label positions `labels` (sorted)."""
+
+    labels: np.ndarray
+    scores: np.ndarray
 
 
 class Task:
@@ -30,10 +54,15 @@ class Task:
     writes_every_label = False  # predictions `format: all` writes every label, best first
     one_probability = False  # one probability per entity (the hold-out calibration chart)
     find_unused_parameters = False  # DDP: some parameters may sit a batch out
-    bench_epochs: int | None = None  # bench/quality.py: fine-tuning epochs, where the default does not fit
-    # the head is chosen on the validation cut-off among the network, LightGBM over [hand features +
-    # the foundation trunk's PCA] and their blend (models/heads/stacking.py, models/heads/stacked_head.py)
-    stackable = False
+    # the head chosen on the validation cut-off among the network, LightGBM over [hand features +
+    # the foundation trunk's PCA] and their blend (models/heads/stacking.py, models/heads/stacked_head.py);
+    # None: the network alone
+    stacking: Stacking | None = None
+    explained_labels = 3  # label heads: the best labels explained per entity where the config does not say
+
+    @property
+    def stackable(self) -> bool:
+        return self.stacking is not None
 
     # ------------------------------------------------------------------ the target
 
@@ -86,7 +115,7 @@ class Task:
 
     def second_stage(self, model: Model, spec, train, val, device: str, log) -> dict | None:
         """After fine-tuning: a second stage fitted on the training chunks `train` and chosen on the
-        validation chunks `val` (recommendation: re-ranking trees, models/heads/rerank.py). Returns what
+        validation chunks `val` (recommendation: re-ranking trees, models/tasks/rerank.py). Returns what
         was measured, or None where the task has none."""
         return None
 
@@ -132,6 +161,19 @@ class Task:
     def empty_scores(self, model: Model) -> np.ndarray:
         return np.zeros((0,), np.float32)
 
+    @torch.no_grad()
+    def scores(self, model: Model, x: np.ndarray, h, *, device: str = "cpu", batch: int = 8192) -> np.ndarray:
+        """Model outputs in the task's own units: probabilities or amounts (rank_items for items)."""
+        dev = next(model.parameters()).device if device == "auto" else torch.device(device)
+        out = []
+        for i in range(0, len(x), batch):
+            o = self.transform(model(torch.from_numpy(x[i:i + batch]).to(dev),
+                                     history_rows(h, np.arange(i, min(i + batch, len(x))), dev)))
+            out.append(o.float().cpu().numpy())
+        if not out:
+            return self.empty_scores(model)
+        return np.concatenate(out)
+
     def label_names(self, cache, spec, names: list | None) -> np.ndarray | None:
         """The names predictions give the labels (None: one score per entity)."""
         return None
@@ -149,12 +191,8 @@ class Task:
         """The prediction columns of these rows (after entity_index). `head`: the head chosen on validation
         (models/heads/stacked_head.py) of these rows: their scores (one per entity), or for label tasks a
         `fn(rows, logits) -> logits` that the top-k reads the logits through."""
-        import pyarrow as pa
-
-        from habitus.models.tasks.scoring import scores
-
         if names is None:
-            s = scores(model, self.name, x, h, device=device) if head is None else head
+            s = self.scores(model, x, h, device=device) if head is None else head
             return {"score": pa.array(np.asarray(s, np.float32))}
         best, best_scores = (self.top(model, x, h, k, extra, device) if head is None
                              else self.top(model, x, h, k, extra, device, adjust=head))
@@ -209,9 +247,7 @@ class PerEntity:
         self.ys, self.preds, self.base = [], [], {}
 
     def add(self, chunk, keep: np.ndarray, x: np.ndarray, h, y) -> None:
-        from habitus.models.tasks.scoring import scores
-
-        p = scores(self.model, self.spec.task, x[keep], None if h is None else h[keep], device=self.device)
+        p = self.task.scores(self.model, x[keep], None if h is None else h[keep], device=self.device)
         b = self.task.baselines(self.spec, chunk, h, self.features.habitual_channel)
         self.ys.append(y)
         self.preds.append(p)
@@ -248,8 +284,6 @@ def _vocab(cache, target: TargetSpec) -> int | None:
 
 def function_target(name: str, target) -> TargetSpec:
     """A user-defined target (habitus.models.data.target_functions): imported now, so a typo fails before training."""
-    from habitus.models.data.target_functions import resolve
-
     try:
         resolve(target.function, name)
     except ValueError as e:
@@ -260,10 +294,6 @@ def function_target(name: str, target) -> TargetSpec:
 def function_label_target(name: str, target, cache, cutoff: int, every_value: bool = False) -> TargetSpec:
     """A user function's target of a label task: its labels are the values of `by:` (the `top:` most
     frequent at or before `cutoff`, or `every_value`), which the function returns per entity."""
-    import dataclasses
-
-    from habitus.models.data.labels import top_values
-
     spec = function_target(name, target)
     if not getattr(target, "by", None):
         raise TargetError(f"scenarios.{name}.target.by: a label task's function target names the column of its "
@@ -276,16 +306,12 @@ def function_label_target(name: str, target, cache, cutoff: int, every_value: bo
 
 def function_label_lists(chunk, target: TargetSpec, cache) -> list[list[int]]:
     """Each entity's label positions, as the user function gives them."""
-    from habitus.models.data.target_functions import function_labels
-
     local, rows = targets.future_rows(chunk, target.window_days)
     return function_labels(chunk, target, cache, local, rows)
 
 
 def label_rows(lists: list[list[int]], n: int, labels: int):
     """Sparse rows [n, labels] of ones at each row's label positions."""
-    from habitus.models.data.items import SparseRows
-
     rows = np.repeat(np.arange(n, dtype=np.int64), [len(v) for v in lists])
     cols = np.asarray([c for v in lists for c in v], np.int64)
     key = np.unique(rows * labels + cols)

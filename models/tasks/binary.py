@@ -4,15 +4,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from habitus.models.evaluate.metrics import auroc, average_precision
 from habitus.models.data.targets import TargetSpec
-from habitus.models.tasks.base import Task, function_target
+from habitus.models.tasks.metrics import auroc, average_precision
+from habitus.models.tasks.base import Stacking, Task, function_target
 
 
 class Binary(Task):
     name = "binary"
     headline = "auroc"
-    stackable = True
+    stacking = Stacking("binary", logits=True, per_label=False, criterion=auroc)
     one_probability = True
 
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:

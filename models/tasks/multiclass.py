@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from habitus.models.data.labels import recent_popularity
+from habitus.models.data.labels import recent_popularity, top_values
 from habitus.models.data.targets import TargetSpec, future_rows, label_positions
 from habitus.models.tasks.base import (PerEntity, Task, ValueLabels, categorical_column, function_label_lists,
                                function_label_target)
@@ -30,10 +30,9 @@ class Multiclass(ValueLabels, Task):
     uses_label_history = True
     label_outputs = True
     writes_every_label = True
+    explained_labels = 1  # its one prediction: the predicted class
 
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:
-        from habitus.models.data.labels import top_values
-
         if getattr(target, "function", None):  # the function returns each entity's class value (None: none)
             return function_label_target(name, target, cache, cutoff)
         column = categorical_column(name, target.by, cache)
@@ -73,9 +72,7 @@ class Multiclass(ValueLabels, Task):
         return self.transform(out).gather(1, target[:, None])[:, 0]
 
     def top(self, model, x, h, k, extra, device):
-        from habitus.models.tasks.scoring import scores
-
-        p = scores(model, self.name, x, h, device=device)
+        p = self.scores(model, x, h, device=device)
         best = np.argsort(-p, axis=1, kind="stable")[:, :min(k, p.shape[1])]
         return best, np.take_along_axis(p, best, 1)
 

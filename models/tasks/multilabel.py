@@ -7,12 +7,12 @@ import torch
 from torch import nn
 
 from habitus.models.data.items import SparseRows
-from habitus.models.data.labels import history_rows, recent_popularity
-from habitus.models.evaluate.metrics import blockwise_macro_auroc, macro_auroc
-from habitus.models.nn.network import Model
+from habitus.models.data.labels import history_rows, recent_popularity, top_values
 from habitus.models.data.targets import TargetSpec
-from habitus.models.tasks.base import Task, ValueLabels, categorical_column, function_label_target
+from habitus.models.nn.network import Model
+from habitus.models.tasks.base import LabelScores, Stacking, Task, ValueLabels, categorical_column, function_label_target
 from habitus.models.tasks.binary import logit_bias
+from habitus.models.tasks.metrics import blockwise_macro_auroc, macro_auroc
 
 HABITUAL_SKIP = 5.0  # the head starts at "what they bought, habitually" (the habitual channel's weight)
 VAL_OUTPUTS = 1 << 23  # outputs per validation batch of a wide head (32 MB of float32 logits)
@@ -24,14 +24,12 @@ VAL_CRITERION_VALUES = 1 << 25  # scores that criterion reads at most (128 MB of
 class Multilabel(ValueLabels, Task):
     name = "multilabel"
     headline = "macro_auroc"
-    stackable = True
+    stacking = Stacking("binary", logits=True, per_label=True, criterion=macro_auroc)
     uses_label_history = True
     label_outputs = True
     writes_every_label = True
 
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:
-        from habitus.models.data.labels import top_values
-
         if getattr(target, "function", None):
             return function_label_target(name, target, cache, cutoff)
         column = categorical_column(name, target.by, cache)
@@ -105,8 +103,6 @@ class Multilabel(ValueLabels, Task):
         return torch.sigmoid(out)
 
     def top(self, model, x, h, k, extra, device, adjust=None):
-        from habitus.models.serve.predict import top_labels
-
         return top_labels(model, x, h, k, device=device, adjust=adjust)
 
     def metrics(self, y, score):
@@ -117,14 +113,12 @@ class Multilabel(ValueLabels, Task):
                          features.habitual_channel, device)
 
     def lightgbm(self, lgb, params, spec, dataset, seed):
-        """One small model per label, on at most MULTILABEL_ROWS training rows (cost is labels x rows);
+        """One small model per label, on at most dataset.label_rows training rows (cost is labels x rows);
         a head wider than dataset.max_labels: LabelScores of its most frequent labels."""
-        from habitus.models.evaluate.baselines import MULTILABEL_ROWS, LabelScores, _top_labels
-
-        labels = _top_labels(dataset.cache, spec, dataset.cutoffs["train"], dataset.max_labels)
+        labels = dataset.most_frequent_labels()
         (x_train, y_train), (x_val, y_val) = dataset("train", labels), dataset("val", labels)
         x_test, _ = dataset("test", labels)
-        rows = np.random.default_rng(seed).permutation(len(x_train))[:MULTILABEL_ROWS]
+        rows = np.random.default_rng(seed).permutation(len(x_train))[:dataset.label_rows]
         x_sub, y_sub = x_train[rows], y_train[rows]
         out = np.zeros((len(x_test), y_train.shape[1]), np.float32)
         small = {**params, "n_estimators": 100, "learning_rate": 0.1, "num_leaves": 15}
@@ -165,8 +159,6 @@ class Blockwise:
     def report(self, chosen=None) -> dict:
         """`chosen`: LabelScores of the head chosen on validation (models/heads/stacked_head.py) at the labels it
         covers: the "model" reads them there and the network elsewhere; the network alone is "network"."""
-        from habitus.models.evaluate.baselines import LabelScores
-
         model, dev, ys = self.model, self.dev, self.ys
         labels = ys[0].n_cols if ys else 0
         y, hist = SparseRows.stack(ys, labels), SparseRows.stack(self.hists, labels)
@@ -284,6 +276,33 @@ def sampled_multilabel_loss(model: Model, xb: torch.Tensor, history, y: SparseRo
     picked = out[t(y.rows), t(np.searchsorted(cols, y.cols))]
     per_column = nn.functional.softplus(out).sum(0)
     return ((per_column * t(weight)).sum() - (picked * t(y.values[:, 0])).sum()) / (len(y) * n_labels)
+
+
+LABEL_BLOCK = 1_024  # rows scored over every label at a time: 1,024 x 16,000 labels = 66 MB of logits
+
+
+@torch.no_grad()
+def top_labels(model: Model, x: np.ndarray, h, k: int, *, device: str = "cpu",
+               block: int = LABEL_BLOCK, adjust=None) -> tuple[np.ndarray, np.ndarray]:
+    """The k most probable labels of every row of a multilabel model, best first, as (label
+    positions [rows, k], probabilities [rows, k]). Rows are scored a block at a time, so a wide label
+    set (16,000 products) never holds a chunk's [rows, labels] scores at once; the k best logits are
+    the k best probabilities (the sigmoid is monotonic), so only those k go through it. What
+    scores() + metrics.top_k gave over the whole chunk, up to float rounding (a block's matrix
+    products may round differently from a chunk's) and the order among exactly equal scores.
+    `adjust(rows, logits) -> logits`: the head chosen on validation, applied to each block's logits."""
+    dev = next(model.parameters()).device if device == "auto" else torch.device(device)
+    kk = min(k, model.head.linear.out_features)
+    best, best_scores = [np.zeros((0, kk), np.int64)], [np.zeros((0, kk), np.float32)]
+    for i in range(0, len(x), block):
+        rows = np.arange(i, min(i + block, len(x)))
+        logits = model(torch.from_numpy(x[i:i + block]).to(dev), history_rows(h, rows, dev)).float()
+        if adjust is not None:
+            logits = adjust(rows, logits[:, None] if logits.dim() == 1 else logits)
+        top, index = torch.topk(logits[:, None] if logits.dim() == 1 else logits, kk, dim=1)
+        best.append(index.cpu().numpy())
+        best_scores.append(torch.sigmoid(top).cpu().numpy())
+    return np.concatenate(best), np.concatenate(best_scores)
 
 
 TASK = Multilabel()

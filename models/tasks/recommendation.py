@@ -8,10 +8,12 @@ import torch
 
 from habitus.models.data.items import SparseRows, batch_history, candidates, sampled_softmax_loss, top_k_items
 from habitus.models.data.labels import POPULARITY_DAYS, item_popularity, recent_popularity
-from habitus.models.evaluate.metrics import ranking_metrics_at
-from habitus.models.nn.network import Model
 from habitus.models.data.targets import TargetSpec
+from habitus.models.nn.network import Model
 from habitus.models.tasks.base import Task, event_column, function_label_target
+from habitus.models.tasks.metrics import ranking_metrics_at
+from habitus.models.tasks.rerank import RERANK_CANDIDATES, fit_reranker
+from habitus.models.tasks.rerank import rerank as reorder
 
 VAL_ROWS = 512  # rows per validation-loss batch
 POPULARITY_INIT = 0.2  # the start: "what they bought, habitually" blended with what sells now
@@ -24,7 +26,6 @@ class Recommendation(Task):
     uses_label_history = True
     label_outputs = True
     find_unused_parameters = True  # history terms may sit a batch out
-    bench_epochs = 3
 
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:
         if getattr(target, "function", None):  # the function returns each entity's items (by: the item column)
@@ -50,9 +51,6 @@ class Recommendation(Task):
         model.head.skip.weight[0, features.habitual_channel] = HABITUAL_SKIP
 
     def second_stage(self, model, spec, train, val, device, log):
-        from habitus.models.heads.rerank import fit_reranker
-        from habitus.models.tasks.scoring import rank_items
-
         def retrieve(x, h, popularity, m):  # the network's own best items: the candidates
             return rank_items(model, x, h, popularity, m, device=device, rerank=False)
 
@@ -79,8 +77,6 @@ class Recommendation(Task):
     @torch.no_grad()
     def val_criterion(self, model, spec, val, dev):
         """The ranking metric (its softmax loss can fall while the top of the ranking gets worse)."""
-        from habitus.models.tasks.scoring import rank_items
-
         model.eval()
         total, n = 0.0, 0
         for x, h, y, pop in val:
@@ -100,8 +96,6 @@ class Recommendation(Task):
         return np.asarray(names, dtype=object)
 
     def top(self, model, x, h, k, extra, device):  # full-catalog ranking, a block of items at a time
-        from habitus.models.tasks.scoring import rank_items
-
         return rank_items(model, x, h, extra[0], k, device=device)
 
     def report_metrics(self, spec):
@@ -138,8 +132,6 @@ def item_rankings(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.
                   k: int, device: str, channel: int = 1) -> dict[str, np.ndarray]:
     """Top-k item positions per entity for the model and the two baselines: popularity (the same
     list for everyone) and past frequency (what the entity bought, habitually; popularity breaks ties)."""
-    from habitus.models.tasks.scoring import rank_items
-
     n, n_items = len(x), len(popularity)
     pop = torch.from_numpy(popularity.astype(np.float32))
     tie = pop * (1e-3 / max(float(popularity.max()), 1e-9))
@@ -148,6 +140,32 @@ def item_rankings(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.
             "popularity": top_k_items(n, n_items, k, lambda r0, r1, i0, i1: pop[i0:i1].expand(r1 - r0, -1))[0],
             "past frequency": top_k_items(n, n_items, k, lambda r0, r1, i0, i1: tie[i0:i1].expand(r1 - r0, -1),
                                           past)[0]}
+
+
+@torch.no_grad()
+def rank_items(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.ndarray, k: int, *,
+               device: str = "cpu", batch: int = 8192, rerank: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The k best items of every row over the whole catalog, best first: (label positions, scores).
+    `popularity`: item_popularity at the rows' cut-off. A head with re-ranking trees (models/tasks/rerank.py)
+    retrieves RERANK_CANDIDATES items and returns the trees' k best (their scores); `rerank=False`
+    ranks with the network alone."""
+    booster = model.head.booster if rerank and hist is not None else None
+    if booster is not None:
+        top, scores = rank_items(model, x, hist, popularity, max(k, RERANK_CANDIDATES), device=device, batch=batch,
+                                 rerank=False)
+        return reorder(booster, top, scores, hist, popularity, k)
+    dev = next(model.parameters()).device if device == "auto" else torch.device(device)
+    model.eval()
+    head = model.head
+    trunk = [model.trunk(torch.from_numpy(x[i:i + batch]).to(dev)) for i in range(0, len(x), batch)]
+    h = torch.cat(trunk) if trunk else torch.zeros((0, model.trunk.cfg.hidden), device=dev)
+    extra = None
+    if hist is not None:
+        rows = torch.from_numpy(hist.rows).to(dev)
+        values = head.history_scores(h, rows, torch.from_numpy(hist.values).to(dev)).float().cpu().numpy()
+        extra = SparseRows(hist.indptr, hist.cols, values[:, None], hist.n_cols)
+    pop = torch.from_numpy(popularity).to(dev)
+    return top_k_items(len(x), head.n_items, k, head.scorer(h, pop), extra)
 
 
 def _weighted(parts: list[tuple[dict, int]]) -> dict[str, float]:

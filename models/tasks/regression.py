@@ -3,15 +3,19 @@
 import numpy as np
 import torch
 
-from habitus.models.evaluate.metrics import mae, normalized_gini, rmse
 from habitus.models.data.targets import TargetSpec
-from habitus.models.tasks.base import Task, event_column, function_target
+from habitus.models.tasks.base import Stacking, Task, event_column, function_target
+from habitus.models.tasks.metrics import mae, normalized_gini, rmse
+
+
+def negative_mae(y: np.ndarray, pred: np.ndarray) -> float:
+    return -mae(y, pred)
 
 
 class Regression(Task):
     name = "regression"
     headline = "mae"
-    stackable = True
+    stacking = Stacking("l1", logits=False, per_label=False, criterion=negative_mae)
     lower_is_better = frozenset({"mae", "rmse"})
 
     def target_spec(self, name, target, cache, cutoff) -> TargetSpec:

@@ -1,4 +1,4 @@
-"""The multilabel hold-out scores a block of labels at a time (habitus.models.evaluate.metrics.blockwise_macro_auroc,
+"""The multilabel hold-out scores a block of labels at a time (habitus.models.tasks.metrics.blockwise_macro_auroc,
 habitus.models.evaluate.holdout): checked against the dense [entities, labels] computation it replaced, by hand, on
 random data and on a tiny cache; and LightGBM's label cap for wide heads (habitus.models.evaluate.baselines)."""
 
@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-import habitus.models.evaluate.metrics as metrics
-from habitus.models.evaluate.baselines import LabelScores, lightgbm_scores
+import habitus.models.tasks.metrics as metrics
+from habitus.models.evaluate.baselines import lightgbm_scores
+from habitus.models.tasks.base import LabelScores
 from habitus.models.evaluate.holdout import evaluate, protocol, task_metrics
 from habitus.models.data.features import FeatureSpec, chunk_at
 from habitus.models.data.items import SparseRows
-from habitus.models.evaluate.metrics import blockwise_macro_auroc, column_aurocs, macro_auroc
+from habitus.models.tasks.metrics import blockwise_macro_auroc, column_aurocs, macro_auroc
 from habitus.models.nn.network import NetConfig
 from habitus.models.data.targets import TargetSpec, compute_target, eligible
 from habitus.models.data.labels import recent_popularity, task_inputs
@@ -207,13 +208,13 @@ def test_a_narrow_head_keeps_every_label_in_lightgbm(world, monkeypatch):
     x_all, y_all = baselines._dataset(cache, spec, task, plan.train_cutoffs, labels=np.arange(task.outputs))
     np.testing.assert_array_equal(x, x_all)
     np.testing.assert_array_equal(y, y_all)
-    assert baselines._top_labels(cache, task, plan.train_cutoffs, task.outputs) is None
+    assert baselines.most_frequent_labels(cache, task, plan.train_cutoffs, task.outputs) is None
 
 
 def test_the_gate_compares_a_label_subset_baseline_with_the_model_on_that_subset():
-    """habitus.assets.scenarios.beats_baselines: LightGBM on the top labels of a wide head is beaten when the
+    """habitus.models.train.scenario.beats_baselines: LightGBM on the top labels of a wide head is beaten when the
     model's macro AUROC on the same labels is higher, whatever the model's value over every label."""
-    from habitus.assets.scenarios import beats_baselines
+    from habitus.models.train.scenario import beats_baselines
 
     task = TaskSpec("multilabel", TargetSpec("any_event", HORIZON, "product_id", tuple(range(1, 301))))
     report = {"model": {"macro_auroc": 0.80}, "baselines": {

@@ -9,7 +9,7 @@ import torch
 
 from habitus.models.data.features import Chunk, value_history
 from habitus.models.data.items import SparseRows, candidates, group_history, sampled_softmax_loss, top_k_items
-from habitus.models.evaluate.metrics import ranking_metrics, ranking_metrics_at, top_k
+from habitus.models.tasks.metrics import ranking_metrics, ranking_metrics_at, top_k
 from habitus.models.nn.network import ItemHead
 
 

@@ -1,11 +1,11 @@
-"""habitus.models.evaluate.metrics against small cases computed by hand."""
+"""habitus.models.tasks.metrics against small cases computed by hand."""
 
 import math
 
 import numpy as np
 import pytest
 
-from habitus.models.evaluate.metrics import (auroc, average_precision, macro_auroc, mae, normalized_gini, ranking_metrics, rmse,
+from habitus.models.tasks.metrics import (auroc, average_precision, macro_auroc, mae, normalized_gini, ranking_metrics, rmse,
                             top_k)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from habitus.models.data.items import SparseRows, batch_history
-from habitus.models.evaluate.metrics import auroc
+from habitus.models.tasks.metrics import auroc
 from habitus.models.nn.network import Model, NetConfig, PairScorer
 from habitus.models.serve.predict import load_model
 from habitus.models.data.targets import TargetSpec
@@ -148,7 +148,7 @@ def test_checkpoints_name_their_head():
 
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
 def test_inference_precisions_keep_the_pairwise_ranking(precision):
-    from habitus.models.serve.predict import top_labels
+    from habitus.models.tasks.multilabel import top_labels
     from habitus.models.nn.quantize import for_inference
 
     x, h = _problem(64, 40)

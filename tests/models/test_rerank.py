@@ -1,4 +1,4 @@
-"""Next items in two stages (models/heads/rerank.py): the network's best items re-ordered by ranking trees,
+"""Next items in two stages (models/tasks/rerank.py): the network's best items re-ordered by ranking trees,
 chosen on validation, carried in the item head's state through a checkpoint."""
 
 import numpy as np
@@ -11,8 +11,8 @@ from habitus.models.train.finetune import finetune
 from habitus.models.data.items import SparseRows
 from habitus.models.nn.network import Model, NetConfig
 from habitus.models.serve.predict import load_model
-from habitus.models.heads.rerank import candidate_features, rerank
-from habitus.models.tasks.scoring import rank_items
+from habitus.models.tasks.rerank import candidate_features, rerank
+from habitus.models.tasks.recommendation import rank_items
 from habitus.models.train.config import FinetuneConfig
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.data.targets import TargetSpec

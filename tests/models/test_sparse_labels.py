@@ -20,9 +20,10 @@ from habitus.models.train import spill
 from habitus.models.evaluate.holdout import evaluate, protocol
 from habitus.models.data.features import DAY, HALF_LIVES, FeatureSpec, chunk_at, featurize, value_history
 from habitus.models.data.items import SparseRows, batch_history
-from habitus.models.evaluate.metrics import top_k
+from habitus.models.tasks.metrics import top_k
 from habitus.models.nn.network import Head, Model, NetConfig
-from habitus.models.serve.predict import predict, top_labels
+from habitus.models.serve.predict import predict
+from habitus.models.tasks.multilabel import top_labels
 from habitus.models.data.targets import TargetSpec, compute_target, label_positions
 from habitus.models.train.finetune import batch_loss, finetune
 from habitus.models.data.labels import label_history
@@ -315,7 +316,7 @@ def test_a_wide_head_trains_on_sampled_labels_without_rows_x_labels_logits():
     negatives on rows it never saw, and the mean probability stays near the positive rate."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from habitus.models.evaluate.metrics import auroc
+    from habitus.models.tasks.metrics import auroc
 
     labels, batch, hidden = 20_000, 256, 16
     x, h, y = _wide_problem(batch * 12, labels)

@@ -90,18 +90,15 @@ def test_a_constant_label_gets_a_constant_and_no_model():
     assert np.all(stack.gbt_scores(val)[:, 1] == 0.0)
 
 
-@pytest.mark.parametrize("kind", ["trunk", "pca", "readout", "none"])
-def test_reductions(kind):
+def test_the_reduction_saves_and_loads():
     rng = np.random.default_rng(3)
     emb = rng.normal(size=(500, 8)).astype(np.float32)
-    y = (emb[:, :2] @ np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 0.0]])).astype(np.float32)
-    r = Reduction.fit(kind, emb, y, "multilabel", StackConfig(components=3))
-    width = {"trunk": 8, "pca": 3, "readout": 1, "none": 0}[kind]
-    assert r.apply(emb, 2).shape == (500, width)
-    if kind == "readout":
-        assert np.corrcoef(r.apply(emb, 2)[:, 0], y[:, 2])[0, 1] > 0.95
+    r = Reduction.fit(emb, StackConfig(components=3))
+    assert r.apply(emb).shape == (500, 3)
     back = Reduction.from_state(json.loads(json.dumps(r.state())))
-    np.testing.assert_allclose(back.apply(emb, 2), r.apply(emb, 2), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(back.apply(emb), r.apply(emb), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="readout"):  # a stack.json of another reduction is refused, by name
+        Reduction.from_state({**r.state(), "kind": "readout"})
 
 
 def test_collect_reads_the_entities_evaluate_scores_in_its_order(sources):

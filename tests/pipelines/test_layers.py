@@ -1,9 +1,15 @@
 """The layers of docs/ARCHITECTURE: pipelines → assets → resources → models, arrows pointing down
 only. Every import in the four packages, at module level or inside a function, is read with `ast`;
-one that reaches a package above its own fails the test with its file and line."""
+one that reaches a package above its own fails the test with its file and line. Inside models/ the
+rooms have an order of their own (ROOMS, models/__init__.py), no module imports the project's
+own modules inside a function (but those in DEFERRED, each with its reason), and no module outside
+models/tasks/ compares a task type's name."""
 
 import ast
+import re
 from pathlib import Path
+
+from habitus.models.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["models", "resources", "assets", "pipelines"]  # bottom to top
@@ -62,18 +68,35 @@ def imported_names(tree: ast.AST):
             yield from (own(f"{node.module}.{alias.name}") for alias in node.names)
 
 
+REGISTRY = Path("models/tasks/__init__.py")  # its task modules are imported by name (importlib)
+
+
+def registered_modules(tree: ast.AST):
+    """The modules the task registry imports by name: the strings naming a habitus module in its
+    module-level statements (TASKS and the `register(...)` lines)."""
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Expr)):
+            for node in ast.walk(stmt):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                        re.fullmatch(r"habitus(\.\w+)+", node.value):
+                    yield own(node.value)
+
+
 def import_circles(root: Path = ROOT) -> list[list[str]]:
     """Groups of modules of the four packages that import one another round a circle (strongly
-    connected components of the import graph, imports inside functions included)."""
+    connected components of the import graph, imports inside functions and the task registry's
+    modules named for importlib included)."""
     modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
                for package in LAYERS for p in (root / package).rglob("*.py")}
     graph = {name: set() for name in modules}
     for name, path in modules.items():
-        for module in imported_names(ast.parse(path.read_text(), filename=str(path))):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        named = registered_modules(tree) if path.relative_to(root) == REGISTRY else ()
+        for module in [*imported_names(tree), *named]:
             # "from pipelines import config" and "import habitus.pipelines.config" both land on a known module
             while module and module not in modules:
                 module = module.rpartition(".")[0]
-            if module and module != name and not name.startswith(module + "."):
+            if module and module != name:
                 graph[name].add(module)
     index, low, stack, on_stack, circles = {}, {}, [], set(), []
 
@@ -116,3 +139,127 @@ def test_an_import_circle_is_found(tmp_path):
     (tmp_path / "pipelines" / "managed.py").write_text("def main():\n    from pipelines import cli\n")
     (tmp_path / "pipelines" / "config.py").write_text("import os\n")
     assert import_circles(tmp_path) == [["pipelines.cli", "pipelines.managed"]]
+
+
+def test_the_task_registry_counts_as_importing_its_task_modules(tmp_path):
+    for package in LAYERS:
+        (tmp_path / package).mkdir()
+    (tmp_path / "models" / "tasks").mkdir()
+    (tmp_path / "models" / "tasks" / "__init__.py").write_text(
+        'import importlib\n\nTASKS = {"toy": ("habitus.models.tasks.toy", ("function",))}\n')
+    (tmp_path / "models" / "tasks" / "toy.py").write_text("from habitus.models.tasks.helpers import f\n")
+    (tmp_path / "models" / "tasks" / "helpers.py").write_text("from habitus.models.tasks import TASKS\n")
+    assert import_circles(tmp_path) == [["models.tasks", "models.tasks.helpers", "models.tasks.toy"]]
+
+
+# ---------------------------------------------------------------------- the rooms of models/
+
+# bottom to top: a module imports its own room and the rooms below it (models/__init__.py says why)
+ROOMS = ["storage", "cache", "data", "nn", "tasks", "evaluate", "heads", "train", "serve", "explain"]
+# imports of the project's own modules inside a function, each with the reason it cannot be at the top
+DEFERRED: dict[tuple[str, str], str] = {}
+
+
+def room_of(module: str) -> str | None:
+    """The room of a module of models/ ("models.heads.stacking" -> "heads"); None outside models/."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "models" and len(parts) > 1 and parts[1] in ROOMS else None
+
+
+def function_imports(tree: ast.AST):
+    """(line, module) of every import inside a function (module: the one the import statement names)."""
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for line, module in imported_modules(fn):
+                yield line, module
+
+
+def room_violations(root: Path = ROOT) -> list[str]:
+    """Imports inside models/ that point up the rooms, and the project's modules imported inside a
+    function where DEFERRED does not name the reason."""
+    found = []
+    for path in sorted((root / "models").rglob("*.py")):
+        rel = path.relative_to(root)
+        room = rel.parts[1] if len(rel.parts) > 2 else None
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for line, module in imported_modules(tree):
+            target = room_of(module)
+            if room in ROOMS and target is not None and ROOMS.index(target) > ROOMS.index(room):
+                found.append(f"{rel}:{line}: models/{room}/ imports {module} ({target}/ is above it)")
+        for line, module in function_imports(tree):
+            if module.split(".")[0] in LAYERS and (str(rel), module) not in DEFERRED:
+                found.append(f"{rel}:{line}: {module} imported inside a function")
+    return found
+
+
+def test_models_rooms_point_down_and_import_at_the_top():
+    found = room_violations()
+    assert not found, ("imports inside models/ that point up its rooms (" + " < ".join(ROOMS) + ") or sit "
+                       "inside a function; move the code to the room it belongs in, or the import to the "
+                       "top:\n  " + "\n  ".join(found))
+
+
+def test_the_rooms_are_the_folders_of_models():
+    folders = sorted(p.name for p in (ROOT / "models").iterdir() if (p / "__init__.py").exists())
+    assert folders == sorted(ROOMS)
+    order = (ROOT / "models" / "__init__.py").read_text()
+    assert " < ".join(ROOMS) in order  # the order written down where a reader of models/ looks first
+
+
+def test_an_upward_room_import_and_a_deferred_import_are_named(tmp_path):
+    (tmp_path / "models" / "tasks").mkdir(parents=True)
+    (tmp_path / "models" / "heads").mkdir()
+    (tmp_path / "models" / "tasks" / "binary.py").write_text(
+        "import numpy\n\nfrom habitus.models.heads.stacking import blend\n")
+    (tmp_path / "models" / "heads" / "stacking.py").write_text(
+        "def fit():\n    import lightgbm\n    from habitus.models.tasks import task\n")
+    assert room_violations(tmp_path) == [
+        "models/heads/stacking.py:3: models.tasks imported inside a function",
+        "models/tasks/binary.py:3: models/tasks/ imports models.heads.stacking (heads/ is above it)"]
+
+
+# ---------------------------------------------------------------------- task types own their decisions
+
+TASK_NAMES = frozenset(TASKS)
+SCANNED = ["models", "assets", "pipelines", "bench"]
+
+
+def _names_a_task(node: ast.AST, names) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in names
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_a_task(e, names) for e in node.elts)
+    return False
+
+
+def task_name_comparisons(root: Path = ROOT, names=TASK_NAMES) -> list[str]:
+    """Comparisons with a task type's name (`== "multilabel"`, `in ("binary", ...)`) outside
+    models/tasks/: each such decision belongs to the task type (an attribute or method of Task)."""
+    found = []
+    for package in SCANNED:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root)
+            if rel.parts[:2] == ("models", "tasks"):
+                continue
+            tree = ast.parse(path.read_text(), filename=str(path))
+            found += [f"{rel}:{node.lineno}: {ast.unparse(node)}" for node in sorted(
+                (n for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                 and any(_names_a_task(c, names) for c in [n.left, *n.comparators])), key=lambda n: n.lineno)]
+    return found
+
+
+def test_no_module_outside_the_tasks_compares_a_task_name():
+    found = task_name_comparisons()
+    assert not found, ("task names compared outside models/tasks/: make the decision an attribute or "
+                       "method of the task type (models/tasks/base.py)\n  " + "\n  ".join(found))
+
+
+def test_a_task_name_comparison_is_named(tmp_path):
+    for package in SCANNED:
+        (tmp_path / package).mkdir()
+    (tmp_path / "models" / "tasks").mkdir()
+    (tmp_path / "models" / "tasks" / "toy.py").write_text('ok = name == "toy"\n')
+    (tmp_path / "bench" / "run.py").write_text(
+        'a = task.task == "toy"\nb = t.name in ("binary", "toy")\nc = {"toy": 1}\nd = kind == "sum"\n')
+    assert task_name_comparisons(tmp_path, {"toy", "binary"}) == [
+        "bench/run.py:1: task.task == 'toy'", "bench/run.py:2: t.name in ('binary', 'toy')"]

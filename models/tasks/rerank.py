@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 
 from habitus.models.data.items import SparseRows
-from habitus.models.evaluate.metrics import ranking_metrics_at
+from habitus.models.tasks.metrics import ranking_metrics_at
 
 RERANK_CANDIDATES = 50  # items the network retrieves per entity for the trees to re-order
 RERANK_GROUPS = 20_000  # (entity, cut-off) lists the trees train on at most (about 1M candidate rows)
@@ -96,7 +96,7 @@ def fit_reranker(head, retrieve, train, val, k: int, log=print) -> dict:
     """Train the trees on the training cut-offs' chunks `train` (iterables of (x, h, y, popularity)),
     choose them on the validation chunks `val`; sets the item head's reranker where they win.
     `retrieve(x, h, popularity, m)`: the network's m best items of those rows and their scores
-    (habitus.models.tasks.scoring.rank_items without re-ranking). Returns what was measured (validation NDCG@k of
+    (habitus.models.tasks.recommendation.rank_items without re-ranking). Returns what was measured (validation NDCG@k of
     the network and of the trees, on the held half)."""
     try:
         import lightgbm as lgb
