@@ -16,8 +16,9 @@ from typing import Annotated, Literal, Union
 from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from habitus.models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
+from habitus.models.serve.defaults import DEFAULT_SELECT, DEFAULT_SHARE, DEFAULT_STEPS, DEFAULT_TOP, SELECT, TOP_K
 from habitus.models.train.config import SAVE_EVERY_STEPS, FinetuneConfig, FoundationConfig, LoraConfig
-from habitus.models.tasks import TASKS
+from habitus.models.tasks import RANKING_K, TASKS
 from habitus.pipelines.config_base import Strict
 from habitus.pipelines.config_operations import KubernetesSettings, RetrySettings, ScheduleSettings
 from habitus.pipelines.config_file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
@@ -220,12 +221,12 @@ class ExecutorSettings(Strict):
 
 class ExplainSettings(Strict):
     """explanations/<scenario>: each entity's top reasons, daily (assets/explanations.py)."""
-    top: int = Field(5, ge=1, le=50, description="reasons kept per entity and score")
-    steps: int = Field(8, ge=2, le=256, description="integration steps; scores whose completeness gap is over 1% "
+    top: int = Field(DEFAULT_TOP, ge=1, le=50, description="reasons kept per entity and score")
+    steps: int = Field(DEFAULT_STEPS, ge=2, le=256, description="integration steps; scores whose completeness gap is over 1% "
                        "are integrated again at up to 64 (docs/explanations.md: cost and precision)")
-    select: Literal["top", "sample", "all"] = Field("top", description="which scored entities are explained: the "
+    select: Literal[SELECT] = Field(DEFAULT_SELECT, description="which scored entities are explained: the "
                                                    "`share` with the highest scores, a random `share`, or all")
-    share: float = Field(0.1, gt=0, le=1, description="the share of the scored entities explained (select: top | sample)")
+    share: float = Field(DEFAULT_SHARE, gt=0, le=1, description="the share of the scored entities explained (select: top | sample)")
     labels: list[str] = Field(default_factory=list, description="multilabel / multiclass: the labels explained for "
                                                                 "every entity; default: each entity's `per_entity` best")
     per_entity: int | None = Field(None, ge=1, le=50, description="label heads: best labels, classes or items explained; "
@@ -247,7 +248,7 @@ class Scenario(Strict):
     epochs: int = Field(_FINETUNE.epochs, ge=1)
     learning_rate: float = Field(_FINETUNE.learning_rate, gt=0)
     train_cutoffs: int = Field(4, ge=1, description="training cut-offs before the validation cut-off")
-    top_k: int = Field(10, ge=1, description="k of the ranking metrics (recommendation)")
+    top_k: int = Field(RANKING_K, ge=1, description="k of the ranking metrics (recommendation)")
     save_every_steps: int = Field(SAVE_EVERY_STEPS, ge=1, description="optimizer steps between two saves of the "
                                   "resumable training state (a killed run continues from the last)")
 
@@ -271,7 +272,7 @@ class Sink(Strict):
 
 class PredictionSettings(Strict):
     scenarios: list[str] = Field(default_factory=list, description="empty = every scenario")
-    top_k: int = Field(20, ge=1, description="labels (multilabel) and items (recommendation) kept per entity, best first")
+    top_k: int = Field(TOP_K, ge=1, description="labels (multilabel) and items (recommendation) kept per entity, best first")
     format: Literal["top_k", "all"] = Field("top_k", description="multilabel: each entity's top_k labels, or all of "
                                                                  "them (every label with its score, best first)")
     without_history: Literal["skip", "flag"] = Field("skip", description="entities with no event before as_of: no "

@@ -9,10 +9,10 @@ from habitus.models.explain.inputs import Groups
 from habitus.models.data.features import FeatureSpec, bucket_count, bucketize
 from habitus.models.data.items import SparseRows, batch_history
 from habitus.models.nn.network import ItemHead, Model
+from habitus.models.serve.defaults import DEFAULT_STEPS
 from habitus.models.tasks import task as task_of
 
 
-DEFAULT_STEPS = 8  # Gauss-Legendre points of the first pass (docs/explanations.md, "Cost")
 MAX_STEPS = 64  # a pair whose gap is over the tolerance is integrated again at twice the steps, up to this
 TOLERANCE = 0.01  # |gap| at most 1% of |score - baseline| ...
 ABS_TOLERANCE = 1e-4  # ... plus 1e-4 x (1 + |baseline score|): float32 rounding

@@ -7,6 +7,7 @@ import pyarrow as pa
 import torch
 
 from habitus.models.data.chunks import CHUNK_ENTITIES, chunk_plan
+from habitus.models.serve.defaults import DEFAULT_SELECT, DEFAULT_SHARE, DEFAULT_TOP, SELECT
 from habitus.models.data.features import FeatureSpec, chunk_at
 from habitus.models.data.labels import task_inputs
 from habitus.models.explain.inputs import Groups, vocab_reader
@@ -75,8 +76,6 @@ class Summary:
         return self.gap_abs_sum / max(self.moved_abs_sum, 1e-12)
 
 
-SELECT = ("top", "sample", "all")
-DEFAULT_SELECT, DEFAULT_SHARE = "top", 0.1  # the cost of a daily run: docs/explanations.md ("Cost")
 
 
 def default_per_entity(task) -> int:
@@ -100,7 +99,7 @@ def chosen(score: np.ndarray, select: str = DEFAULT_SELECT, share: float = DEFAU
     return np.sort((rng or np.random.default_rng(0)).choice(n, k, replace=False))
 
 
-def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, groups: Groups, *, top: int = 5,
+def explain_cutoff(model: Model, cache, spec: FeatureSpec, task, cutoff: int, groups: Groups, *, top: int = DEFAULT_TOP,
                    labels: list | None = None, per_entity: int | None = None, label_names: list | None = None,
                    steps: int = DEFAULT_STEPS, max_steps: int = MAX_STEPS, device: str = "cpu", chunk_entities: int = CHUNK_ENTITIES,
                    select: str = DEFAULT_SELECT, share: float = DEFAULT_SHARE, summary: Summary | None = None,

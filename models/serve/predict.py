@@ -8,6 +8,7 @@ import torch
 
 from habitus.models.cache import Cache
 from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
+from habitus.models.serve.defaults import TOP_K
 from habitus.models.data.features import FeatureSpec, chunk_at, featurize
 from habitus.models.data.labels import task_inputs
 from habitus.models.heads.stacked_head import load_head
@@ -28,7 +29,7 @@ def load_model(state: dict, config: dict) -> tuple[Model, FeatureSpec, TaskSpec]
     return model, spec, task
 
 
-def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, *, k: int = 20,
+def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, *, k: int = TOP_K,
             label_names: list | None = None, chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu",
             head=None) -> Iterator[pa.RecordBatch]:
     """Record batches of (entity index, score) or (entity index, top-k labels, top-k scores).
@@ -41,7 +42,7 @@ def predict(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutof
 
 
 def predict_chunks(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec, cutoff: int, chunks: Iterable[int],
-                   *, k: int = 20, label_names: list | None = None, chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu",
+                   *, k: int = TOP_K, label_names: list | None = None, chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu",
                    head=None) -> Iterator[tuple[int, pa.RecordBatch]]:
     """`predict` over the chunks `chunks` (positions in chunk_plan(cache, chunk_entities), taken one
     at a time: models/serve/parts.py deals them to several processes): (chunk, batch) for each chunk with

@@ -6,6 +6,9 @@ import importlib
 from dataclasses import dataclass
 
 
+RANKING_K = 10  # k of the ranking metrics (recommendation) where a scenario does not set it (TaskSpec.k)
+
+
 @dataclass(frozen=True)
 class Entry:
     module: str  # the module that holds the task's TASK

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 from habitus.models.data.targets import TargetSpec
-from habitus.models.tasks import task
+from habitus.models.tasks import RANKING_K, task
 
 PAIR_WIDTH = 128
 PAIR_LAYERS = 2
@@ -17,7 +17,7 @@ PAIR_MAX_LABELS = 2048
 class TaskSpec:
     task: str  # a task type's name (habitus.models.tasks.TASKS)
     target: TargetSpec
-    k: int = 10
+    k: int = RANKING_K
     item_dim: int = 64  # recommendation: width of the item embeddings
     # multilabel: width and depth of the shared pairwise scorer of (entity, label, its own history of
     # that label) (network.PairScorer; 0: the per-label linear head alone, as checkpoints before it).
