@@ -21,7 +21,7 @@ from habitus.assets.scenarios import scenario_key
 from habitus.assets.serving import CHECKPOINT_NOTE, load_serving, serving_checkpoint
 from habitus.assets.sources import connection_key
 from habitus.models.cache import Cache
-from habitus.models.train.loop import chunk_plan
+from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
 from habitus.models.serve.parts import Parts, Pool, Scorer, staging
 from habitus.models.serve.predict import load_model, predict
 from habitus.models.nn.quantize import for_inference
@@ -163,7 +163,7 @@ def parts_of_day(context, pool: Pool, folder: Path, day: str, key: str, cache, c
     return parts
 
 
-CHUNK_ENTITIES = 8192  # habitus.models.serve.predict's chunk: the same chunks whatever the number of processes
+CHUNK_ENTITIES = SCORING_CHUNK_ENTITIES  # habitus.models.serve.predict's chunk: the same chunks whatever the number of processes
 
 
 def without_history(cache, cutoff: int) -> np.ndarray:
