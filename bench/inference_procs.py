@@ -47,7 +47,7 @@ def run_once(what: str, processes: int, cache_path: str, checkpoint: str, out: s
     from habitus.assets.predictions import write_entity_file
     from habitus.models.cache import Cache
     from habitus.models.nn.checkpoint import load_checkpoint
-    from habitus.models.train.loop import chunk_plan
+    from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
     from habitus.models.serve.parts import Parts, Pool, Scorer, staging
     from habitus.models.storage.files import combine
     from habitus.resources.executor import TrainingExecutor
@@ -59,7 +59,7 @@ def run_once(what: str, processes: int, cache_path: str, checkpoint: str, out: s
               "weights_sha256": config["weights_sha256"], "precision": "fp32", "chunk_entities": 8192}
     params.update({"k": 20, "label_names": None} if what == "predict" else {"scalars": True})
     scorer = Scorer(BUILD[what], params)
-    plan = chunk_plan(cache, 8192)
+    plan = chunk_plan(cache, SCORING_CHUNK_ENTITIES)
     as_of = datetime.fromtimestamp(cutoff, timezone.utc)
     out = Path(out)
     import resource

@@ -41,7 +41,7 @@ from habitus.models.evaluate.holdout import protocol  # noqa: E402
 from habitus.models.data.features import HALF_LIVES, chunk_at  # noqa: E402
 from habitus.models.data.items import SparseRows, top_k_items  # noqa: E402
 from habitus.models.data.labels import item_popularity, label_history  # noqa: E402
-from habitus.models.train.loop import chunk_plan  # noqa: E402
+from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan  # noqa: E402
 from habitus.models.tasks.metrics import ranking_metrics_at  # noqa: E402
 from habitus.models.tasks import task as task_of  # noqa: E402
 
@@ -54,7 +54,7 @@ def cutoff_arrays(cache: Cache, task, cutoff: int) -> tuple[SparseRows, SparseRo
     entities at `cutoff`, as finetune and evaluate build them."""
     t, vocab = task_of(task), cache.columns[task.target.column]["vocab_size"]
     hs, ys = [], []
-    for s, lo, hi in chunk_plan(cache, 8192):
+    for s, lo, hi in chunk_plan(cache, SCORING_CHUNK_ENTITIES):
         chunk = chunk_at(cache.shard(s), lo, hi, int(cutoff))
         if chunk.n == 0:
             continue

@@ -7,11 +7,9 @@ folds them into plain weights, so a merged model is an ordinary scenario checkpo
 habitus.models.serve.predict loads as it is.
 
     result = finetune(cache, state, foundation_info, task, train_cutoffs, val_cutoff, cfg,
-                      adapters=LoraConfig(rank=8, alpha=16.0))       # models/train/finetune.py
+                      adapters=LoraConfig())                # models/train/finetune.py, models/train/config.py
     save_adapters(result.model, folder / "adapters.safetensors")
     save_checkpoint(folder, merge_lora(result.model), config)
-
-The rank and alpha a scenario uses by default are LoraConfig's (models/train/config.py).
 """
 
 import copy
