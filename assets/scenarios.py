@@ -78,7 +78,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
                     f"scenario {name}: hold-out ({len(run.holdout.y):,} entities)"))
             except Exception as e:  # noqa: BLE001
                 context.log.warning(f"{name}: no calibration/lift chart ({type(e).__name__}: {e})")
-        info = run.trained.info  # (head_start: the task's own head, or the foundation's forecast: models/train/prior.py)
+        info = run.trained.info  # (head_start: the task's own head, or the foundation's forecast: train/prior.py)
         return dg.MaterializeResult(metadata={
             **charts, **metric_metadata(key, report), **head_metadata(key, report),
             "fingerprint": run.digest[:16], "foundation_fingerprint": foundation["weights_sha256"][:16],

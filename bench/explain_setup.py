@@ -44,8 +44,10 @@ def scenario(s: Setup, task, test_cutoff: int, epochs: int, trees_weight: float 
     chooses it; `trees_weight` forces its blend weight (the demo's churn serves trees weighted 0.8), else
     the choice is the validation cut-off's."""
     plan = protocol(test_cutoff, task.target.window_days, 4, s.cache.time_range[0])
+    head = "chosen" if stacked or trees_weight is not None else "network"
     cfg = ScenarioConfig("bench", task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff,
-                         FinetuneConfig(epochs=epochs), head="chosen" if stacked or trees_weight is not None else "network")
+                         FinetuneConfig(epochs=epochs), head=head)
+    stack = None if trees_weight is None else StackConfig(weights=(float(trees_weight),))
     run = train_scenario(s.cache, s.foundation.model.state_dict(), s.foundation.info, cfg, log=lambda _: None,
-                         baselines=False, stack=None if trees_weight is None else StackConfig(weights=(float(trees_weight),)))
+                         baselines=False, stack=stack)
     return run.trained.model.eval(), run.head

@@ -16,8 +16,8 @@ from habitus.models.data.features import FeatureSpec, chunk_at
 from habitus.models.storage.heap import keep_on_heap
 from habitus.models.data.items import SparseRows
 from habitus.models.data.labels import task_inputs
-from habitus.models.train.loop import (Log, TrainResult, batches, by_shard, chunk_plan, epoch_loss, fast_bf16, fused, iso, processes,
-                         processes_info, seeded, state_copy, step)
+from habitus.models.train.loop import (Log, TrainResult, batches, by_shard, chunk_plan, epoch_loss, fast_bf16, fused,
+                                       iso, processes, processes_info, seeded, state_copy, step)
 from habitus.models.nn.lora import apply_lora
 from habitus.models.nn.network import Model, NetConfig
 from habitus.models.train.prior import foundation_forecast, start_at_forecast
@@ -27,6 +27,7 @@ from habitus.models.train.config import FinetuneConfig, LoraConfig
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.train.spill import Kept, Recomputed
 from habitus.models.tasks import task as task_of
+
 
 def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation_info: dict, task: TaskSpec,
              train_cutoffs: list[int], val_cutoff: int, cfg: FinetuneConfig, *, device: str = "auto",
@@ -47,14 +48,15 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     data = plan_features(cache, task, spec, cfg, val_cutoff)
     with torch.no_grad():  # the head starts near the base rate, so the first steps do not wreck the pretrained trunk
         task_of(task).init_head(model, task, spec, data.val, data.y_mean, data.n_val, data.extras[val_cutoff])
-    judge = Judge.of(task, cfg, data, dev)
+    validation = Validation.of(task, cfg, data, dev)
     opt = optimizer(model, cfg, dev)
-    best, start = choose_start(model, task, spec, data, judge, train_cutoffs, foundation_state,
+    best, start = choose_start(model, task, spec, data, validation, train_cutoffs, foundation_state,
                                use_forecast=cfg.foundation_start and not from_scratch, log=log)
-    curves, rows, best, snapshots = train_epochs(model, opt, task, cfg, data, judge, train_cutoffs, best, order, rng,
-                                                 dist, resume, log)
-    with judge.mixed():
-        soup = greedy_soup(model, task, judge.scored, dev, best, snapshots, judge.negatives) if cfg.soup else [best[2]]
+    curves, rows, best, snapshots = train_epochs(model, opt, task, cfg, data, validation, train_cutoffs, best, order,
+                                                 rng, dist, resume, log)
+    with validation.mixed():
+        soup = (greedy_soup(model, task, validation.scored, dev, best, snapshots, validation.negatives) if cfg.soup
+                else [best[2]])
     model.eval()
     # a second stage where the task has one (recommendation: re-ranking trees), chosen on validation too
     second = task_of(task).second_stage(
@@ -64,11 +66,11 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     rows = int(sum_over_ranks([rows], dist)[0]) if dist.enabled else rows
     info = {"best_epoch": best[2] + 1, "soup_epochs": [e + 1 for e in soup], "seconds": round(time.time() - started, 2),
             "rows_seen": rows, "train_cutoffs": [iso(c) for c in train_cutoffs], "val_cutoff": iso(val_cutoff),
-            "val_rows": int(data.n_val), "val_chunk_stride": judge.stride, "head_start": start,
+            "val_rows": int(data.n_val), "val_chunk_stride": validation.stride, "head_start": start,
             **({"second_stage": second} if second else {}),
             "val_target_mean": float(np.mean(data.y_mean)) if data.n_val else 0.0,
             "device": str(dev), **processes_info(dist),
-            **({"sampled_negatives": judge.train_negatives} if judge.train_negatives else {})}
+            **({"sampled_negatives": validation.train_negatives} if validation.train_negatives else {})}
     if adapters is not None:
         info.update(lora_rank=adapters.rank, lora_alpha=adapters.alpha,
                     trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad))
@@ -142,9 +144,9 @@ def plan_features(cache: Cache, task: TaskSpec, spec: FeatureSpec, cfg: Finetune
 
 
 @dataclass
-class Judge:
-    """How validation scores an epoch: on which rows (`scored`), with how many sampled labels, under
-    which precision."""
+class Validation:
+    """How the validation cut-off scores a start, an epoch or a soup: on which rows (`scored`), with how
+    many sampled labels, under which precision."""
     scored: Recomputed  # the validation rows that pick the epochs
     stride: int  # every stride-th validation chunk is scored
     train_negatives: int  # labels sampled per training batch (0: the full loss)
@@ -153,7 +155,7 @@ class Judge:
     dev: torch.device
 
     @classmethod
-    def of(cls, task: TaskSpec, cfg: FinetuneConfig, data: Features, dev) -> "Judge":
+    def of(cls, task: TaskSpec, cfg: FinetuneConfig, data: Features, dev) -> "Validation":
         negatives = task_of(task).sampled_negatives(task, cfg)  # wide label heads: sampled negatives (0: the full loss)
         val_negatives = min(cfg.val_sampled_negatives, task.outputs) if negatives else 0
         # a wide head's sampled validation loss, run after every epoch and for every soup candidate, reads
@@ -189,12 +191,12 @@ def optimizer(model: Model, cfg: FinetuneConfig, dev) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, weight_decay=cfg.weight_decay, fused=fused(dev))
 
 
-def choose_start(model: Model, task: TaskSpec, spec: FeatureSpec, data: Features, judge: Judge, train_cutoffs,
+def choose_start(model: Model, task: TaskSpec, spec: FeatureSpec, data: Features, validation: Validation, train_cutoffs,
                  foundation_state: dict, *, use_forecast: bool, log: Log) -> tuple[tuple, str]:
     """The starting point competes too (epoch -1: fine-tuning is kept only where it helps on
     validation), and where the foundation already forecasts the head's outputs, a second start: its own
     forecast, recalibrated. Leaves the better start in `model`; returns (criterion, weights, -1) and its name."""
-    best = (judge.criterion(model, task), state_copy(model), -1)
+    best = (validation.criterion(model, task), state_copy(model), -1)
     log(f"{task.task} start: validation criterion {best[0]:.4f}")
     forecast = foundation_forecast(foundation_state, spec, task.target, task.outputs) if use_forecast else None
     if forecast is None:
@@ -202,8 +204,9 @@ def choose_start(model: Model, task: TaskSpec, spec: FeatureSpec, data: Features
     start = "baseline"
     calibration = (data.kept.get((s, lo, hi, c)) for c in reversed(train_cutoffs) for s, lo, hi in data.plan)
     with torch.no_grad():
-        start_at_forecast(model, forecast, calibration, judge.dev, spec.channels if task_of(task).uses_label_history else 0)
-    criterion = judge.criterion(model, task)
+        start_at_forecast(model, forecast, calibration, validation.dev,
+                          spec.channels if task_of(task).uses_label_history else 0)
+    criterion = validation.criterion(model, task)
     log(f"{task.task} start at the foundation's forecast, calibrated ({len(forecast.positions)} of "
         f"{task.outputs} outputs): validation criterion {criterion:.4f}")
     if criterion < best[0]:
@@ -212,14 +215,14 @@ def choose_start(model: Model, task: TaskSpec, spec: FeatureSpec, data: Features
     return best, start
 
 
-def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: Features, judge: Judge, train_cutoffs,
-                 best: tuple, order: np.random.Generator, rng: np.random.Generator, dist: Dist,
+def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: Features, validation: Validation,
+                 train_cutoffs, best: tuple, order: np.random.Generator, rng: np.random.Generator, dist: Dist,
                  resume: Resumer | None, log: Log) -> tuple[dict, int, tuple, list]:
     """The epochs: each a shuffled pass over every (chunk, training cut-off), then scored on validation.
     Returns the loss curves, the rows seen, the best (criterion, weights, epoch) and every epoch's
     (criterion, weights, epoch) for the soup. With `resume`: continues a killed run from its last
     saved state and saves between chunks every N steps (models/train/resume.py)."""
-    t, dev = task_of(task), judge.dev
+    t, dev = task_of(task), validation.dev
     curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
     rows = 0
     modules = {"model": model, "opt": opt}
@@ -245,8 +248,8 @@ def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: F
             rows += len(arrays[0])
             for b in batches(len(arrays[0]), cfg.batch_size, rng):
                 lock.real()
-                with judge.mixed():
-                    loss = batch_loss(net, task, arrays, b, dev, rng, judge.train_negatives)
+                with validation.mixed():
+                    loss = batch_loss(net, task, arrays, b, dev, rng, validation.train_negatives)
                 last = (arrays, b) if dist.enabled else last
                 step(model, opt, loss)
                 losses.append(loss.item())
@@ -255,13 +258,14 @@ def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: F
                     "epoch": epoch, "next": i + 1, "work": work, "losses": losses, "curves": curves,
                     "rows": rows, "best": list(best), "snapshots": [list(snap) for snap in snapshots]})
         for _ in lock.padding():  # several processes: this rank's share is spent, the others' is not
-            loss = batch_loss(net, task, last[0], last[1], dev, rng, judge.train_negatives) * 0.0
+            loss = batch_loss(net, task, last[0], last[1], dev, rng, validation.train_negatives) * 0.0
             step(model, opt, loss)
         curves["train_loss"].append(epoch_loss(losses, dist))
-        curves["val_loss"].append(judge.loss(model, task))
+        curves["val_loss"].append(validation.loss(model, task))
         log(f"{task.task} epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}, "
             f"validation loss {curves['val_loss'][-1]:.4f}")
-        criterion = _val_criterion(model, task, judge.scored, dev, curves["val_loss"][-1], negatives=judge.negatives)
+        criterion = _val_criterion(model, task, validation.scored, dev, curves["val_loss"][-1],
+                                   negatives=validation.negatives)
         if not t.loss_is_criterion(task):
             log(f"{task.task} epoch {epoch + 1}: validation criterion {criterion:.4f}")
         snapshots.append((criterion, state_copy(model), epoch))

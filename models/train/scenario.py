@@ -159,7 +159,8 @@ def save_scenario(run: ScenarioRun, cache: Cache, foundation_info: dict, cfg: Sc
         "metrics": run.report, "headline": key, "beats_baselines": beats_baselines(task, run.report),
         "finetune": config_dict(cfg.finetune), "lora": config_dict(cfg.lora) if cfg.lora else None,
         "curves": run.trained.curves, "training": info,
-        "head": {"chosen": "network", "weight": 0.0} if head is None else {"chosen": head.chosen, "weight": head.weight},
+        "head": ({"chosen": "network", "weight": 0.0} if head is None
+                 else {"chosen": head.chosen, "weight": head.weight}),
     }
     run.digest = save_checkpoint(path, run.trained.model, config,
                                  extra=None if head is None else lambda folder: {"stack": save_head(folder, head)})
