@@ -75,7 +75,7 @@ def test_a_step_sized_block_comes_from_the_heap_once_kept():
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
 def test_the_threshold_asked_for_is_clamped_to_glibcs_largest():
     out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-                          "from models import heap\nheap.keep_on_heap(1 << 30); print(heap._fixed)"],
+                          "from habitus.models.storage import heap\nheap.keep_on_heap(1 << 30); print(heap._fixed)"],
                          capture_output=True, text=True, check=True)
     assert int(out.stdout) == 32 << 20
 
