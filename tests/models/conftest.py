@@ -181,6 +181,26 @@ def segment_labels(segment_foundation):
                          TaskSpec(task, TargetSpec("any_event", SEGMENT_HORIZON, "product_id", every)))
 
 
+CHURN_SPAN_DAYS, CHURN_HORIZON = 126, 14
+
+
+@pytest.fixture(scope="module")
+def churn_foundation(module_sources):
+    """(cache, test cut-off, foundation state, foundation info) as the scenario recipe takes them: 240
+    customers over 126 days, half of whom stop buying (Sources.churning_purchases), and a tiny
+    foundation whose targets end 14 days before the test cut-off; the info carries the weights'
+    fingerprint a checkpoint's config would."""
+    from habitus.models.train.config import FoundationConfig
+    from habitus.models.train.foundation import train_foundation
+
+    cache = module_sources.churning_purchases(240, CHURN_SPAN_DAYS, seed=3, shard_events=2500)
+    test_cutoff = module_sources.at(CHURN_SPAN_DAYS - CHURN_HORIZON)
+    cfg = FoundationConfig(horizon_days=CHURN_HORIZON, hidden=16, layers=1, epochs=1, batch_size=32, buckets=16,
+                           chunk_entities=64)
+    foundation = train_foundation(cache, cfg, test_cutoff - CHURN_HORIZON * DAY, device="cpu", log=lambda _: None)
+    return cache, test_cutoff, foundation.model.state_dict(), {**foundation.info, "weights_sha256": "f" * 64}
+
+
 @pytest.fixture
 def frame():
     """`frame(cache)`: the cache's events as flat numpy columns (see `shard_frame`)."""

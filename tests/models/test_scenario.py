@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from habitus.models.data.features import DAY, FeatureSpec
+from habitus.models.data.features import FeatureSpec
 from habitus.models.data.targets import TargetSpec
 from habitus.models.evaluate.baselines import lightgbm_scores
 from habitus.models.evaluate.holdout import protocol, score_holdout
@@ -20,12 +20,11 @@ from habitus.models.nn.network import load_trunk
 from habitus.models.serve.predict import load_model
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.train import scenario as recipe
-from habitus.models.train.config import FinetuneConfig, FoundationConfig, LoraConfig, ScenarioConfig
+from habitus.models.train.config import FinetuneConfig, LoraConfig, ScenarioConfig
 from habitus.models.train.finetune import finetune
-from habitus.models.train.foundation import train_foundation
 
 ROOT = Path(__file__).resolve().parents[2]
-SPAN, HORIZON = 126, 14
+HORIZON = 14  # (churn_foundation's horizon, tests/models/conftest.py)
 CHURN = TaskSpec("binary", TargetSpec("no_event", HORIZON, active_days=30))
 FINETUNE = FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=64)
 
@@ -33,17 +32,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def world(module_sources):
+def world(churn_foundation):
     """(cache, foundation state, foundation info with its weights' fingerprint, the churn scenario's config)."""
-    cache = module_sources.churning_purchases(240, SPAN, seed=3, shard_events=2500)
-    test_cutoff = module_sources.at(SPAN - HORIZON)
-    fcfg = FoundationConfig(horizon_days=HORIZON, hidden=16, layers=1, epochs=1, batch_size=32, buckets=16,
-                            chunk_entities=64)
-    foundation = train_foundation(cache, fcfg, test_cutoff - HORIZON * DAY, device="cpu", log=lambda _: None)
-    info = {**foundation.info, "weights_sha256": "f" * 64}  # (a checkpoint's config carries it)
+    cache, test_cutoff, state, info = churn_foundation
     plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
     cfg = ScenarioConfig("churn", CHURN, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff, FINETUNE)
-    return cache, foundation.model.state_dict(), info, cfg
+    return cache, state, info, cfg
 
 
 @pytest.fixture(scope="module")
