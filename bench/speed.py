@@ -269,6 +269,7 @@ def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profil
     `entity_share`: train and score on that seeded share of the entities only (bench/label_share.py's
     EntitySubset; entities/s counts those entities): the 16k scenario's cost per entity at 100M events."""
     from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
+    from habitus.models.train.config import LoraConfig
     from habitus.models.train.finetune import finetune
 
     cache = st.cache
@@ -289,10 +290,9 @@ def stage_finetune(st: Stage, name: str, method: str, epochs: int | None, profil
 
     def run():
         marks.append(time.perf_counter())
-        if method == "lora":
-            from habitus.models.nn.lora import finetune_lora
-            return finetune_lora(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
-                                 device=st.device, log=lambda _: None)
+        if method == "lora":  # adapters of LoraConfig's default rank on the frozen trunk
+            return finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
+                            device=st.device, log=lambda _: None, adapters=LoraConfig())
         return finetune(cache, state, foundation, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
                         device=st.device, log=log)
 
