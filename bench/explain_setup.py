@@ -9,7 +9,7 @@ from habitus.models.cache import Cache, build_cache
 from habitus.models.evaluate.holdout import protocol
 from habitus.models.data.features import DAY, FeatureSpec
 from habitus.models.heads.stacking import StackConfig
-from habitus.models.train.config import FinetuneConfig, FoundationConfig, ScenarioConfig
+from habitus.models.train.config import TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig, ScenarioConfig
 from habitus.models.train.foundation import train_foundation
 from habitus.models.train.scenario import train_scenario
 
@@ -43,7 +43,7 @@ def scenario(s: Setup, task, test_cutoff: int, epochs: int, trees_weight: float 
     recipe (models/train/scenario.py) without its LightGBM baseline: with `stacked`, the head as a scenario
     chooses it; `trees_weight` forces its blend weight (the demo's churn serves trees weighted 0.8), else
     the choice is the validation cut-off's."""
-    plan = protocol(test_cutoff, task.target.window_days, 4, s.cache.time_range[0])
+    plan = protocol(test_cutoff, task.target.window_days, TRAIN_CUTOFFS, s.cache.time_range[0])
     head = "chosen" if stacked or trees_weight is not None else "network"
     cfg = ScenarioConfig("bench", task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff,
                          FinetuneConfig(epochs=epochs), head=head)

@@ -42,7 +42,7 @@ from habitus.models.nn.quantize import for_inference  # noqa: E402
 from habitus.models.data.targets import TargetSpec  # noqa: E402
 from habitus.models.train.foundation import train_foundation  # noqa: E402
 from habitus.models.data.labels import top_values  # noqa: E402
-from habitus.models.train.config import FinetuneConfig, FoundationConfig, ScenarioConfig  # noqa: E402
+from habitus.models.train.config import TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig, ScenarioConfig  # noqa: E402
 from habitus.models.train.scenario import train_scenario  # noqa: E402
 from habitus.models.tasks.spec import TaskSpec  # noqa: E402
 from habitus.models.tasks import task as task_of  # noqa: E402
@@ -120,7 +120,7 @@ def tasks(cache: Cache, test_cutoff: int, p: dict) -> dict[str, TaskSpec]:
     }
     if p.get("spend"):
         out["spend"] = TaskSpec("regression", TargetSpec("sum", w, p["spend"]))
-    out["next_items"] = TaskSpec("recommendation", TargetSpec("items", 14, p["items"], items), k=10)
+    out["next_items"] = TaskSpec("recommendation", TargetSpec("items", 14, p["items"], items))
     return out
 
 
@@ -157,7 +157,7 @@ def run(dataset: str, customers: int, log=print, only: tuple[str, ...] | None = 
             log(f"label share {label_share}: {subset.n_entities} of {cache.n_entities} entities keep their labels")
         for name, task in tasks(cache, test_cutoff, params).items():
             shares = [(name, None)] + ([(share_name(name, label_share), subset)] if subset is not None else [])
-            plan = protocol(test_cutoff, task.target.window_days, 4, cache.time_range[0])
+            plan = protocol(test_cutoff, task.target.window_days, TRAIN_CUTOFFS, cache.time_range[0])
             for row_name, train_cache in [(n, c) for n, c in shares if n in only]:
                 new = score_task(cache, state, foundation.info, task, plan, row_name, train_cache)
                 rows += new

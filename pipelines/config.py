@@ -17,7 +17,7 @@ from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, Val
 
 from habitus.models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
 from habitus.models.serve.defaults import DEFAULT_SELECT, DEFAULT_SHARE, DEFAULT_STEPS, DEFAULT_TOP, SELECT, TOP_K
-from habitus.models.train.config import SAVE_EVERY_STEPS, FinetuneConfig, FoundationConfig, LoraConfig
+from habitus.models.train.config import SAVE_EVERY_STEPS, TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig, LoraConfig
 from habitus.models.tasks import RANKING_K, TASKS
 from habitus.pipelines.config_base import Strict
 from habitus.pipelines.config_operations import KubernetesSettings, RetrySettings, ScheduleSettings
@@ -247,7 +247,7 @@ class Scenario(Strict):
     target: Target
     epochs: int = Field(_FINETUNE.epochs, ge=1)
     learning_rate: float = Field(_FINETUNE.learning_rate, gt=0)
-    train_cutoffs: int = Field(4, ge=1, description="training cut-offs before the validation cut-off")
+    train_cutoffs: int = Field(TRAIN_CUTOFFS, ge=1, description="training cut-offs before the validation cut-off")
     top_k: int = Field(RANKING_K, ge=1, description="k of the ranking metrics (recommendation)")
     save_every_steps: int = Field(SAVE_EVERY_STEPS, ge=1, description="optimizer steps between two saves of the "
                                   "resumable training state (a killed run continues from the last)")

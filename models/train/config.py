@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # (the task's module imports torch; the settings are read wit
     from habitus.models.tasks.spec import TaskSpec
 
 SAVE_EVERY_STEPS = 200  # optimizer steps between two saves of a resumable training state (models/train/resume.py)
+TRAIN_CUTOFFS = 4  # a scenario's training cut-offs before its validation cut-off (models/evaluate/holdout.protocol)
 
 
 @dataclass

@@ -62,7 +62,7 @@ def train_scenario(cache: Cache, foundation_state: dict, foundation_info: dict, 
     `launch`: fine-tunes in several processes (resources/executor.py's torchrun) and returns rank 0's
     result; None: in this process. `train_cache`: the entities whose labels train the network, the
     head and the trees (default `cache`; the hold-out always scores every entity of `cache`).
-    `baselines`: False leaves LightGBM out (the constant baseline stays). `stack`: the candidates of the
+    `baselines`: False leaves LightGBM out (the task's own simple baselines stay). `stack`: the candidates of the
     head chosen on validation (models/heads/stacking.py; default StackConfig())."""
     train = cache if train_cache is None else train_cache
     device = str(resolve_device(device))
