@@ -13,7 +13,7 @@ import numpy as np
 from habitus.models.cache import Cache
 from habitus.models.data.chunks import CHUNK_ENTITIES, chunk_plan, day_floor
 from habitus.models.data.features import DAY, FeatureSpec, chunk_at
-from habitus.models.data.labels import label_history, task_inputs
+from habitus.models.data.labels import task_inputs
 from habitus.models.nn.network import Model
 from habitus.models.tasks import TASKS
 from habitus.models.tasks import task as task_of
@@ -127,10 +127,6 @@ def _covered(labels, y: np.ndarray) -> np.ndarray:
     return np.arange(y.shape[1]) if labels is None else np.asarray(labels, np.int64)
 
 
-def task_metrics(task: str, y: np.ndarray, score: np.ndarray) -> dict[str, float]:
-    return task_of(task).metrics(y, score)
-
-
 LOWER_IS_BETTER = frozenset().union(*(task_of(name).lower_is_better for name in TASKS))
 
 
@@ -138,5 +134,5 @@ def headline(task: TaskSpec) -> str:
     return task_of(task).headline_metric(task)
 
 
-__all__ = ["Protocol", "protocol", "Holdout", "evaluate", "score_holdout", "holdout_chunks", "task_metrics", "headline",
-           "LOWER_IS_BETTER", "label_history"]
+__all__ = ["Protocol", "protocol", "Holdout", "evaluate", "score_holdout", "holdout_chunks", "headline",
+           "LOWER_IS_BETTER"]

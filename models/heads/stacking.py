@@ -21,7 +21,7 @@ training cut-offs; the validation entities are split in two folds by a hash of t
 number of trees on it, and the candidates and the weight are compared on all of them. The stack
 keeps both folds' trees and scores with their mean. The weight (`StackConfig.choice_rule`,
 "one_se"): of the weights whose validation score is within one standard error of the best one's,
-the nearest to an equal blend, so a small validation set (MovieLens: 772 rows) does not pick a
+the nearest to an equal blend, so a small validation set (MovieLens's) does not pick a
 lopsided weight on noise. The network's epochs (habitus.models.train.finetune's greedy soup) were chosen on all
 of the validation rows: its validation figure is that much optimistic.
 

@@ -1,6 +1,8 @@
 """The task types: one module each (models/tasks/<name>.py, a `TASK` of habitus.models.tasks.base.Task),
-listed here once. Config validation reads `TASKS` (the task names, and the config target keys each
-accepts) without importing a task's module (torch); `task(name)` imports it on first use."""
+registered here once. A new task type is its module plus one `register` line; every decision that
+differs by task type lives in its module, so nothing else changes. Config validation reads `TASKS`
+(the task names, and the config target keys each accepts) without importing a task's module (torch);
+`task(name)` imports it on first use."""
 
 import importlib
 from dataclasses import dataclass
@@ -15,13 +17,24 @@ class Entry:
     targets: tuple[str, ...]  # the config target keys (pipelines/config.py) that fit the task
 
 
-TASKS: dict[str, Entry] = {
-    "binary": Entry("habitus.models.tasks.binary", ("no_event", "function")),
-    "regression": Entry("habitus.models.tasks.regression", ("sum", "function")),
-    "multilabel": Entry("habitus.models.tasks.multilabel", ("any_event", "function")),
-    "recommendation": Entry("habitus.models.tasks.recommendation", ("items", "function")),
-    "multiclass": Entry("habitus.models.tasks.multiclass", ("any_event", "function")),
-}
+TASKS: dict[str, Entry] = {}
+
+
+def register(name: str, module: str, targets: tuple[str, ...]) -> None:
+    """Add the task type `name`: `module` (imported by name, on first use) holds its TASK, whose `name` is
+    `name`; `targets` are the config target keys (pipelines/config.py) that fit it. A name is registered
+    once: registering it again with another module is refused."""
+    entry = Entry(module, tuple(targets))
+    if TASKS.get(name, entry) != entry:
+        raise ValueError(f"task type {name!r} is registered already ({TASKS[name]})")
+    TASKS[name] = entry
+
+
+register("binary", "habitus.models.tasks.binary", ("no_event", "function"))
+register("regression", "habitus.models.tasks.regression", ("sum", "function"))
+register("multilabel", "habitus.models.tasks.multilabel", ("any_event", "function"))
+register("recommendation", "habitus.models.tasks.recommendation", ("items", "function"))
+register("multiclass", "habitus.models.tasks.multiclass", ("any_event", "function"))
 
 
 def task(name):

@@ -127,15 +127,10 @@ def top_k(score: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(part, order, 1)
 
 
-def ranking_metrics(relevant: np.ndarray, score: np.ndarray, k: int) -> dict[str, float]:
-    """HR@k, NDCG@k and MAP@k over the full catalog; rows without any relevant item are skipped."""
-    rows, cols = np.nonzero(relevant > 0)
-    return ranking_metrics_at(top_k(score, k), rows, cols, k)
-
-
 def ranking_metrics_at(top: np.ndarray, rel_rows: np.ndarray, rel_cols: np.ndarray, k: int) -> dict[str, float]:
-    """The same metrics from each row's top-ranked columns (best first) and the (row, column) pairs
-    that are relevant, so a catalog of any width never needs a dense score or label matrix."""
+    """HR@k, NDCG@k and MAP@k from each row's top-ranked columns (best first) and the (row, column) pairs
+    that are relevant (rows without any are skipped), so a catalog of any width never needs a dense
+    score or label matrix."""
     n, width = top.shape[0], min(k, top.shape[1])
     top = top[:, :width]
     n_rel = np.bincount(rel_rows, minlength=n)

@@ -24,7 +24,7 @@ class Multiclass(ValueLabels, Task):
     name = "multiclass"
     # log-loss decides: predictions are each class's probability, and a proper scoring rule judges the
     # whole distribution. Accuracy is reported next to it; on the demo it is capped by the entity's habit
-    # (the network pushed all the way to past frequency's argmax reaches exactly its accuracy, 0.5196)
+    # (the network pushed all the way to past frequency's argmax reaches exactly its accuracy: README, "Status")
     headline = "log_loss"
     lower_is_better = frozenset({"log_loss"})
     uses_label_history = True

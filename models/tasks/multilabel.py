@@ -70,8 +70,8 @@ class Multilabel(ValueLabels, Task):
 
     def loss_is_criterion(self, spec) -> bool:
         """Narrow heads are chosen by macro AUROC: the loss rewards calibrated base rates and can fall
-        while the ranking within each label gets worse (MovieLens, 10% of the labels: validation loss
-        0.084 -> 0.063 over three epochs, test macro AUROC 0.83 -> 0.76). Wide heads keep their
+        while the ranking within each label gets worse (MovieLens with 10% of the labels: the validation
+        loss fell over three epochs while the test macro AUROC fell too, docs/quality.md). Wide heads keep their
         sampled loss (a [rows, 16,000] validation matrix costs too much every epoch)."""
         return self.outputs(spec) > AUROC_CRITERION_LABELS
 
@@ -131,13 +131,6 @@ class Multilabel(ValueLabels, Task):
             model.fit(x_sub, label, eval_set=[(x_val, val_label)], callbacks=[lgb.early_stopping(15, verbose=False)])
             out[:, j] = model.predict_proba(x_test)[:, 1]
         return out if labels is None else LabelScores(labels, out)
-
-
-def baseline_scores(hist: SparseRows | np.ndarray, popularity: np.ndarray, channel: int = 1) -> dict[str, np.ndarray]:
-    """[n, labels] scores of the baselines: what the entity bought, habitually (the label history's
-    `channel`), and what sells now (the same for everyone)."""
-    past = hist.dense(channel) if isinstance(hist, SparseRows) else hist[:, :, channel]
-    return {"past frequency": past, "popularity": np.broadcast_to(popularity, past.shape)}
 
 
 class Blockwise:
@@ -235,7 +228,7 @@ def multilabel_loss(out: torch.Tensor, y: SparseRows, dev) -> torch.Tensor:
     """binary_cross_entropy_with_logits(out, y.dense()), the mean over rows x labels, from the sparse
     targets: per element BCE(z, y) = softplus(z) - y z, and y z is read at the entries only. The
     [rows, labels] targets are never built, and one pass over the logits replaces the dense
-    loss's several (3x faster at 16,000 labels); the same value up to float rounding."""
+    loss's several (faster at 16,000 labels: docs/speed.md); the same value up to float rounding."""
     out = out.float()  # (as autocast runs binary_cross_entropy_with_logits: in float32)
     out = out[:, None] if out.dim() == 1 else out  # one label: the model squeezes its outputs
     picked = out[torch.from_numpy(y.rows).to(dev), torch.from_numpy(y.cols).to(dev)]
@@ -264,7 +257,7 @@ def sampled_multilabel_loss(model: Model, xb: torch.Tensor, history, y: SparseRo
     pool[positive] = False
     rest = np.flatnonzero(pool)
     # (as many more as make the columns a multiple of COLUMN_MULTIPLE: a few shapes of matrix products,
-    # where every new one costs oneDNN a cached kernel: the 16k fine-tuning in bf16 peaked 0.55 GB higher)
+    # where every new one costs oneDNN a cached kernel: the 16k fine-tuning in bf16 peaked higher, docs/speed.md)
     drawn = rng.choice(rest, min(negatives + (-(len(positive) + negatives)) % COLUMN_MULTIPLE, len(rest)),
                        replace=False)
     cols = np.sort(np.concatenate([positive, drawn]))

@@ -70,8 +70,8 @@ class Recommendation(Task):
 
     def val_batch(self, spec, batch):
         """As many rows as a training batch (FinetuneConfig's default): a batch's candidates are its
-        entities' past items, so 2,048 rows over a long-tail catalog ranked ~4x the candidates per row,
-        and the loss was another estimate than the training loss's."""
+        entities' past items, so a batch four times as large over a long-tail catalog ranks several
+        times the candidates per row, and its loss estimates another quantity than the training loss."""
         return min(batch, VAL_ROWS)
 
     @torch.no_grad()

@@ -35,8 +35,8 @@ class Regression(Task):
     def loss(self, out, y):
         # the absolute error in the target's own units (what MAE scores; its optimum is the median),
         # the output staying a log amount; divided by the batch's mean target so that amounts in
-        # cents or in thousands train alike. Ta-Feng spend MAE 342.2 -> 335.4 against a Huber loss
-        # on log amounts (docs/quality.md)
+        # cents or in thousands train alike. It beat a Huber loss on log amounts on Ta-Feng's spend
+        # (docs/quality.md)
         error = (torch.expm1(out.float().clamp(max=30.0)) - y).abs().mean()
         return error / y.abs().mean().detach().clamp_min(1e-3)
 

@@ -8,8 +8,7 @@ from habitus.models.tasks import RANKING_K, task
 PAIR_WIDTH = 128
 PAIR_LAYERS = 2
 # heads wider than this (sampled negatives) leave the pairwise scorer out: on the 16,000-label scenario
-# it made the fine-tuning 1.25-1.6x slower and the model no better (macro AUROC with / without it: 0.9107
-# / 0.9123 at 1M events, 0.9343 / 0.9336 at 10M; docs/speed.md "Where the 16k fine-tuning's speed went")
+# it made the fine-tuning slower and the model no better (docs/speed.md "Where the 16k fine-tuning's speed went")
 PAIR_MAX_LABELS = 2048
 
 
@@ -20,8 +19,9 @@ class TaskSpec:
     k: int = RANKING_K
     item_dim: int = 64  # recommendation: width of the item embeddings
     # multilabel: width and depth of the shared pairwise scorer of (entity, label, its own history of
-    # that label) (network.PairScorer; 0: the per-label linear head alone, as checkpoints before it).
-    # Propensity macro AUROC, demo 0.9119 -> 0.9134, Ta-Feng 0.7722 -> 0.7720 (docs/quality.md).
+    # that label) (network.PairScorer; 0: the per-label linear head alone, as checkpoints before it):
+    # propensity a little better than the linear head's on the demo, the same on Ta-Feng (docs/quality.md,
+    # "A shared pairwise label scorer").
     # None: PAIR_WIDTH for heads of up to PAIR_MAX_LABELS labels, 0 above (what is saved is the number)
     pair_width: int | None = None
     pair_layers: int = PAIR_LAYERS

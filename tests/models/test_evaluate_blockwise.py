@@ -12,7 +12,7 @@ import torch
 import habitus.models.tasks.metrics as metrics
 from habitus.models.evaluate.baselines import lightgbm_scores
 from habitus.models.tasks.base import LabelScores
-from habitus.models.evaluate.holdout import evaluate, protocol, task_metrics
+from habitus.models.evaluate.holdout import evaluate, protocol
 from habitus.models.data.features import FeatureSpec, chunk_at
 from habitus.models.data.items import SparseRows
 from habitus.models.tasks.metrics import blockwise_macro_auroc, column_aurocs, macro_auroc
@@ -22,7 +22,7 @@ from habitus.models.data.labels import recent_popularity, task_inputs
 from habitus.models.train.loop import chunk_plan
 from habitus.models.tasks.scoring import build_model, scores
 from habitus.models.tasks.spec import TaskSpec
-from habitus.models.tasks.multilabel import baseline_scores
+from habitus.models.tasks import task as task_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -106,6 +106,13 @@ def world(module_sources):
     return cache, test_cutoff, spec, task, model
 
 
+def baseline_scores(hist, popularity: np.ndarray, channel: int) -> dict[str, np.ndarray]:
+    """The multilabel baselines' [n, labels] scores, dense: what the entity bought, habitually (the label
+    history's `channel`), and what sells now (the same for everyone)."""
+    past = hist.dense(channel) if isinstance(hist, SparseRows) else hist[:, :, channel]
+    return {"past frequency": past, "popularity": np.broadcast_to(popularity, past.shape)}
+
+
 def _dense_evaluate(model, cache, spec, task, cutoff, extra, chunk_entities=64):
     """evaluate()'s multilabel path before it went blockwise: dense scores and 0/1 targets concatenated."""
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
@@ -123,8 +130,9 @@ def _dense_evaluate(model, cache, spec, task, cutoff, extra, chunk_entities=64):
             base.setdefault(k, []).append(np.asarray(v)[keep])
     y = np.concatenate(ys)
     baselines = {**{k: np.concatenate(v) for k, v in base.items()}, **extra}
-    return y, np.concatenate(preds), {"model": task_metrics("multilabel", y, np.concatenate(preds)),
-                                      "baselines": {k: task_metrics("multilabel", y, v) for k, v in baselines.items()},
+    task_metrics = task_of("multilabel").metrics
+    return y, np.concatenate(preds), {"model": task_metrics(y, np.concatenate(preds)),
+                                      "baselines": {k: task_metrics(y, v) for k, v in baselines.items()},
                                       "entities": len(y), "positive_rate": float(np.mean(y))}
 
 

@@ -9,7 +9,7 @@ import torch
 
 from habitus.models.data.features import Chunk, value_history
 from habitus.models.data.items import SparseRows, candidates, group_history, sampled_softmax_loss, top_k_items
-from habitus.models.tasks.metrics import ranking_metrics, ranking_metrics_at, top_k
+from habitus.models.tasks.metrics import ranking_metrics_at, top_k
 from habitus.models.nn.network import ItemHead
 
 
@@ -135,6 +135,13 @@ def test_item_head_scores_candidates_as_it_scores_the_catalog():
     plain = head(h, pop, None).detach()
     diff = (full.detach() - plain).numpy()
     assert set(zip(*np.nonzero(np.abs(diff) > 1e-7))) <= {(0, 4), (0, 11), (2, 4)}
+
+
+def ranking_metrics(relevant: np.ndarray, score: np.ndarray, k: int) -> dict[str, float]:
+    """HR@k, NDCG@k and MAP@k from a dense relevance matrix and dense scores; rows without any
+    relevant item are skipped."""
+    rows, cols = np.nonzero(relevant > 0)
+    return ranking_metrics_at(top_k(score, k), rows, cols, k)
 
 
 def test_ranking_metrics_from_top_lists_equal_the_dense_metrics():

@@ -5,8 +5,15 @@ import math
 import numpy as np
 import pytest
 
-from habitus.models.tasks.metrics import (auroc, average_precision, macro_auroc, mae, normalized_gini, ranking_metrics, rmse,
-                            top_k)
+from habitus.models.tasks.metrics import (auroc, average_precision, macro_auroc, mae, normalized_gini, ranking_metrics_at,
+                                          rmse, top_k)
+
+
+def ranking_metrics(relevant: np.ndarray, score: np.ndarray, k: int) -> dict[str, float]:
+    """HR@k, NDCG@k and MAP@k from a dense relevance matrix and dense scores; rows without any
+    relevant item are skipped."""
+    rows, cols = np.nonzero(relevant > 0)
+    return ranking_metrics_at(top_k(score, k), rows, cols, k)
 
 
 def test_auroc_hand_case_with_ties():

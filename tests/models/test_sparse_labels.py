@@ -31,7 +31,6 @@ from habitus.models.train.loop import batches
 from habitus.models.tasks.scoring import build_model, scores
 from habitus.models.train.config import FinetuneConfig
 from habitus.models.tasks.spec import TaskSpec
-from habitus.models.tasks.multilabel import baseline_scores
 
 N_CUSTOMERS, HORIZON = 240, 14  # (tests/models/conftest.py: segment_foundation)
 FINETUNE = FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=64, seed=0)
@@ -110,6 +109,13 @@ def test_head_gives_the_same_outputs_from_sparse_and_dense_histories():
     head.zero_grad()
     head(h[:0], batch_history(empty, "cpu")).sum().backward()
     assert head.skip.weight.grad is not None and not head.skip.weight.grad.any()
+
+
+def baseline_scores(hist, popularity: np.ndarray, channel: int) -> dict[str, np.ndarray]:
+    """The multilabel baselines' [n, labels] scores, dense: what the entity bought, habitually (the label
+    history's `channel`), and what sells now (the same for everyone)."""
+    past = hist.dense(channel) if isinstance(hist, SparseRows) else hist[:, :, channel]
+    return {"past frequency": past, "popularity": np.broadcast_to(popularity, past.shape)}
 
 
 def test_batch_loss_and_scores_match_the_dense_path(world):

@@ -146,7 +146,8 @@ def test_the_task_registry_counts_as_importing_its_task_modules(tmp_path):
         (tmp_path / package).mkdir()
     (tmp_path / "models" / "tasks").mkdir()
     (tmp_path / "models" / "tasks" / "__init__.py").write_text(
-        'import importlib\n\nTASKS = {"toy": ("habitus.models.tasks.toy", ("function",))}\n')
+        'import importlib\n\nTASKS = {}\n\n\ndef register(name, module, targets):\n    TASKS[name] = module\n\n\n'
+        'register("toy", "habitus.models.tasks.toy", ("function",))\n')
     (tmp_path / "models" / "tasks" / "toy.py").write_text("from habitus.models.tasks.helpers import f\n")
     (tmp_path / "models" / "tasks" / "helpers.py").write_text("from habitus.models.tasks import TASKS\n")
     assert import_circles(tmp_path) == [["models.tasks", "models.tasks.helpers", "models.tasks.toy"]]
