@@ -15,8 +15,10 @@ from habitus.models.storage.files import folder_bytes, read_json, write_json
 from habitus.resources.workspace import Workspace, locked
 
 CACHE_KEY = dg.AssetKey("cache")
-# the volume below which models are unreliable (the product's data guidelines)
-MIN_ENTITIES, MIN_EVENTS_PER_MONTH, MIN_HISTORY_DAYS = 10_000, 100_000, 90
+# the volume below which models are unreliable (the product's data guidelines; `habitus init` warns by the
+# same rule, habitus.pipelines.init_suggest)
+MIN_ENTITIES, MIN_EVENTS_PER_MONTH, MIN_HISTORY_DAYS, MIN_HISTORY_DAYS_INFREQUENT = 10_000, 100_000, 90, 365
+INFREQUENT_GAP_DAYS = 14  # a typical gap between two active days longer than two weeks: an infrequent domain
 
 
 def source_files(source, workspace: Workspace) -> tuple[list[str], list[str]]:
@@ -56,7 +58,38 @@ def current_cache(workspace: Workspace) -> Cache:
     return Cache(workspace.cache_root / read_json(pointer)["folder"])
 
 
-def guideline_warnings(manifest: dict) -> list[str]:
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def typical_gap_days(spec: CacheSpec) -> float | None:
+    """The median over entities with two or more active days (distinct UTC days with an event, over every
+    events source) of their mean gap between active days, as `habitus init` measures it; None without
+    such an entity."""
+    import duckdb
+
+    tables = [t for t in spec.events if t.files]
+    if not tables:
+        return None
+    parts = " UNION ALL ".join(
+        f"SELECT CAST({_quoted(spec.entity)} AS VARCHAR) AS e, "
+        f"CAST(floor(epoch({_quoted(t.timestamp)}) / 86400) AS BIGINT) AS d FROM read_parquet(?)" for t in tables)
+    sql = (f"SELECT median((hi - lo) / (n - 1)) FROM (SELECT e, count(DISTINCT d) AS n, min(d) AS lo, max(d) AS hi "
+           f"FROM ({parts}) WHERE e IS NOT NULL AND d IS NOT NULL GROUP BY e) WHERE n >= 2")
+    with duckdb.connect() as con:
+        (gap,) = con.execute(sql, [list(t.files) for t in tables]).fetchone()
+    return None if gap is None else float(gap)
+
+
+def min_history_days(gap_days: float | None) -> int:
+    """The history the guidelines ask for: 3 months, or a year for an infrequent domain (a typical gap
+    between an entity's active days over two weeks)."""
+    return MIN_HISTORY_DAYS_INFREQUENT if gap_days is not None and gap_days > INFREQUENT_GAP_DAYS else MIN_HISTORY_DAYS
+
+
+def guideline_warnings(manifest: dict, gap_days: float | None = None) -> list[str]:
+    """The data guidelines broken by a cache (or a source's) manifest; `gap_days` (typical_gap_days) decides
+    whether 3 months or a year of history is asked for."""
     days = (manifest["time_range"][1] - manifest["time_range"][0]) / 86_400
     per_month = manifest["n_events"] / max(days / 30.44, 1e-9)
     notes = []
@@ -64,8 +97,14 @@ def guideline_warnings(manifest: dict) -> list[str]:
         notes.append(f"{manifest['n_entities']:,} entities (guideline: at least {MIN_ENTITIES:,})")
     if per_month < MIN_EVENTS_PER_MONTH:
         notes.append(f"{per_month:,.0f} events a month (guideline: at least {MIN_EVENTS_PER_MONTH:,})")
-    if days < MIN_HISTORY_DAYS:
-        notes.append(f"{days:.0f} days of history (guideline: at least 3 months; 1 year for infrequent domains)")
+    if days < min_history_days(gap_days):
+        if gap_days is not None and gap_days > INFREQUENT_GAP_DAYS:
+            notes.append(f"{days:.0f} days of history (guideline: at least a year for an infrequent domain: the "
+                         f"typical gap between an entity's active days is {gap_days:.0f} days, over "
+                         f"{INFREQUENT_GAP_DAYS})")
+        else:
+            notes.append(f"{days:.0f} days of history (guideline: at least 3 months; a year for infrequent domains, "
+                         f"where the typical gap between an entity's active days is over {INFREQUENT_GAP_DAYS} days)")
     return notes
 
 
@@ -92,7 +131,8 @@ def build_cache_asset(project) -> dg.AssetsDefinition:
         write_json(workspace.cache_root / "current.json",
                    {"folder": folder.name, "at": datetime.now(timezone.utc).isoformat()})
         manifest = read_json(folder / "manifest.json")
-        notes = guideline_warnings(manifest)
+        gap = typical_gap_days(spec)
+        notes = guideline_warnings(manifest, gap)
         for note in notes:
             context.log.warning(f"below the data guidelines: {note}; models trained on this may be unreliable")
         t0, t1 = (datetime.fromtimestamp(t, timezone.utc).isoformat() for t in manifest["time_range"])
@@ -111,6 +151,7 @@ def build_cache_asset(project) -> dg.AssetsDefinition:
             "join_coverage": dg.MetadataValue.json(manifest["join_coverage"]),
             "dropped_rows": dg.MetadataValue.json(manifest["dropped"]),
             "below_guidelines": dg.MetadataValue.json(notes),
+            "typical_gap_days": dg.MetadataValue.json(None if gap is None else round(gap, 2)),
             "reused": dg.MetadataValue.bool(reused),
             "free_space": dg.MetadataValue.json(space),
             "path": dg.MetadataValue.path(str(folder)),

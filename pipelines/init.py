@@ -33,7 +33,7 @@ def _hide_secrets(name: str, conn: dict) -> dict:
             for k, v in conn.items()}
 
 
-def _list_tables(kind: str, conn: dict) -> list[str]:
+def _list_tables(kind: str, conn: dict, warehouse=None) -> list[str]:
     from habitus.pipelines.config import ConfigError
 
     if kind == "duckdb":
@@ -61,7 +61,27 @@ def _list_tables(kind: str, conn: dict) -> list[str]:
             raise ConfigError(f"--parquet {base}: no such folder")
         return sorted(p.stem if p.suffix == ".parquet" else p.name for p in base.iterdir()
                       if p.suffix == ".parquet" or p.is_dir())
+    if kind == "parquet" and conn["path"].startswith("s3://") and warehouse is not None:
+        return _list_s3_tables(warehouse)
     raise ValueError(f"a {kind} connection: name the tables with --tables")
+
+
+def _list_s3_tables(warehouse) -> list[str]:
+    """The tables under an s3:// prefix, as the parquet connection reads them: `<name>.parquet` objects and
+    `<name>/` folders directly under it."""
+    from pyarrow.fs import FileSelector, FileType
+
+    from habitus.pipelines.config import ConfigError
+
+    fs, base, where = warehouse._s3()
+    try:
+        infos = fs.get_file_info(FileSelector(base, recursive=False))
+    except OSError as e:
+        raise ConfigError(f"--parquet s3://{base}: cannot list the prefix (endpoint {where}): "
+                          f"{str(e).splitlines()[0]}") from None
+    names = [i.base_name.removesuffix(".parquet") for i in infos
+             if i.type == FileType.Directory or (i.type == FileType.File and i.base_name.endswith(".parquet"))]
+    return sorted(set(names))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             conn = TypeAdapter(Connection).validate_python(substitute_env(raw, "--connection", args.connection or ""))
         shown = _hide_secrets(args.name, shown)
         warehouse = connection_resource(args.name, conn)
-        tables = args.tables or _list_tables(conn.type, conn.model_dump())
+        tables = args.tables or _list_tables(conn.type, conn.model_dump(), warehouse)
         if not tables:
             raise ConfigError("no tables found; name them with --tables")
         profiles, skipped = {}, []
