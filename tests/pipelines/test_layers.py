@@ -157,7 +157,8 @@ def test_the_task_registry_counts_as_importing_its_task_modules(tmp_path):
 
 # bottom to top: a module imports its own room and the rooms below it (models/__init__.py says why)
 ROOMS = ["storage", "cache", "data", "nn", "tasks", "evaluate", "heads", "train", "serve", "explain"]
-# imports of the project's own modules inside a function, each with the reason it cannot be at the top
+# the project's own modules imported inside a function: (file, module) -> the reason it cannot be at the
+# top, which a comment at the import repeats (none today: third-party imports such as lightgbm may wait)
 DEFERRED: dict[tuple[str, str], str] = {}
 
 
@@ -175,7 +176,7 @@ def function_imports(tree: ast.AST):
                 yield line, module
 
 
-def room_violations(root: Path = ROOT) -> list[str]:
+def room_violations(root: Path = ROOT, deferred: dict = DEFERRED) -> list[str]:
     """Imports inside models/ that point up the rooms, and the project's modules imported inside a
     function where DEFERRED does not name the reason."""
     found = []
@@ -188,7 +189,7 @@ def room_violations(root: Path = ROOT) -> list[str]:
             if room in ROOMS and target is not None and ROOMS.index(target) > ROOMS.index(room):
                 found.append(f"{rel}:{line}: models/{room}/ imports {module} ({target}/ is above it)")
         for line, module in function_imports(tree):
-            if module.split(".")[0] in LAYERS and (str(rel), module) not in DEFERRED:
+            if module.split(".")[0] in LAYERS and (str(rel), module) not in deferred:
                 found.append(f"{rel}:{line}: {module} imported inside a function")
     return found
 
@@ -216,6 +217,9 @@ def test_an_upward_room_import_and_a_deferred_import_are_named(tmp_path):
         "def fit():\n    import lightgbm\n    from habitus.models.tasks import task\n")
     assert room_violations(tmp_path) == [
         "models/heads/stacking.py:3: models.tasks imported inside a function",
+        "models/tasks/binary.py:3: models/tasks/ imports models.heads.stacking (heads/ is above it)"]
+    allowed = {("models/heads/stacking.py", "models.tasks"): "(the reason)"}
+    assert room_violations(tmp_path, allowed) == [
         "models/tasks/binary.py:3: models/tasks/ imports models.heads.stacking (heads/ is above it)"]
 
 
