@@ -50,11 +50,19 @@ def test_no_import_points_up():
                        "value in as an argument or move it down:\n  " + "\n  ".join(found))
 
 
+def planted(root: Path, files: dict[str, str]) -> Path:
+    """A small tree of the packages holding `files` (path: source), for the checks' own tests."""
+    for package in [*LAYERS, "bench"]:
+        (root / package).mkdir(exist_ok=True)
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
 def test_an_upward_import_is_named_with_its_file_and_line(tmp_path):
-    for package in LAYERS:
-        (tmp_path / package).mkdir()
-    (tmp_path / "assets" / "cache.py").write_text("import dagster\n\n\ndef f():\n    from habitus.pipelines.partitions import x\n")
-    (tmp_path / "pipelines" / "definitions.py").write_text("from habitus.assets.cache import f\n")
+    planted(tmp_path, {"assets/cache.py": "import dagster\n\n\ndef f():\n    from habitus.pipelines.partitions import x\n",
+                       "pipelines/definitions.py": "from habitus.assets.cache import f\n"})
     assert upward_imports(tmp_path) == [
         "assets/cache.py:5: assets/ imports pipelines.partitions (pipelines/ is above it)"]
 
@@ -133,23 +141,18 @@ def test_no_import_circles():
 
 
 def test_an_import_circle_is_found(tmp_path):
-    for package in LAYERS:
-        (tmp_path / package).mkdir()
-    (tmp_path / "pipelines" / "cli.py").write_text("from habitus.pipelines.managed import main\n")
-    (tmp_path / "pipelines" / "managed.py").write_text("def main():\n    from pipelines import cli\n")
-    (tmp_path / "pipelines" / "config.py").write_text("import os\n")
+    planted(tmp_path, {"pipelines/cli.py": "from habitus.pipelines.managed import main\n",
+                       "pipelines/managed.py": "def main():\n    from pipelines import cli\n",
+                       "pipelines/config.py": "import os\n"})
     assert import_circles(tmp_path) == [["pipelines.cli", "pipelines.managed"]]
 
 
 def test_the_task_registry_counts_as_importing_its_task_modules(tmp_path):
-    for package in LAYERS:
-        (tmp_path / package).mkdir()
-    (tmp_path / "models" / "tasks").mkdir()
-    (tmp_path / "models" / "tasks" / "__init__.py").write_text(
-        'import importlib\n\nTASKS = {}\n\n\ndef register(name, module, targets):\n    TASKS[name] = module\n\n\n'
-        'register("toy", "habitus.models.tasks.toy", ("function",))\n')
-    (tmp_path / "models" / "tasks" / "toy.py").write_text("from habitus.models.tasks.helpers import f\n")
-    (tmp_path / "models" / "tasks" / "helpers.py").write_text("from habitus.models.tasks import TASKS\n")
+    planted(tmp_path, {
+        "models/tasks/__init__.py": 'import importlib\n\nTASKS = {}\n\n\ndef register(name, module, targets):\n'
+                                    '    TASKS[name] = module\n\n\nregister("toy", "habitus.models.tasks.toy", ("function",))\n',
+        "models/tasks/toy.py": "from habitus.models.tasks.helpers import f\n",
+        "models/tasks/helpers.py": "from habitus.models.tasks import TASKS\n"})
     assert import_circles(tmp_path) == [["models.tasks", "models.tasks.helpers", "models.tasks.toy"]]
 
 
@@ -209,12 +212,8 @@ def test_the_rooms_are_the_folders_of_models():
 
 
 def test_an_upward_room_import_and_a_deferred_import_are_named(tmp_path):
-    (tmp_path / "models" / "tasks").mkdir(parents=True)
-    (tmp_path / "models" / "heads").mkdir()
-    (tmp_path / "models" / "tasks" / "binary.py").write_text(
-        "import numpy\n\nfrom habitus.models.heads.stacking import blend\n")
-    (tmp_path / "models" / "heads" / "stacking.py").write_text(
-        "def fit():\n    import lightgbm\n    from habitus.models.tasks import task\n")
+    planted(tmp_path, {"models/tasks/binary.py": "import numpy\n\nfrom habitus.models.heads.stacking import blend\n",
+                       "models/heads/stacking.py": "def fit():\n    import lightgbm\n    from habitus.models.tasks import task\n"})
     assert room_violations(tmp_path) == [
         "models/heads/stacking.py:3: models.tasks imported inside a function",
         "models/tasks/binary.py:3: models/tasks/ imports models.heads.stacking (heads/ is above it)"]
@@ -260,11 +259,8 @@ def test_no_module_outside_the_tasks_compares_a_task_name():
 
 
 def test_a_task_name_comparison_is_named(tmp_path):
-    for package in SCANNED:
-        (tmp_path / package).mkdir()
-    (tmp_path / "models" / "tasks").mkdir()
-    (tmp_path / "models" / "tasks" / "toy.py").write_text('ok = name == "toy"\n')
-    (tmp_path / "bench" / "run.py").write_text(
-        'a = task.task == "toy"\nb = t.name in ("binary", "toy")\nc = {"toy": 1}\nd = kind == "sum"\n')
+    planted(tmp_path, {"models/tasks/toy.py": 'ok = name == "toy"\n',
+                       "bench/run.py": 'a = task.task == "toy"\nb = t.name in ("binary", "toy")\nc = {"toy": 1}\n'
+                                       'd = kind == "sum"\n'})
     assert task_name_comparisons(tmp_path, {"toy", "binary"}) == [
         "bench/run.py:1: task.task == 'toy'", "bench/run.py:2: t.name in ('binary', 'toy')"]
