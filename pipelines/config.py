@@ -53,12 +53,12 @@ Duration = Annotated[int, BeforeValidator(_to_days)]
 
 
 class DuckDBConnection(Strict):
-    type: Literal["duckdb"]
+    type: Literal["duckdb"] = Field(description="the embedded engine reading one database file")
     path: str = Field(description="DuckDB database file")
 
 
 class ParquetConnection(Strict):
-    type: Literal["parquet"]
+    type: Literal["parquet"] = Field(description="Parquet files in a folder or under an s3:// prefix")
     path: str = Field(description="folder holding <table>.parquet files or <table>/ folders")
     endpoint: str | None = Field(None, description="s3:// paths: an S3-compatible endpoint, 'http://host:port'")
     region: str | None = Field(None, description="s3:// paths: the bucket's region")
@@ -68,7 +68,8 @@ class WarehouseConnection(Strict):
     """Connectors beyond the embedded default; parameters are passed to the driver as given."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
-    type: Literal["snowflake", "bigquery", "clickhouse", "synapse", "databricks", "hive"]
+    type: Literal["snowflake", "bigquery", "clickhouse", "synapse", "databricks", "hive"] = Field(
+        description="the warehouse; install its extra, e.g. pip install -e '.[snowflake]' (the connectors page)")
 
 
 Connection = Annotated[Union[DuckDBConnection, ParquetConnection, WarehouseConnection], Field(discriminator="type")]
@@ -80,15 +81,20 @@ ColumnType = Literal["categorical", "numeric", "timestamp"]
 
 
 class Source(Strict):
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    role: Literal["events", "entity_attributes", "attributes"]
-    connection: str
-    table: str
-    timestamp: str | None = None
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="the source's name: its asset is "
+                      "source/<name>, and targets name it (`no_event: purchases`)")
+    role: Literal["events", "entity_attributes", "attributes"] = Field(
+        description="events: timestamped rows of an entity; entity_attributes: one row per entity, joined on "
+                    "`entity`; attributes: one row per value of an event column, joined on `key`")
+    connection: str = Field(description="a name under `connections:`")
+    table: str = Field(description="the table (schema.table and catalog.schema.table work; Parquet: the file's "
+                                   "or folder's name)")
+    timestamp: str | None = Field(None, description="the time column; required for events")
     key: str | None = Field(None, description="join key of an `attributes` table (a column of the events)")
     columns: list[str] = Field(default_factory=list, description="columns to use; empty = all")
     types: dict[str, ColumnType] = Field(default_factory=dict, description="override inferred column types")
-    partition: Literal["monthly", "daily"] = "monthly"
+    partition: Literal["monthly", "daily"] = Field("monthly", description="an events source's partitions: "
+                                                   "one extraction per month or per day")
     start: date | None = Field(None, description="first partition of an events source")
     end: date | None = Field(None, description="end of the last partition (exclusive), for data that stopped")
     retries: RetrySettings | None = Field(None, description="this source's extraction retries, key by key over "
@@ -113,15 +119,18 @@ _FOUNDATION, _FINETUNE, _LORA = FoundationConfig(), FinetuneConfig(), LoraConfig
 
 
 class FoundationSettings(Strict):
-    horizon: Duration = _FOUNDATION.horizon_days
-    cutoff_every: Duration = _FOUNDATION.cutoff_every_days
-    hidden: int = Field(_FOUNDATION.hidden, ge=8)
-    layers: int = Field(_FOUNDATION.layers, ge=1)
-    epochs: int = Field(_FOUNDATION.epochs, ge=1)
-    batch_size: int = Field(_FOUNDATION.batch_size, ge=8)
-    learning_rate: float = Field(_FOUNDATION.learning_rate, gt=0)
+    horizon: Duration = Field(_FOUNDATION.horizon_days, description="the window after each cut-off the "
+                              "foundation model learns to forecast (acts, how much, which values)")
+    cutoff_every: Duration = Field(_FOUNDATION.cutoff_every_days, description="spacing of the sampled training "
+                                   "cut-offs")
+    hidden: int = Field(_FOUNDATION.hidden, ge=8, description="width of the residual MLP trunk (and of the "
+                        "embeddings' trunk part)")
+    layers: int = Field(_FOUNDATION.layers, ge=1, description="residual blocks of the trunk")
+    epochs: int = Field(_FOUNDATION.epochs, ge=1, description="passes over the training cut-offs")
+    batch_size: int = Field(_FOUNDATION.batch_size, ge=8, description="entities per optimizer step")
+    learning_rate: float = Field(_FOUNDATION.learning_rate, gt=0, description="AdamW's learning rate")
     buckets: int = Field(_FOUNDATION.buckets, ge=8, description="histogram width per categorical column")
-    seed: int = _FOUNDATION.seed
+    seed: int = Field(_FOUNDATION.seed, description="random seed of the initialization and the data order")
     save_every_steps: int = Field(SAVE_EVERY_STEPS, ge=1, description="optimizer steps between two saves of the "
                                   "resumable training state (a killed run continues from the last)")
 
@@ -148,33 +157,36 @@ class CacheSettings(Strict):
 
 
 class NoEventTarget(Strict):
-    no_event: str
-    within: Duration
-    active_within: Duration = 90
+    no_event: str = Field(description="binary (churn): 1 when the entity has no event of this events source "
+                                      "within `within` after the cut-off")
+    within: Duration = Field(description="the window after the cut-off")
+    active_within: Duration = Field(90, description="only entities with an event within this window before the "
+                                                    "cut-off are scored (the others have already lapsed)")
 
 
 class AnyEventTarget(Strict):
-    any_event: str
-    by: str
-    within: Duration
-    top: int = Field(50, ge=1)
+    any_event: str = Field(description="multilabel / multiclass: the events source whose values within "
+                                       "`within` are the labels")
+    by: str = Field(description="the categorical column whose values are the labels (brand, category)")
+    within: Duration = Field(description="the window after the cut-off")
+    top: int = Field(50, ge=1, description="the labels are the `top` most frequent values of `by`")
 
 
 class SumTarget(Strict):
     sum: str = Field(description="<events source>.<numeric column>, or <events source> to count events")
-    within: Duration
+    within: Duration = Field(description="the window after the cut-off")
 
 
 class ItemsTarget(Strict):
     items: str = Field(description="<events source>.<categorical column>")
-    within: Duration
+    within: Duration = Field(description="the window after the cut-off")
 
 
 class FunctionTarget(Strict):
     function: str = Field(pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$",
                           description="package.module:function, called with (history, future, entities) Arrow "
                                       "tables; see models/data/target_functions.py")
-    within: Duration
+    within: Duration = Field(description="the window after the cut-off the function reads")
     by: str | None = Field(None, description="label tasks: the categorical column whose values the function "
                                              "returns (multiclass: one per entity; multilabel, recommendation: a list)")
     top: int = Field(50, ge=1, description="multilabel / multiclass: the labels are the top values of `by`")
@@ -200,7 +212,7 @@ Target = Annotated[
 
 class LoraSettings(Strict):
     rank: int = Field(_LORA.rank, ge=1, description="rank of the adapters on the frozen trunk (models/nn/lora.py)")
-    alpha: float = Field(_LORA.alpha, gt=0)
+    alpha: float = Field(_LORA.alpha, gt=0, description="scale of the adapters' update (alpha / rank)")
 
 
 Precision = Literal["fp32", "int8", "bf16"]
@@ -235,7 +247,8 @@ class ExplainSettings(Strict):
 
 
 class Scenario(Strict):
-    task: Literal[tuple(TASKS)]  # the task types (models/tasks/)
+    task: Literal[tuple(TASKS)] = Field(description="the task type (models/tasks/); it decides the targets "
+                                                    "it takes, the metric and the baselines")
     explain: ExplainSettings | None = Field(None, description="write explanations/<scenario> daily ({top: 5})")
     lora: LoraSettings | None = Field(None, description="fine-tune LoRA adapters on the frozen trunk, not all weights")
     inference_precision: Precision | None = Field(None, description="this scenario's predictions; default: the "
@@ -244,9 +257,10 @@ class Scenario(Strict):
         "chosen", description="chosen: the fine-tuned network, LightGBM over hand features + the foundation's "
         "representation, or their blend, whichever scores best on the validation cut-off (binary, regression, "
         "multilabel); network: the network alone (scoring about 1.7x faster)")
-    target: Target
-    epochs: int = Field(_FINETUNE.epochs, ge=1)
-    learning_rate: float = Field(_FINETUNE.learning_rate, gt=0)
+    target: Target = Field(description="what is predicted: one of the target shapes below")
+    epochs: int = Field(_FINETUNE.epochs, ge=1, description="fine-tuning epochs at most (the weights of the "
+                        "epochs that lower the validation loss are averaged)")
+    learning_rate: float = Field(_FINETUNE.learning_rate, gt=0, description="fine-tuning learning rate")
     train_cutoffs: int = Field(TRAIN_CUTOFFS, ge=1, description="training cut-offs before the validation cut-off")
     top_k: int = Field(RANKING_K, ge=1, description="k of the ranking metrics (recommendation)")
     save_every_steps: int = Field(SAVE_EVERY_STEPS, ge=1, description="optimizer steps between two saves of the "
@@ -266,8 +280,8 @@ class Scenario(Strict):
 
 
 class Sink(Strict):
-    connection: str
-    table: str
+    connection: str = Field(description="a name under `connections:`")
+    table: str = Field(description="predictions go to <table>_<scenario>, a day's rows replaced on a re-run")
 
 
 class PredictionSettings(Strict):
@@ -278,7 +292,7 @@ class PredictionSettings(Strict):
     without_history: Literal["skip", "flag"] = Field("skip", description="entities with no event before as_of: no "
                                                      "row (skip), or a row with null scores and has_history false")
     start: date | None = Field(None, description="first daily partition; default: the first events source's start")
-    sink: Sink | None = None
+    sink: Sink | None = Field(None, description="write the predictions back to the warehouse too")
 
 
 class QualitySettings(Strict):
@@ -293,17 +307,23 @@ class QualitySettings(Strict):
 
 
 class Project(Strict):
-    workspace: str
-    output: str | None = None
-    connections: dict[str, Connection]
-    entity: str
-    sources: list[Source] = Field(min_length=1)
-    cache: CacheSettings = CacheSettings()
-    foundation: FoundationSettings = FoundationSettings()
-    scenarios: dict[str, Scenario] = Field(default_factory=dict)
-    predictions: PredictionSettings = PredictionSettings()
-    schedules: ScheduleSettings = ScheduleSettings()
-    quality: QualitySettings = QualitySettings()
+    workspace: str = Field(description="POSIX folder of the cache, checkpoints and outputs (a real filesystem; "
+                                       "s3:// is refused); relative to the config file")
+    output: str | None = Field(None, description="where each stage uploads what it finished: s3://, gs://, "
+                                                 "abfs:// or a folder (managed jobs, restore)")
+    output_pins: dict[str, str] = Field(default_factory=dict, description="{stage: fingerprint} restore accepts "
+                                        "from `output:` (each upload logs its stage's fingerprint); with pins set, "
+                                        "restore takes the pinned stages only (resources/output.py)")
+    connections: dict[str, Connection] = Field(description="named warehouse connections the sources read")
+    entity: str = Field(description="the id column every event and entity attribute row carries (customer_id)")
+    sources: list[Source] = Field(min_length=1, description="the tables to extract")
+    cache: CacheSettings = Field(CacheSettings(), description="how the cache build runs")
+    foundation: FoundationSettings = Field(FoundationSettings(), description="the foundation model")
+    scenarios: dict[str, Scenario] = Field(default_factory=dict, description="the models fine-tuned on the "
+                                           "foundation, by name")
+    predictions: PredictionSettings = Field(PredictionSettings(), description="the daily scores")
+    schedules: ScheduleSettings = Field(ScheduleSettings(), description="retraining and scoring schedules, sensors")
+    quality: QualitySettings = Field(QualitySettings(), description="bad input tolerated before checks fail")
     retries: RetrySettings = Field(RetrySettings(), description="extraction retries of transient warehouse errors, "
                                    "for every source (a source's own `retries:` overrides keys of it)")
     test_cutoff: date | None = Field(None, description="hold-out cut-off; default: data end minus the longest window")
@@ -320,6 +340,16 @@ class Project(Strict):
                 f"and renamed into place), got {v!r}; mount object storage or use `output: {v}` to upload artifacts "
                 f"after training"
             )
+        return v
+
+    @field_validator("output_pins")
+    @classmethod
+    def _pins(cls, v: dict[str, str]) -> dict[str, str]:
+        for stage, pin in v.items():
+            if not re.fullmatch(r"foundation|scenario/[A-Za-z_][A-Za-z0-9_-]*", stage):
+                raise ValueError(f"output_pins: {stage!r} is not a stage with a checkpoint (foundation, scenario/NAME)")
+            if not re.fullmatch(r"[0-9a-f]{64}", pin):
+                raise ValueError(f"output_pins.{stage}: expected the 64 hex digits its upload logged as fingerprint")
         return v
 
     @field_validator("output")

@@ -37,7 +37,7 @@ class ScheduleSettings(Strict):
     foundation: Cron = Field("0 2 1 * *", description="retrain the foundation model and its scenarios (monthly)")
     scenarios: Cron = Field("0 3 * * 1", description="retrain scenarios whose inputs changed (weekly, Mondays)")
     predictions: Cron = Field("0 5 * * *", description="score the previous day (daily)")
-    timezone: Annotated[str, BeforeValidator(_timezone)] = "UTC"
+    timezone: Annotated[str, BeforeValidator(_timezone)] = Field("UTC", description="the cron strings' time zone")
     sensor_interval: int = Field(60, ge=5, description="seconds between two checks of a source for new data")
     running: bool = Field(False, description="start sensors, schedules and the cache automation switched on "
                                              "(otherwise switch them on in the UI)")
@@ -77,5 +77,5 @@ class KubernetesSettings(Strict):
     env_secrets: list[str] = Field(default_factory=list, description="Secrets whose keys become environment "
                                                                      "variables of every step pod (credentials)")
     node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the GPU pods need")
-    foundation: TrainingPod = TrainingPod()
-    scenarios: TrainingPod = TrainingPod()
+    foundation: TrainingPod = Field(TrainingPod(), description="the foundation model's training pod")
+    scenarios: TrainingPod = Field(TrainingPod(), description="each scenario's training pod")

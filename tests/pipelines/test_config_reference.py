@@ -1,0 +1,73 @@
+"""docs/reference/config.md is what the schema generates: a default, a key or a description changed in
+pipelines/config.py without `python -m habitus.pipelines.config_reference --write` fails here."""
+
+import re
+
+from pydantic import Field
+
+from habitus.pipelines import config, config_reference
+from habitus.pipelines.config_base import Strict
+
+
+def test_the_committed_reference_is_what_the_schema_generates():
+    committed = config_reference.REFERENCE.read_text()
+    assert committed == config_reference.generate(), (
+        "docs/reference/config.md differs from the schema: run python -m habitus.pipelines.config_reference --write")
+
+
+def test_every_key_of_every_section_is_listed_with_a_description():
+    text = config_reference.generate()
+    for key, model, _ in config_reference._sections(config.Project, "project"):
+        section = text.split(f"{{ #{config_reference._anchor(key)} }}", 1)[1].split("\n## ", 1)[0]
+        for name, info in model.model_fields.items():
+            row = re.search(rf"^\| `{name}` \|.*$", section, re.M)
+            assert row, f"{key}.{name} is not in its section"
+            assert info.description, f"{key}.{name} has no description (Field(description=...))"
+
+
+def test_a_changed_default_changes_the_reference(monkeypatch):
+    class Quality(config.QualitySettings):
+        max_dropped_share: float = Field(0.02, ge=0, le=1, description="events dropped by the quarantine")
+
+    class Changed(config.Project):
+        quality: Quality = Field(Quality(), description="bad input tolerated before checks fail")
+
+    assert "| `max_dropped_share` | number | `0.01` |" in config_reference.generate()
+    monkeypatch.setattr(config_reference, "Project", Changed)
+    after = config_reference.generate()
+    assert "| `max_dropped_share` | number | `0.02` |" in after
+    assert after != config_reference.REFERENCE.read_text()  # what the first test would catch
+
+
+def test_types_defaults_and_allowed_values_are_read_from_the_fields():
+    class Section(Strict):
+        """A section."""
+        window: config.Duration = Field(28, description="a window")
+        mode: str = Field("a", pattern=r"^(a|b)$", description="a mode")
+        kind: config.Literal["x", "y"] = Field("x", description="a kind")
+        count: int | None = Field(None, ge=1, le=9, description="a count")
+        names: list[str] = Field(default_factory=list, description="names")
+
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", _table(Section), re.M)}
+    assert rows["window"] == "| `window` | duration | `28d` |  | a window |"
+    assert rows["mode"] == "| `mode` | string | `a` | matches `^(a\\|b)$` | a mode |"
+    assert rows["kind"] == "| `kind` | string | `x` | `x`, `y` | a kind |"
+    assert rows["count"] == "| `count` | integer or null | none | &gt;= 1; &lt;= 9 | a count |"
+    assert rows["names"] == "| `names` | list of string | empty |  | names |"
+
+
+def _table(model) -> str:
+    class Root(Strict):
+        section: model = Field(description="the section")
+
+    original = config_reference.Project
+    try:
+        config_reference.Project = Root
+        return config_reference.generate()
+    finally:
+        config_reference.Project = original
+
+
+def test_the_module_prints_the_reference(capsys):
+    assert config_reference.main([]) == 0
+    assert capsys.readouterr().out == config_reference.generate()
