@@ -108,7 +108,8 @@ def build_resources(project: Project) -> dict:
     # on Kubernetes each training pod trains with one process per GPU it got (pipelines/kubernetes.py)
     settings = project.executor.model_dump() if project.executor else {"processes": 0 if project.kubernetes else 1}
     executor = TrainingExecutor(**settings)  # `executor:` in the project config (the CLI may override it)
-    resources = {"workspace": Workspace(root=project.workspace, output=project.output), "executor": executor}
+    resources = {"workspace": Workspace(root=project.workspace, output=project.output,
+                                        output_pins=project.output_pins), "executor": executor}
     resources.update({connection_key(n): connection_resource(n, c) for n, c in project.connections.items()})
     return resources
 

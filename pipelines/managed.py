@@ -139,15 +139,16 @@ class _Runner:
 
 def _restore_if_missing(project, log) -> None:
     """A fresh disk of a job that starts from trained checkpoints: bring them back from `output:`."""
+    from habitus.resources.output import shown_url
     from habitus.resources.workspace import Workspace
 
-    ws = Workspace(root=project.workspace, output=project.output)
+    ws = Workspace(root=project.workspace, output=project.output, output_pins=project.output_pins)
     if (ws.foundation / "config.json").exists():
         return
     if not project.output:
         raise RuntimeError(f"no foundation checkpoint in the workspace {project.workspace} and no `output:` to "
                            f"restore one from; run `habitus train` first")
-    log(f"no checkpoints in {project.workspace}: restoring them from {project.output}")
+    log(f"no checkpoints in {project.workspace}: restoring them from {shown_url(project.output)}")
     ws.restore(log=log)
 
 
@@ -220,6 +221,7 @@ def main(command: str, argv: list[str]) -> int:
     from habitus.pipelines.config import ConfigError, load_project
 
     p = argparse.ArgumentParser(prog=f"habitus {command}", description=__doc__,
+    from habitus.resources.output import shown_url
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="project YAML (default: $HABITUS_CONFIG or examples/demo.yaml)")
     if command == "train":
@@ -250,7 +252,7 @@ def main(command: str, argv: list[str]) -> int:
                            verbose=args.verbose)
         elif command == "upload":
             done = upload(project)
-            print(f"uploaded to {project.output}: " + ", ".join(
+            print(f"uploaded to {shown_url(project.output)}: " + ", ".join(
                 f"{s} {r['uploaded']} sent / {r['skipped']} already there" for s, r in done.items()))
             return 0
         else:
@@ -258,9 +260,9 @@ def main(command: str, argv: list[str]) -> int:
             from habitus.resources.workspace import Workspace
 
             source = str(Path(args.source).resolve()) if args.source and "://" not in args.source else args.source
-            ws = Workspace(root=project.workspace, output=source or project.output)
+            ws = Workspace(root=project.workspace, output=source or project.output, output_pins=project.output_pins)
             done = ws.restore(Output(ws.output).stages() if args.all and ws.output else None)
-            print(f"restored {', '.join(done)} from {ws.output} into {project.workspace}")
+            print(f"restored {', '.join(done)} from {shown_url(ws.output)} into {project.workspace}")
             return 0
     except Exception as e:  # noqa: BLE001 (a managed job reports any failure through its failure file)
         _fail(f"habitus {command} failed: {type(e).__name__}: {e}", traceback.format_exc())

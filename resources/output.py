@@ -18,15 +18,27 @@ stage removes the temporary keys and sends again what the manifest does not name
 file the manifest names with the same size and SHA-256 is never sent twice. `restore` reads the
 manifests and brings every file back onto a local workspace, checking each one's size and SHA-256.
 
+Nothing read back from the store is trusted: whoever can write to the bucket can write a manifest. Every
+manifest entry must be a plain relative path (no `..`, no absolute path, no backslash, no empty, dot or
+non-ASCII component) inside the folders its stage owns (`stage_units`), and stays inside the workspace once
+resolved (a symlink planted in the workspace is refused, never followed); `cache_folder` must be a cache
+fingerprint. Restore builds each of the stage's folders under a temporary name, under the stage's lock, and
+swaps it in whole (models/storage/files.py atomic_path): a restore killed halfway leaves the previous
+checkpoint as it was. Upload deletes only keys of its own previous manifest that pass the same checks. With
+pins (the project's `output_pins:`), restore takes only a stage whose manifest fingerprint (`fingerprint`:
+SHA-256 over its file list and their SHA-256) is the pinned one.
+
 Every remote operation is retried (exponential backoff) before the upload fails. Credentials come from
 the store's usual variables (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*); an S3-compatible
 endpoint from AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, or `?endpoint_override=host:port&scheme=http`.
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import stat
 import time
 import uuid
 from datetime import datetime, timezone
@@ -46,6 +58,103 @@ class OutputError(RuntimeError):
     """An upload or restore that failed; the message names the output, the key and what to do."""
 
 
+# one component of a key: ASCII letters, digits and _ . = + @ , -, never starting with a dot (no `..`, no
+# hidden or temporary name, no unicode look-alike of a dot or a slash)
+_PART = re.compile(r"[A-Za-z0-9_=+@,-][A-Za-z0-9_.=+@,-]{0,254}")
+_CACHE_FOLDER = re.compile(r"[0-9a-f]{16}")
+_STAGE = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_][A-Za-z0-9_-]*)?")
+
+
+def shown_url(url: str) -> str:
+    """An output URL as logged: without user info (user:password@) or query string (tokens, endpoints)."""
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return url.split("?", 1)[0]
+    return f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}{parts.path}"
+
+
+def checked_key(rel, where: str) -> str:
+    """`rel` when it is a plain relative path ('a/b/c.json'); OutputError naming it otherwise."""
+    if not isinstance(rel, str) or not all(_PART.fullmatch(p) for p in rel.split("/")):
+        raise OutputError(f"{where}: entry {rel!r} is not a plain relative path (letters, digits, _ . = + @ , -; no "
+                          f"'..', absolute path, backslash or empty component); the manifest was not written by "
+                          f"habitus: check who can write to the store, delete that manifest and upload the stage again")
+    return rel
+
+
+def stage_units(stage: str, cache_folder: str | None = None) -> list[str]:
+    """The paths (relative to the workspace) that the stage `stage` owns: its upload holds files at or
+    under them only, and restore swaps each in whole. The layout is resources/workspace.py's."""
+    kind, _, item = stage.partition("/")
+    if kind == "foundation":
+        return ["checkpoints/foundation", "checkpoints/foundation_loss.png"] + (
+            [f"cache/{cache_folder}"] if cache_folder else [])
+    if kind == "scenario" and item:
+        return [f"checkpoints/scenarios/{item}", f"checkpoints/scenarios/{item}_loss.png",
+                f"checkpoints/scenarios/{item}_lift.png", f"checkpoints/passed/{item}"]
+    if kind == "predictions" and item:
+        return [f"predictions/{item}"]
+    if kind == "embeddings":
+        return ["embeddings"]
+    return []
+
+
+def daily_stage(stage: str) -> bool:
+    """A stage of daily files (predictions, embeddings): earlier days stay, in the store and on restore."""
+    return stage.partition("/")[0] in ("predictions", "embeddings")
+
+
+def fingerprint(manifest: dict) -> str:
+    """The SHA-256 a pin names: over the stage's files (path and SHA-256) and its cache folder."""
+    body = {"cache_folder": manifest.get("cache_folder"),
+            "files": {rel: e.get("sha256") for rel, e in sorted(manifest.get("files", {}).items())}}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def checked_manifest(manifest, stage: str, where: str) -> dict[str, dict[str, dict]]:
+    """The manifest's entries grouped by the unit of `stage_units` each lies in ({unit: {rel: entry}});
+    OutputError naming the entry for a key that is not a plain relative path inside the stage's units,
+    an entry without an integer size and a hex SHA-256, or a `cache_folder` that is not a fingerprint."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise OutputError(f"{where}: not a manifest (no `files` mapping); delete it and upload the stage again")
+    folder = manifest.get("cache_folder")
+    if folder is not None and not (isinstance(folder, str) and _CACHE_FOLDER.fullmatch(folder)):
+        raise OutputError(f"{where}: cache_folder {folder!r} is not a cache fingerprint (16 hex digits); the "
+                          f"manifest was not written by habitus: check who can write to the store")
+    units = stage_units(stage, folder)
+    grouped: dict[str, dict[str, dict]] = {}
+    for rel, entry in manifest["files"].items():
+        checked_key(rel, where)
+        unit = next((u for u in units if rel == u or rel.startswith(u + "/")), None)
+        if unit is None:
+            raise OutputError(f"{where}: entry {rel!r} lies outside what the stage {stage!r} writes "
+                              f"({', '.join(units) or 'nothing'}); check who can write to the store")
+        if not (isinstance(entry, dict) and type(entry.get("size")) is int and entry["size"] >= 0
+                and isinstance(entry.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", entry["sha256"])):
+            raise OutputError(f"{where}: entry {rel!r} has no integer size and SHA-256")
+        grouped.setdefault(unit, {})[rel] = entry
+    for unit, entries in grouped.items():
+        if unit in entries and len(entries) > 1:
+            raise OutputError(f"{where}: entry {unit!r} is a file and a folder at once")
+    return grouped
+
+
+def inside(root: Path, dest: Path) -> Path:
+    """`dest` (under `root`) when no component between them is a symlink and it resolves inside `root`;
+    OutputError otherwise: nothing is read or written through a link planted in the workspace."""
+    base = root.resolve()
+    rel = dest.relative_to(root)
+    at = base
+    for part in rel.parts:
+        at = at / part
+        if at.is_symlink():
+            raise OutputError(f"{at} is a symbolic link; restore never writes through one (remove it, or "
+                              f"restore into a workspace without links)")
+    if not at.resolve().is_relative_to(base):
+        raise OutputError(f"{dest} resolves outside the workspace {base}")
+    return at
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -56,7 +165,7 @@ def _sha256(path: Path) -> str:
 
 def stage_file(stage: str) -> str:
     """The manifest key of a stage, relative to the prefix: 'scenario/churn' -> manifests/scenario/churn.json."""
-    if not re.fullmatch(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_.-]+)?", stage):
+    if not isinstance(stage, str) or not _STAGE.fullmatch(stage):
         raise OutputError(f"stage name {stage!r} cannot name a manifest")
     return f"{MANIFESTS}/{stage}.json"
 
@@ -66,6 +175,7 @@ class Output:
 
     def __init__(self, url: str, *, retries: int = 5, backoff_s: float = 0.5, log: Callable[[str], None] = print):
         self.url, self.retries, self.backoff_s, self.log = url, retries, backoff_s, log
+        self.shown = shown_url(url)
         self.fs, self.base = _filesystem(url)
         self._local = type(self.fs).__name__ == "LocalFileSystem"
 
@@ -83,8 +193,8 @@ class Output:
                 if is_disk_full(e):  # a full disk (a mounted folder as output) stays full: no retry
                     raise OutputError(self._full(what, key, needed)) from e
                 if attempt == self.retries:
-                    raise OutputError(f"output {self.url}: {what} failed after {attempt} attempts: {e}") from e
-                self.log(f"output {self.url}: {what} failed ({type(e).__name__}: {str(e)[:200]}); retrying in "
+                    raise OutputError(f"output {self.shown}: {what} failed after {attempt} attempts: {e}") from e
+                self.log(f"output {self.shown}: {what} failed ({type(e).__name__}: {str(e)[:200]}); retrying in "
                          f"{delay:.1f}s (attempt {attempt + 1} of {self.retries})")
                 time.sleep(delay)
                 delay *= 2
@@ -98,7 +208,7 @@ class Output:
         except OSError:
             free = "free space unknown"
         want = f"; it needs {needed / 1e6:,.1f} MB (+20% headroom)" if needed is not None else ""
-        return (f"output {self.url}: {what} failed: the disk holding {folder} is full ({free}{want}). Nothing "
+        return (f"output {self.shown}: {what} failed: the disk holding {folder} is full ({free}{want}). Nothing "
                 f"was committed: the stage's manifest still names its previous files, the partial copy was "
                 f"removed. Free space there and run the stage again: files already uploaded are not sent twice")
 
@@ -138,7 +248,7 @@ class Output:
         try:
             return json.loads(data)
         except ValueError as e:
-            raise OutputError(f"output {self.url}: {key} is not valid JSON ({e}); delete it and upload again") from None
+            raise OutputError(f"output {self.shown}: {key} is not valid JSON ({e}); delete it and upload again") from None
 
     def _tmp_prefix(self, stage: str) -> str:
         return f"{UPLOADS}{stage.replace('/', '+')}."
@@ -173,7 +283,7 @@ class Output:
         """Remove the temporary keys a killed upload of `stage` left; returns how many there were."""
         from pyarrow.fs import FileSelector, FileType
 
-        infos = self._retry(f"listing {self.url}", lambda: self.fs.get_file_info(
+        infos = self._retry(f"listing {self.shown}", lambda: self.fs.get_file_info(
             FileSelector(self.base, recursive=False, allow_not_found=True)))
         mine = self._key(self._tmp_prefix(stage))
         files = [i.path for i in infos if i.type == FileType.File and i.path.startswith(mine)]
@@ -194,7 +304,7 @@ class Output:
         infos = self._retry(f"listing {folder}", lambda: self.fs.get_file_info(
             FileSelector(folder, recursive=True, allow_not_found=True)))
         names = [i.path[len(folder) + 1:] for i in infos if i.type == FileType.File and i.path.endswith(".json")]
-        return sorted(n.removesuffix(".json") for n in names)
+        return sorted(n for n in (n.removesuffix(".json") for n in names) if _STAGE.fullmatch(n))
 
     def upload(self, stage: str, root: Path, files: Iterable[Path], *, replace: bool = True,
                extra: dict | None = None) -> dict:
@@ -205,11 +315,13 @@ class Output:
         earlier entries stay. Returns {uploaded, skipped, bytes, removed, cleaned}."""
         root = Path(root)
         rels = sorted({Path(f).resolve().relative_to(root.resolve()).as_posix() for f in files})
-        old = self.manifest(stage) or {}
-        had = old.get("files", {})
+        old = self.manifest(stage)
+        if old is not None:  # its entries are deleted below: each must be a key this stage wrote
+            checked_manifest(old, stage, f"output {self.shown}: {self._key(stage_file(stage))}")
+        had = (old or {}).get("files", {})
         cleaned = self._clear_uploads(stage)
         if cleaned:
-            self.log(f"output {self.url}: removed {cleaned} temporary key(s) of an upload of {stage} that did not finish")
+            self.log(f"output {self.shown}: removed {cleaned} temporary key(s) of an upload of {stage} that did not finish")
         token = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
         entries, uploaded, skipped, sent = ({} if replace else dict(had)), 0, 0, 0
         for rel in rels:
@@ -230,13 +342,15 @@ class Output:
             self._put_atomic(lambda key, p=path: self._write_file(p, key), rel, token, stage, size=st.st_size)
             got = self._retry(f"checking {self._key(rel)}", lambda: self._size(self._key(rel)))
             if got != st.st_size:
-                raise OutputError(f"output {self.url}: {self._key(rel)} holds {got} bytes after its upload, the "
+                raise OutputError(f"output {self.shown}: {self._key(rel)} holds {got} bytes after its upload, the "
                                   f"local file {path} {st.st_size}; upload again")
             entries[rel] = {**entry, "uploaded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             uploaded += 1
             sent += st.st_size
         manifest = {"format": FORMAT, "stage": stage, "committed_at": datetime.now(timezone.utc).isoformat(),
                     **(extra or {}), "files": entries}
+        checked_manifest(manifest, stage, f"upload of {stage}")  # a file outside the stage's units is a bug here
+        manifest["fingerprint"] = fingerprint(manifest)
         body = json.dumps(manifest, indent=2, sort_keys=True).encode()
         self._put_atomic(lambda key: self._write_bytes(body, key), stage_file(stage), token, stage, size=len(body))
         removed = [rel for rel in had if rel not in entries]
@@ -244,36 +358,85 @@ class Output:
             key = self._key(rel)
             self._retry(f"deleting {key}", lambda k=key: self.fs.delete_file(k) if self._size(k) is not None else None)
         self._clear_uploads(stage)
-        self.log(f"output {self.url}: {stage}: {uploaded} file(s) uploaded ({sent / 1e6:.1f} MB), {skipped} already "
-                 f"there" + (f", {len(removed)} removed" if removed else ""))
+        self.log(f"output {self.shown}: {stage}: {uploaded} file(s) uploaded ({sent / 1e6:.1f} MB), {skipped} already "
+                 f"there" + (f", {len(removed)} removed" if removed else "") + f"; fingerprint {manifest['fingerprint']}")
         return {"uploaded": uploaded, "skipped": skipped, "bytes": sent, "removed": len(removed), "cleaned": cleaned}
 
-    def restore(self, root: Path, stages: Iterable[str] | None = None) -> dict:
-        """Download every file the manifests of `stages` (default: all) name into the workspace `root`,
-        each written under a temporary name, its size and SHA-256 checked, then renamed into place. A file
-        already there with the same size and SHA-256 is kept. Returns {stage: manifest}."""
+    def restore(self, root: Path, stages: Iterable[str] | None = None, *, pins: dict[str, str] | None = None,
+                lock: Callable[[str], contextlib.AbstractContextManager] | None = None) -> dict:
+        """Download every file the manifests of `stages` (default: all) name into the workspace `root`.
+        Each manifest is checked first (`checked_manifest`, `inside`) and, with `pins` ({stage: fingerprint}),
+        must carry the pinned fingerprint: a checkpoint stage without a pin is refused then. Each unit of the stage (a
+        checkpoint folder, a cache version, a plot) is built under a temporary name beside it, every file's
+        size and SHA-256 checked, and swapped in whole, holding `lock(stage)` (the stage's workspace lock)
+        meanwhile. A file already there with the same size and SHA-256 is linked, not downloaded. Returns
+        {stage: manifest}."""
         root = Path(root)
         chosen = list(stages) if stages is not None else self.stages()
         if not chosen:
-            raise OutputError(f"output {self.url}: no manifests under {self._key(MANIFESTS)}; nothing was uploaded "
+            raise OutputError(f"output {self.shown}: no manifests under {self._key(MANIFESTS)}; nothing was uploaded "
                               f"there yet (train with this `output:` first)")
-        done = {}
-        for stage in chosen:
+        checked = {}
+        for stage in chosen:  # every manifest checked before anything is written
             manifest = self.manifest(stage)
+            where = f"output {self.shown}: {self._key(stage_file(stage))}"
             if manifest is None:
-                raise OutputError(f"output {self.url}: stage {stage!r} has no manifest ({self._key(stage_file(stage))}); "
+                raise OutputError(f"output {self.shown}: stage {stage!r} has no manifest ({self._key(stage_file(stage))}); "
                                   f"uploaded stages: {self.stages()}")
-            fetched = 0
-            for rel, entry in sorted(manifest["files"].items()):
-                dest = root / rel
-                if dest.is_file() and dest.stat().st_size == entry["size"] and _sha256(dest) == entry["sha256"]:
-                    continue
-                self._retry(f"downloading {self._key(rel)}", lambda r=rel, d=dest, e=entry: self._fetch(r, d, e))
-                fetched += 1
-            self.log(f"output {self.url}: {stage}: {fetched} file(s) restored, "
+            units = checked_manifest(manifest, stage, where)
+            if pins and not daily_stage(stage):  # checkpoints are pinned; daily files are data, not models
+                got = fingerprint(manifest)
+                if stage not in pins:
+                    raise OutputError(f"{where}: the stage {stage!r} has no pin in `output_pins:`; with pins set, "
+                                      f"restore takes pinned stages only (pinned: {sorted(pins)})")
+                if got != pins[stage]:
+                    raise OutputError(f"{where}: fingerprint {got} is not the pinned {pins[stage]}; the store "
+                                      f"holds another version than the one pinned in `output_pins:` (its upload "
+                                      f"logged the fingerprint): nothing was restored")
+            for unit in units:
+                inside(root, root / unit)
+            checked[stage] = (manifest, units)
+        done = {}
+        for stage, (manifest, units) in checked.items():
+            with lock(stage) if lock is not None else contextlib.nullcontext():
+                fetched = sum(self._restore_unit(root, unit, entries, keep=daily_stage(stage))
+                              for unit, entries in sorted(units.items()))
+            self.log(f"output {self.shown}: {stage}: {fetched} file(s) restored, "
                      f"{len(manifest['files']) - fetched} already in {root}")
             done[stage] = manifest
         return done
+
+    def _restore_unit(self, root: Path, unit: str, entries: dict[str, dict], keep: bool) -> int:
+        """Bring one unit (`root/unit`, a file or a folder) to what `entries` name, swapped in whole; `keep`:
+        files of the folder the manifest does not name stay (daily files). Returns the files downloaded."""
+        from habitus.models.storage.files import atomic_path
+
+        dest = inside(root, root / unit)
+        local = _regular_files(dest)
+        current = {rel: _same(dest / rel[len(unit) + 1:] if rel != unit else dest, e) for rel, e in entries.items()}
+        if all(current.values()) and (keep or set(local) == {rel[len(unit) + 1:] for rel in entries if rel != unit}):
+            return 0
+        fetched = 0
+        with atomic_path(dest) as tmp:
+            if unit in entries:  # a single file (a plot)
+                self._retry(f"downloading {self._key(unit)}", lambda: self._fetch(unit, tmp, entries[unit]))
+                return 1
+            tmp.mkdir(parents=True)
+            for rel, entry in sorted(entries.items()):
+                sub = rel[len(unit) + 1:]
+                target = tmp / sub
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if current[rel]:
+                    _link_or_copy(dest / sub, target)
+                    continue
+                self._retry(f"downloading {self._key(rel)}", lambda r=rel, t=target, e=entry: self._fetch(r, t, e))
+                fetched += 1
+            if keep:
+                named = {rel[len(unit) + 1:] for rel in entries}
+                for sub in sorted(set(local) - named):
+                    (tmp / sub).parent.mkdir(parents=True, exist_ok=True)
+                    _link_or_copy(dest / sub, tmp / sub)
+        return fetched
 
     def _fetch(self, rel: str, dest: Path, entry: dict) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -286,7 +449,7 @@ class Output:
                     out.write(block)
             size = tmp.stat().st_size
             if size != entry["size"] or h.hexdigest() != entry["sha256"]:
-                raise OutputError(f"output {self.url}: {self._key(rel)} is {size} bytes with SHA-256 "
+                raise OutputError(f"output {self.shown}: {self._key(rel)} is {size} bytes with SHA-256 "
                                   f"{h.hexdigest()[:16]}…, its manifest says {entry['size']} bytes, "
                                   f"{entry['sha256'][:16]}…: an upload of it did not finish; upload that stage again")
             durable_replace(tmp, dest)  # a power cut never leaves a restored file half there under its name
@@ -295,19 +458,55 @@ class Output:
                 tmp.unlink()
 
 
+def _regular_files(folder: Path) -> list[str]:
+    """Paths (relative to `folder`) of the regular, visible files under it; symlinks are neither followed
+    nor listed (a link planted there is dropped by the swap, never read)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    found = []
+    for at, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(at, d))]
+        found += [os.path.relpath(os.path.join(at, n), folder) for n in names if not n.startswith(".")
+                  and stat.S_ISREG(os.lstat(os.path.join(at, n)).st_mode)]
+    return sorted(found)
+
+
+def _same(path: Path, entry: dict) -> bool:
+    """Whether `path` is a regular file (not a link) with the entry's size and SHA-256."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == entry["size"] and _sha256(path) == entry["sha256"]
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A file kept from the previous version into the folder being built: a hard link (the old file is
+    never written again, only replaced), a copy where links are not possible."""
+    import shutil
+
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
 def _filesystem(url: str):
     """(pyarrow FileSystem, base path without a trailing '/') for an output URL or folder."""
     from pyarrow import fs as pafs
 
     if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url):
         if not os.path.isabs(url):
-            raise OutputError(f"output {url!r}: a folder must be an absolute path (the project loader resolves "
+            raise OutputError(f"output {shown_url(url)!r}: a folder must be an absolute path (the project loader resolves "
                               f"relative ones against the config file)")
         return pafs.LocalFileSystem(), url.rstrip("/") or "/"
     parts = urlsplit(url)
+    if parts.username or parts.password:
+        raise OutputError(f"output {shown_url(url)!r}: credentials in the URL are not read (and would be logged); "
+                          f"give them as the store's variables (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*)")
     if parts.scheme in ("s3", "s3a"):
         if not parts.netloc:
-            raise OutputError(f"output {url!r}: name a bucket, s3://bucket/prefix/")
+            raise OutputError(f"output {shown_url(url)!r}: name a bucket, s3://bucket/prefix/")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         endpoint = query.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL_S3") or \
             os.environ.get("AWS_ENDPOINT_URL")
@@ -326,5 +525,5 @@ def _filesystem(url: str):
     try:
         filesystem, path = pafs.FileSystem.from_uri(url)
     except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        raise OutputError(f"output {url!r}: pyarrow cannot open it ({e}); use s3://, gs://, abfs:// or a folder") from None
+        raise OutputError(f"output {shown_url(url)!r}: pyarrow cannot open it ({e}); use s3://, gs://, abfs:// or a folder") from None
     return filesystem, path.rstrip("/")

@@ -60,6 +60,7 @@ def locked(name: str):
 class Workspace(dg.ConfigurableResource):
     root: str
     output: str | None = None  # the project's `output:`: artifacts are uploaded there after each stage
+    output_pins: dict[str, str] = {}  # the project's `output_pins:`: {stage: fingerprint} restore accepts
     lock_timeout_s: float = 6 * 3600.0  # how long a run waits for another run holding the same stage
 
     @property
@@ -138,31 +139,19 @@ class Workspace(dg.ConfigurableResource):
         return notes
 
     def upload_files(self, name: str) -> tuple[list[Path], bool, dict]:
-        """(files, replace, extra) the stage locked as `name` uploads to `output` once finished: the
-        foundation checkpoint with the cache version it was trained on (a fresh machine scores with its
-        ids), a scenario's checkpoint, its passed copy, its plots (its metrics are in config.json),
-        predictions and embeddings (daily files: earlier days stay in the manifest, `replace` False)."""
+        """(files, replace, extra) the stage locked as `name` uploads to `output` once finished: what it
+        owns (resources/output.py stage_units): the foundation checkpoint with the cache version it was
+        trained on (a fresh machine scores with its ids), a scenario's checkpoint, its passed copy, its
+        plots (its metrics are in config.json), predictions and embeddings (daily files: earlier days stay
+        in the manifest, `replace` False)."""
         from habitus.models.storage.files import read_json
+        from habitus.resources.output import daily_stage, stage_units
 
-        kind, _, item = name.partition("/")
-        checkpoints = self._child("checkpoints")
-        if kind == "foundation":
-            paths, extra = [self.foundation, checkpoints / "foundation_loss.png"], {}
-            if (self.foundation / "config.json").exists():
-                folder = read_json(self.foundation / "config.json")["cache_fingerprint"][:16]
-                paths.append(self.cache_root / folder)
-                extra = {"cache_folder": folder}
-            return _files(paths), True, extra
-        if kind == "scenario" and item:
-            folder = self.scenario(item)
-            paths = [folder, folder.parent / f"{item}_loss.png", folder.parent / f"{item}_lift.png",
-                     checkpoints / "passed" / item]
-            return _files(paths), True, {}
-        if kind == "predictions" and item:
-            return _files([self.predictions(item)]), False, {}
-        if kind == "embeddings":
-            return _files([self.embeddings]), False, {}
-        return [], True, {}
+        extra = {}
+        if name == "foundation" and (self.foundation / "config.json").exists():
+            extra = {"cache_folder": read_json(self.foundation / "config.json")["cache_fingerprint"][:16]}
+        units = stage_units(name, extra.get("cache_folder"))
+        return _files([self._child(*u.split("/")) for u in units]), not daily_stage(name), extra
 
     def upload_stage(self, name: str, log=print) -> dict | None:
         """Upload what the stage `name` finished to `output` (resources/output.py); None for a stage that
@@ -176,8 +165,12 @@ class Workspace(dg.ConfigurableResource):
 
     def restore(self, stages: list[str] | None = None, log=print) -> dict:
         """Bring the stages uploaded to `output` (default: the foundation and every scenario, the
-        checkpoints a scoring job starts from) back into this workspace. The cache version uploaded with
-        the foundation becomes the cache in use (the next cache build starts from it: the same ids)."""
+        checkpoints a scoring job starts from; with `output_pins`, the pinned stages) back into this
+        workspace, each under its stage lock (the foundation's under the cache's too: it brings a cache
+        version), nothing trusted that the store holds (resources/output.py). The cache version uploaded
+        with the foundation becomes the cache in use (the next cache build starts from it: the same ids)."""
+        import contextlib
+
         from habitus.models.storage.files import write_json
         from habitus.resources.output import Output, OutputError
 
@@ -185,14 +178,27 @@ class Workspace(dg.ConfigurableResource):
             raise WorkspaceError("restore needs `output:` in the project config: the place artifacts were uploaded to")
         out = Output(self.output, log=log)
         if stages is None:
-            stages = [s for s in out.stages() if s == "foundation" or s.startswith("scenario/")]
+            found = out.stages()
+            stages = [s for s in found if (s in self.output_pins if self.output_pins else
+                                           s == "foundation" or s.startswith("scenario/"))]
             if "foundation" not in stages:
-                raise OutputError(f"output {self.output}: no foundation checkpoint was uploaded there "
-                                  f"(uploaded stages: {out.stages() or 'none'})")
-        done = out.restore(self.path, stages)
-        folder = done.get("foundation", {}).get("cache_folder")
+                raise OutputError(f"output {out.shown}: no foundation checkpoint was uploaded there "
+                                  f"(uploaded stages: {found or 'none'})")
+
+        @contextlib.contextmanager
+        def stage_lock(stage: str):
+            with contextlib.ExitStack() as held:
+                for name in ([stage, "cache"] if stage == "foundation" else [stage]):
+                    held.enter_context(self.lock(name, log=log, what="habitus restore"))
+                for note in self.recover_stage(stage):
+                    log(f"cleaned up after a killed run: {note}")
+                yield
+
+        done = out.restore(self.path, stages, pins=self.output_pins or None, lock=stage_lock)
+        folder = done.get("foundation", {}).get("cache_folder")  # a fingerprint: checked by the restore
         if folder:
-            write_json(self.cache_root / "current.json", {"folder": folder, "restored_from": self.output})
+            with self.lock("cache", log=log, what="habitus restore"):
+                write_json(self.cache_root / "current.json", {"folder": folder, "restored_from": out.shown})
         return done
 
     def _child(self, *parts: str) -> Path:
