@@ -151,7 +151,7 @@ def build_cache_asset(project) -> dg.AssetsDefinition:
             "join_coverage": dg.MetadataValue.json(manifest["join_coverage"]),
             "dropped_rows": dg.MetadataValue.json(manifest["dropped"]),
             "below_guidelines": dg.MetadataValue.json(notes),
-            "typical_gap_days": dg.MetadataValue.json(None if gap is None else round(gap, 2)),
+            "typical_gap_days": dg.MetadataValue.null() if gap is None else dg.MetadataValue.float(round(gap, 2)),
             "reused": dg.MetadataValue.bool(reused),
             "free_space": dg.MetadataValue.json(space),
             "path": dg.MetadataValue.path(str(folder)),

@@ -25,8 +25,6 @@ from pathlib import Path
 
 import dagster as dg
 import pyarrow.parquet as pq
-from dagster._core.storage.tags import (ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG,
-                                       PARTITION_NAME_TAG)
 
 from habitus.assets.cache import CACHE_KEY, guideline_warnings
 from habitus.assets.check_measures import (MIN_JOIN_COVERAGE, MISMATCH_COVERAGE, SEVERE_SHARE, baseline_margin,
@@ -48,10 +46,9 @@ PROMOTION_GATE = "beats_baselines"
 def files_of_run(context, files: list[str]) -> tuple[list[str], str]:
     """The partitions this run extracted (a check after a daily extraction reads a day, not the history),
     or every file when the run names no partition. Returns (files, what they are)."""
-    tags = context.run.tags
-    start, end = tags.get(ASSET_PARTITION_RANGE_START_TAG), tags.get(ASSET_PARTITION_RANGE_END_TAG)
-    if tags.get(PARTITION_NAME_TAG):
-        start = end = tags[PARTITION_NAME_TAG]
+    start = end = None
+    if context.has_partition_key or context.has_partition_key_range:  # the run's partition, or its range
+        start, end = context.partition_key_range.start, context.partition_key_range.end
     if start and end:
         picked = [f for f in files if start <= Path(f).stem <= end]
         if picked:

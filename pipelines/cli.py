@@ -92,6 +92,8 @@ def materialize_all(project, *, log=print, days: list[str] | None = None, displa
     <reason>"), failures (the same as dicts), warnings (WARNING lines the assets logged), stopped
     (why a stage did not run, or None)."""
     import dagster as dg
+    # private: dg.materialize takes one partition_key, and Dagster exports no name for the range tags that
+    # make one run of a partition range (its single-run backfills set them the same way)
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from habitus.assets.cache import current_cache

@@ -42,7 +42,7 @@ def with_executor(project, args):
 
     from habitus.pipelines.config import ConfigError, ExecutorSettings
 
-    given = {k: getattr(args, k, None) for k in ("device", "processes", "threads", "precision", "inference_precision")}
+    given = {k: getattr(args, k, None) for k in ExecutorSettings.model_fields}
     given = {k: v for k, v in given.items() if v is not None}
     if not given:
         return project
@@ -169,7 +169,9 @@ def train(project, stage: str = "all", log=print, verbose: bool = False) -> dict
 
 
 def score(project, day: str, *, embeddings: bool = False, predictions: bool = True, log=print,
-          verbose: bool = False) -> dict:
+          verbose: bool = False, scenarios: list[str] | None = None) -> dict:
+    """Day `day`'s predictions (of `scenarios`, default every prediction scenario) and/or embeddings, after
+    the sources up to that day and the cache."""
     import dagster as dg
 
     from habitus.assets.predictions import predictions_key
@@ -184,7 +186,7 @@ def score(project, day: str, *, embeddings: bool = False, predictions: bool = Tr
     r = _Runner(project, log, verbose)
     r.extract(upto=day)
     r.run([dg.AssetKey("cache")], "cache")
-    keys = [predictions_key(n) for n in project.prediction_scenarios] if predictions else []
+    keys = [predictions_key(n) for n in scenarios or project.prediction_scenarios] if predictions else []
     keys += [dg.AssetKey("embeddings")] if embeddings else []
     r.run(keys, f"{'predictions' if predictions else 'embeddings'} for {day}", partition_key=day)
     return {"timings": r.timings, "checks_passed": r.passed, "checks_failed": r.failed, "prediction_day": day}

@@ -20,24 +20,40 @@ def failed_checks_table(failures: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def holdout_rows(project) -> list[dict]:
+    """Each scenario's hold-out metric next to its closest baseline, from its newest checkpoint: scenario,
+    task, metric, model, best_baseline, baseline, lower_is_better, beats_baselines, entities (None for a
+    scenario not trained yet)."""
+    from habitus.assets.check_measures import baseline_margin
+    from habitus.resources.workspace import Workspace
+
+    ws, rows = Workspace(root=project.workspace), []
+    for name in project.scenarios:
+        cfg_file = ws.scenario(name) / "config.json"
+        row = dict.fromkeys(("task", "metric", "model", "best_baseline", "baseline", "lower_is_better",
+                             "beats_baselines", "entities"))
+        if cfg_file.exists():
+            cfg = json.loads(cfg_file.read_text())
+            row.update(baseline_margin(cfg), task=cfg["task"]["task"], beats_baselines=bool(cfg["beats_baselines"]),
+                       entities=cfg["metrics"]["entities"])
+        rows.append({"scenario": name, **row})
+    return rows
+
+
 def report(project, prediction_day: str | None = None) -> str:
     """The table a person reads first: each scenario's hold-out metric next to its baselines."""
-    from habitus.assets.check_measures import baseline_margin
     from habitus.resources.workspace import Workspace
 
     ws = Workspace(root=project.workspace)
     lines = [f"{'scenario':<18} {'task':<15} {'metric':<12} {'model':>8} {'best baseline':>14}  {'(which)':<18} "
              f"{'beats':<6} {'entities':>9}"]
-    for name in project.scenarios:
-        cfg_file = ws.scenario(name) / "config.json"
-        if not cfg_file.exists():
-            lines.append(f"{name:<18} (not trained yet)")
+    for r in holdout_rows(project):
+        if r["task"] is None:
+            lines.append(f"{r['scenario']:<18} (not trained yet)")
             continue
-        cfg = json.loads(cfg_file.read_text())
-        margin = baseline_margin(cfg)
-        lines.append(f"{name:<18} {cfg['task']['task']:<15} {margin['metric']:<12} {margin['model']:>8.4f} "
-                     f"{margin['baseline']:>14.4f}  {margin['best_baseline'] or '-':<18} "
-                     f"{'yes' if cfg['beats_baselines'] else 'no':<6} {cfg['metrics']['entities']:>9,}")
+        lines.append(f"{r['scenario']:<18} {r['task']:<15} {r['metric']:<12} {r['model']:>8.4f} "
+                     f"{r['baseline']:>14.4f}  {r['best_baseline'] or '-':<18} "
+                     f"{'yes' if r['beats_baselines'] else 'no':<6} {r['entities']:>9,}")
     lines.append(f"\nhold-out: test cut-off {_first_protocol(ws, project)}; features before it, targets after it")
     for name in project.prediction_scenarios:
         folder = ws.predictions(name)

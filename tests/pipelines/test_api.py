@@ -1,0 +1,85 @@
+"""habitus.Project, the Python API, on a small generated warehouse whose data ends on 2026-10-31: the
+main job, the report as a table, a day scored through the API equal to what the assets wrote, and errors
+that name the scenario, the day or the setting to change."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+import habitus
+from habitus.assets.check_measures import baseline_margin
+from habitus.assets.serving import serving_checkpoint
+from habitus.pipelines.api import ProjectError
+from habitus.pipelines.config import ConfigError
+
+
+def _config(small_project) -> dict:
+    return small_project.config(
+        events={"start": "2026-08-01", "end": "2026-11-01"}, foundation={"cutoff_every": "14d"},
+        scenarios={"churn": small_project.churn("14d", epochs=1), "brands": small_project.brands(4, "14d", epochs=1)},
+        predictions={"start": "2026-10-01", "scenarios": ["churn"], "top_k": 2},
+        executor={"device": "cpu", "threads": 1, "processes": 1})
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, small_project):
+    root = tmp_path_factory.mktemp("api")
+    path = small_project.write(root, _config(small_project), customers=200, products=40, stores=3, start="2026-08-01",
+                               end="2026-10-31", seed=5)
+    return habitus.Project(path, log=lambda line: None)
+
+
+def test_errors_name_the_scenario_the_day_or_the_setting(tmp_path, small_project):
+    project = habitus.Project(small_project.write(tmp_path, _config(small_project)), log=lambda line: None)
+    with pytest.raises(ConfigError, match=r"no scenario 'nope' in the project config; its scenarios: churn, brands"):
+        project.predict("nope", "2026-10-15")
+    with pytest.raises(ConfigError, match=r"scenario 'brands' is not scored: add it to `predictions.scenarios`"):
+        project.predict("brands", "2026-10-15")
+    with pytest.raises(ConfigError, match=r"2026-09-01 is before the first day that can be scored, 2026-10-01"):
+        project.predict("churn", "2026-09-01")
+    with pytest.raises(ProjectError, match=r"scenario 'churn' is not trained in the workspace .*run materialize\(\)"):
+        project.predict("churn", "2026-10-15")
+    with pytest.raises(ConfigError, match=r"no asset named 'scenario/nope'"):
+        project.materialize(["scenario/nope"])
+    with pytest.raises(TypeError, match="unknown executor setting"):
+        habitus.Project(tmp_path / "project.yaml", gpu=True)
+    assert project.report().column("task").to_pylist() == [None, None]  # nothing trained yet
+
+
+@pytest.mark.slow
+def test_materialize_report_predict_and_embed_a_day(project):
+    result = project.materialize()
+    assert result["prediction_days"] == ["2026-10-31"] and not result["stopped"]
+
+    report = project.report()
+    assert report.column("scenario").to_pylist() == ["churn", "brands"]
+    for row in report.to_pylist():
+        saved = json.loads((project.workspace.scenario(row["scenario"]) / "config.json").read_text())
+        margin = baseline_margin(saved)
+        assert (row["metric"], row["model"], row["baseline"]) == (margin["metric"], margin["model"], margin["baseline"])
+        assert row["entities"] == saved["metrics"]["entities"] and row["beats_baselines"] == saved["beats_baselines"]
+
+    # the day the main job scored: read back as the asset wrote it, not scored again
+    written = project.workspace.predictions("churn") / "2026-10-31.parquet"
+    stamp = written.stat().st_mtime_ns
+    assert project.predict("churn", "2026-10-31").equals(pq.read_table(written))
+    assert written.stat().st_mtime_ns == stamp
+
+    # a day not scored yet: the predictions asset scores it, from the checkpoint serving the scenario
+    day = project.workspace.predictions("churn") / "2026-10-15.parquet"
+    assert not day.exists()
+    scores = project.predict("churn", "2026-10-15")
+    assert scores.equals(pq.read_table(day))
+    serving = json.loads((serving_checkpoint(project.workspace, "churn")[0] / "config.json").read_text())
+    assert set(scores.column("model_fingerprint").to_pylist()) == {serving["weights_sha256"][:16]}
+    assert str(scores.column("as_of")[0].as_py()) == "2026-10-16 00:00:00"
+    assert 0 < scores.num_rows <= 200 and scores.column("customer_id").null_count == 0
+
+    vectors = project.embeddings("2026-10-15")
+    assert vectors.equals(pq.read_table(project.workspace.embeddings / "2026-10-15.parquet"))
+    assert set(vectors.column("customer_id").to_pylist()) >= set(scores.column("customer_id").to_pylist())
+    assert len(vectors.column("embedding")[0]) > 16  # the trunk's 16 values and the scalars after them
+
+    pandas = pytest.importorskip("pandas")
+    assert isinstance(scores.to_pandas(), pandas.DataFrame) and len(scores.to_pandas()) == scores.num_rows
