@@ -41,7 +41,7 @@ class Project:
         log: where progress lines go (print; `lambda line: None` for none).
         **executor: settings over the config's `executor:`, as the command line's flags: device ("cpu",
             "cuda", "cuda:1", "auto"), processes, threads, precision ("fp32", "bf16"), inference_precision
-            ("fp32", "int8", "bf16").
+            ("fp32", "int8", "bf16"), inference_processes.
 
     Runs go to $DAGSTER_HOME's instance when it is set (they then show in `make ui`), else to an ephemeral
     one. Attributes: `config` (the validated project, pipelines/config.py) and `workspace`.

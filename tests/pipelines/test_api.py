@@ -42,6 +42,8 @@ def test_errors_name_the_scenario_the_day_or_the_setting(tmp_path, small_project
         project.predict("churn", "2026-10-15")
     with pytest.raises(ConfigError, match=r"no asset named 'scenario/nope'"):
         project.materialize(["scenario/nope"])
+    with pytest.raises(ConfigError, match=r"predictions/churn: daily assets; give the days to score"):
+        project.materialize(["cache", "predictions/churn"])
     with pytest.raises(TypeError, match="unknown executor setting"):
         habitus.Project(tmp_path / "project.yaml", gpu=True)
     assert project.report().column("task").to_pylist() == [None, None]  # nothing trained yet
@@ -80,6 +82,13 @@ def test_materialize_report_predict_and_embed_a_day(project):
     assert vectors.equals(pq.read_table(project.workspace.embeddings / "2026-10-15.parquet"))
     assert set(vectors.column("customer_id").to_pylist()) >= set(scores.column("customer_id").to_pylist())
     assert len(vectors.column("embedding")[0]) > 16  # the trunk's 16 values and the scalars after them
+
+    # named assets and a day, as the UI materializes a partition
+    summary = project.materialize(["predictions/churn", "embeddings"], days=["2026-10-20"])
+    assert set(summary["timings"]) == {"predictions/churn, embeddings for 2026-10-20"}
+    assert pq.read_table(project.workspace.predictions("churn") / "2026-10-20.parquet").equals(
+        project.predict("churn", "2026-10-20"))
+    assert (project.workspace.embeddings / "2026-10-20.parquet").exists()
 
     pandas = pytest.importorskip("pandas")
     assert isinstance(scores.to_pandas(), pandas.DataFrame) and len(scores.to_pandas()) == scores.num_rows
