@@ -60,7 +60,7 @@ def format_errors(path: Path, err: ValidationError) -> str:
         loc = readable_loc(e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check its spelling and the README's config reference)"
+            msg = "unknown key (check its spelling; every key: docs/reference/config.md)"
         elif e["type"] == "missing":
             msg = "required key is missing"
         lines.append(f"  - {loc}: {msg}")

@@ -29,10 +29,9 @@ The LightGBM *baseline* (habitus.models.evaluate.baselines.lightgbm_scores) stay
 foundation's inputs, so what the foundation model adds is measured, not hidden.
 
 Multilabel heads (`Stacking.per_label`): one small model per label (as the baseline, on
-`multilabel_rows` training rows),
-on the `max_labels` labels with the most training positives; every other label keeps the network's
-score (a 16,000-product head: trees for 50 of them, so it stays fast to fit and to score). The labels' models share one binned dataset.
-A Stack saves as plain values (`state()` / `Stack.from_state`): LightGBM boosters as their text
+`multilabel_rows` training rows), on the `max_labels` labels with the most training positives;
+every other label keeps the network's score (a 16,000-product head: trees for 50 of them, so it
+stays fast to fit and to score). The labels' models share one binned dataset. A Stack saves as plain values (`state()` / `Stack.from_state`): LightGBM boosters as their text
 dumps, the embedding's reduction as arrays, and the choice with every candidate's validation score
 (`summary()`).
 """

@@ -20,8 +20,6 @@ from habitus.models.data.target_functions import function_labels, resolve
 from habitus.models.data.targets import TargetSpec
 from habitus.models.nn.network import Model, NetConfig
 
-HEAD_ZERO_INIT = True  # the head's weights start at zero: the first steps train the head, not wreck the trunk
-
 
 @dataclasses.dataclass(frozen=True)
 class Stacking:
@@ -109,9 +107,9 @@ class Task:
 
     def init_head(self, model: Model, spec, features: FeatureSpec, val, y_mean: np.ndarray, n_val: int,
                   extra: tuple) -> None:
-        """Start the head near the validation targets' base rate (under torch.no_grad)."""
-        if HEAD_ZERO_INIT:
-            model.head.linear.weight.zero_()
+        """Start the head near the validation targets' base rate (under torch.no_grad). Its weights start
+        at zero: the first steps train the head, not wreck the trunk."""
+        model.head.linear.weight.zero_()
 
     def second_stage(self, model: Model, spec, train, val, device: str, log) -> dict | None:
         """After fine-tuning: a second stage fitted on the training chunks `train` and chosen on the
