@@ -1,4 +1,4 @@
-# One command each: `make demo`, `make test`, `make ui`. Each creates .venv when missing.
+# One command each: `make demo`, `make test`, `make ui`, `make docs`. Each creates .venv when missing.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 export DAGSTER_HOME ?= $(CURDIR)/.habitus/dagster
 
-.PHONY: demo test ui clean test-integration
+.PHONY: demo test ui docs clean test-integration
 .PHONY: test-faults test-daemon
 
 $(VENV)/.installed: pyproject.toml
@@ -21,6 +21,11 @@ $(VENV)/.installed: pyproject.toml
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+# the manual: MkDocs with the Material theme (the `docs` extra), built into .habitus/site
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[docs]"
 	touch $@
 
 # Connector integration tests: the drivers in .venv, each server's own environment beside it.
@@ -81,6 +86,12 @@ test: $(VENV)/.installed-dev
 
 ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 	DAGSTER_GRPC_TIMEOUT_SECONDS=$${DAGSTER_GRPC_TIMEOUT_SECONDS:-300} $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+# the manual into .habitus/site (open .habitus/site/index.html); --strict: a broken link or anchor, or a
+# page left out of the navigation, fails. The config reference is generated first from the schema.
+docs: $(VENV)/.installed-docs
+	$(PY) -m habitus.pipelines.config_reference --write
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf .habitus
