@@ -187,7 +187,7 @@ class Head(nn.Module):
 
     def sampled(self, h: torch.Tensor, history, cols: torch.Tensor, entry_rows: torch.Tensor,
                 entry_cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training a wide head on a few labels (models/losses.py: sampled_multilabel_loss): the logits
+        """Training a wide head on a few labels (habitus.models.tasks.multilabel.sampled_multilabel_loss): the logits
         of labels `cols` (sorted, unique) for every row, [rows, len(cols)], and of the (row, label)
         `entries` (a batch's positives), [entries]. Only those rows of `linear` are read, so the cost
         grows with len(cols) + entries, never rows x labels; `history` is sparse (row, label, values)."""
