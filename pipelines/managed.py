@@ -114,6 +114,7 @@ class _Runner:
         """Every events partition missing from the workspace (all on a fresh disk) up to the one holding
         `upto` (default: the last), that one extracted again (its day may have grown), and the attribute
         tables, which are small and extracted whole."""
+        # private: dg.materialize takes one partition_key, and the range tags of a one-run range have no public name
         from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
         from habitus.assets.sources import source_key

@@ -124,10 +124,10 @@ class _RunWatcher(threading.Thread):
                 logging.getLogger(__name__).debug("progress: %s", e)
 
     def poll(self) -> None:
-        from dagster._core.storage.dagster_run import RunsFilter
+        import dagster as dg
 
         if self.run_id is None:
-            runs = self.instance.get_runs(filters=RunsFilter(tags={STAGE_TAG: self.tag}), limit=1)
+            runs = self.instance.get_runs(filters=dg.RunsFilter(tags={STAGE_TAG: self.tag}), limit=1)
             if not runs:
                 return
             self.run_id = runs[0].run_id

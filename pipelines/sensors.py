@@ -22,6 +22,7 @@ import json
 from datetime import date, datetime, timedelta, timezone
 
 import dagster as dg
+# private: RunRequest takes one partition_key, and Dagster exports no name for the range tags of a one-run range
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from habitus.assets.cache import CACHE_KEY
