@@ -40,7 +40,7 @@ from habitus.models.storage.files import DiskFullError, is_disk_full, read_json,
 from habitus.models.train.launch import child_env
 
 FORMAT = 1
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository (a spawned child runs from there)
 
 # score(cutoff, chunk indices) -> (chunk index, batch) for every chunk with rows, in the order taken
 Score = Callable[[int, Iterable[int]], Iterator[tuple[int, pa.RecordBatch]]]

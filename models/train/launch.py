@@ -54,7 +54,7 @@ def child_env(extra: dict | None = None) -> dict:
     processes of models/serve/parts.py): this one's, with the repository and every folder on sys.path
     outside the interpreter's own on PYTHONPATH, so the child imports what this process can (a
     scenario's target function, say); `extra` on top."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the repository, not models/
     paths = [os.path.abspath(p or os.getcwd()) for p in sys.path
              if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))]
     env = {**os.environ, **(extra or {})}
