@@ -7,7 +7,7 @@ import torch
 from habitus.models.data.features import FeatureSpec, chunk_at, featurize, scalar_features, visit_features
 from habitus.models.nn.network import NetConfig, Trunk
 from habitus.models.serve.predict import embed, embedding_width
-from habitus.models.train.loop import chunk_plan
+from habitus.models.data.chunks import chunk_plan
 
 
 def _rows(batches) -> tuple[np.ndarray, np.ndarray]:

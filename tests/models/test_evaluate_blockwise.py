@@ -19,7 +19,7 @@ from habitus.models.tasks.metrics import blockwise_macro_auroc, column_aurocs, m
 from habitus.models.nn.network import NetConfig
 from habitus.models.data.targets import TargetSpec, compute_target, eligible
 from habitus.models.data.labels import recent_popularity, task_inputs
-from habitus.models.train.loop import chunk_plan
+from habitus.models.data.chunks import chunk_plan
 from habitus.models.tasks.scoring import build_model, scores
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.tasks import task as task_of

@@ -16,7 +16,7 @@ import pytest
 from habitus.assets.predictions import as_of_time, parts_of_day, write_entity_file
 from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
 from habitus.models.evaluate.holdout import protocol
-from habitus.models.train.loop import chunk_plan
+from habitus.models.data.chunks import chunk_plan
 from habitus.models.serve.parts import Parts, PartsError, Pool, Scorer, staging
 from habitus.models.serve.predict import embed, embedding_scorer, load_model, predict, scenario_scorer
 from habitus.models.train.config import FinetuneConfig

@@ -9,7 +9,7 @@ from habitus.models.nn.network import Model, NetConfig, Trunk
 from habitus.models.serve.predict import embed, predict
 from habitus.models.nn.quantize import for_inference, precision_context
 from habitus.models.data.targets import TargetSpec
-from habitus.models.train.loop import chunk_plan
+from habitus.models.data.chunks import chunk_plan
 from habitus.models.tasks.scoring import build_model
 from habitus.models.tasks.spec import TaskSpec
 
