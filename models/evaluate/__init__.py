@@ -1,1 +1,1 @@
-"""The hold-out: metrics, baselines and the evaluation of a scenario."""
+"""The temporal hold-out of a scenario, and the practitioner's baselines it is measured against (hand features, LightGBM)."""

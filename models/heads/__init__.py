@@ -1,1 +1,1 @@
-"""The head chosen on validation: the network, trees over its representation, their blend; re-ranking."""
+"""The head chosen on validation: the network, trees over [hand features + the foundation's representation], or their blend."""
