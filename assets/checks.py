@@ -13,6 +13,12 @@
                                                         (habitus.models.cache.quarantine), ERROR above quality.max_*_share
                      free_space_for_training (blocking) free >= (sources + checkpoints) * 1.2
     scenario/<name>  beats_baselines        (blocking)  the hold-out metric beats every baseline's
+    predictions/<name> score_drift                      the day's scores against the serving version's hold-out
+                                                        scores: population stability index over drift.max_psi (WARN)
+                     unknown_values                     events with a categorical value the model never saw
+                                                        over drift.max_unknown_share (WARN)
+                     event_volume                       the day's events or entities outside drift.*_volume_ratio
+                                                        of the trailing drift.trailing_days' mean (WARN)
 
 A blocking check that fails with ERROR stops the assets after it in the same run (no training on
 broken data, no predictions from a worse model); across runs, predictions use the newest checkpoint
@@ -284,8 +290,118 @@ def scenario_check(project, name: str) -> dg.AssetChecksDefinition:
     return beats_baselines
 
 
+def _scored_days(context, workspace, name: str) -> list[str]:
+    """The days this run scored (their files), else the newest scored day."""
+    files = sorted(str(f) for f in workspace.predictions(name).glob("*.parquet"))
+    if not files:
+        return []
+    picked, scope = files_of_run(context, files)
+    return [Path(f).stem for f in (picked if scope.startswith("partition") else files[-1:])]
+
+
+def drift_checks(project, name: str) -> list[dg.AssetChecksDefinition]:
+    """Each scored day of predictions/<name> against what the serving version was trained and checked on
+    (assets/drift.py); WARN, never blocking: drift is a reason to look, maybe to retrain."""
+    from habitus.assets.predictions import predictions_key
+
+    key, d = predictions_key(name), project.drift
+
+    def days_and_model(context):
+        from habitus.assets.cache import current_cache
+        from habitus.assets.serving import serving_checkpoint
+
+        workspace = context.resources.workspace
+        folder, _ = serving_checkpoint(workspace, name)
+        return _scored_days(context, workspace, name), folder, current_cache(workspace)
+
+    def result(days: list[str], notes: dict[str, str], fired: dict[str, str], metadata: dict) -> dg.AssetCheckResult:
+        if not days:
+            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                       description=f"predictions/{name} has no scored day; materialize it first")
+        return dg.AssetCheckResult(passed=not fired, severity=dg.AssetCheckSeverity.WARN,
+                                   description="; ".join(f"{day}: {text}" for day, text in (fired or notes).items()),
+                                   metadata=metadata)
+
+    @dg.asset_check(asset=key, name="score_drift", required_resource_keys={"workspace"},
+                    description=f"Population stability index of the day's scores against the serving version's "
+                                f"hold-out scores at most {d.max_psi} (drift.max_psi; WARN)")
+    def score_drift(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        from habitus.assets.drift import psi
+        from habitus.models.storage.versions import INFO
+
+        from habitus.assets.serving import versions
+
+        workspace, store = context.resources.workspace, versions(context.resources.workspace, name)
+        days, notes, fired, values = _scored_days(context, workspace, name), {}, {}, {}
+        for day in days:
+            table = pq.read_table(workspace.predictions(name) / f"{day}.parquet")
+            fp = table.column("model_fingerprint")[0].as_py()  # the version that scored the day
+            kept = (store.path(fp) / INFO).exists()
+            reference = store.info(fp).get("scores") if kept else None
+            if reference is None or "score" not in table.column_names:
+                notes[day] = (f"no hold-out score distribution is stored for version {fp} (kept with versions of "
+                              f"models with one score per entity)")
+                continue
+            scores = table.column("score").drop_null().to_numpy()
+            values[day] = round(psi(reference, scores), 4)
+            text = (f"score PSI {values[day]:.3f} against the hold-out of version {fp} "
+                    f"({len(scores):,} scores vs {reference['n']:,}; limit {d.max_psi})")
+            (fired if values[day] > d.max_psi else notes)[day] = text
+        return result(days, notes, fired, {"psi": dg.MetadataValue.json(values)})
+
+    def measured(context):
+        from habitus.assets.drift import DAY, day_events
+
+        days, folder, cache = days_and_model(context)
+        vocab = read_json(folder / "config.json")["feature_spec"].get("categorical", {}) if days else {}
+        out = {}
+        for day in days:
+            end = int(datetime.fromisoformat(day).replace(tzinfo=timezone.utc).timestamp())
+            out[day] = day_events(cache, end - d.trailing_days * DAY, d.trailing_days + 1, vocab)
+        return days, out
+
+    @dg.asset_check(asset=key, name="unknown_values", required_resource_keys={"workspace"},
+                    description=f"Share of the day's events with a categorical value the serving model never saw at "
+                                f"most {d.max_unknown_share:.1%} (drift.max_unknown_share; WARN)")
+    def unknown_values(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        days, counts = measured(context)
+        notes, fired, shares = {}, {}, {}
+        for day, c in counts.items():
+            events, unknown = int(c["events"][-1]), int(c["unknown"][-1])
+            shares[day] = round(unknown / events, 6) if events else 0.0
+            columns = ", ".join(f"{col} {int(n[-1]):,}" for col, n in c["unknown_by_column"].items() if n[-1])
+            text = (f"{unknown:,} of {events:,} events ({shares[day]:.2%}) have a value the model never saw"
+                    + (f" ({columns})" if columns else "") + f"; limit {d.max_unknown_share:.1%}")
+            (fired if shares[day] > d.max_unknown_share else notes)[day] = text
+        return result(days, notes, fired, {"unknown_share": dg.MetadataValue.json(shares)})
+
+    @dg.asset_check(asset=key, name="event_volume", required_resource_keys={"workspace"},
+                    description=f"The day's events and distinct entities between {d.min_volume_ratio}x and "
+                                f"{d.max_volume_ratio}x the mean of the {d.trailing_days} days before "
+                                f"(drift.*_volume_ratio; WARN)")
+    def event_volume(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        from habitus.assets.drift import volume_ratio
+
+        days, counts = measured(context)
+        notes, fired, ratios = {}, {}, {}
+        for day, c in counts.items():
+            parts, off = [], False
+            for what in ("events", "entities"):
+                today, mean, ratio = volume_ratio(c[what])
+                ratios[f"{day} {what}"] = round(ratio, 4)
+                parts.append(f"{today:,} {what} against a mean of {mean:,.1f} over the {d.trailing_days} days before "
+                             f"({ratio:.2f}x)")
+                off |= ratio == ratio and not d.min_volume_ratio <= ratio <= d.max_volume_ratio  # nan: no history
+            text = "; ".join(parts) + f"; allowed {d.min_volume_ratio}x .. {d.max_volume_ratio}x"
+            (fired if off else notes)[day] = text
+        return result(days, notes, fired, {"ratio": dg.MetadataValue.json(ratios)})
+
+    return [score_drift, unknown_values, event_volume]
+
+
 def build_checks(project) -> list[dg.AssetChecksDefinition]:
     checks = [c for s in project.sources for c in source_checks(project, s)]
     checks += cache_checks(project)
     checks += [scenario_check(project, name) for name in project.scenarios]
+    checks += [c for name in project.prediction_scenarios for c in drift_checks(project, name)]
     return checks

@@ -1,40 +1,97 @@
-"""Which scenario checkpoint serves predictions: the newest one that beat its baselines.
+"""Which scenario checkpoint serves predictions: a version named by the scenario's pointer.
 
-    <workspace>/checkpoints/scenarios/<name>/   the newest trained checkpoint, better or worse
-    <workspace>/checkpoints/passed/<name>/      a copy of the newest one that beat its baselines on the
-                                                hold-out (the `beats_baselines` check's condition)
+    <workspace>/checkpoints/scenarios/<name>/               the newest trained checkpoint, better or worse
+    <workspace>/checkpoints/versions/<name>/<fp>/           every trained checkpoint, kept by fingerprint with
+                                                            version.json (models/storage/versions.py)
+    <workspace>/checkpoints/versions/<name>/serving.json    the pointer: the serving version and who served when
 
-A retrained scenario that loses to its baselines leaves the passed copy alone, so the previous good
-model keeps serving. A scenario that has never passed is served from its newest checkpoint, and the
-predictions say so in their metadata (its blocking check fails in every run that trains it).
+Each trained checkpoint becomes a version (`keep_version`) with its hold-out metric, best baseline, data
+range, the foundation it was built on, and its hold-out score distribution (what the score drift check
+compares a day's scores with). One that beats its baselines (the `beats_baselines` check's condition)
+moves the pointer; one that loses leaves it, so the previous good model keeps serving. `rollback` moves
+the pointer to any kept version. The newest `versions.keep` versions and every one that served are
+kept (`versions.keep_served`); the serving one never goes. A scenario with no pointer is served from
+the `passed` copy older workspaces hold, else from its newest checkpoint, and the predictions say so.
 """
 
-import shutil
 from pathlib import Path
 
 import dagster as dg
 
-from habitus.models.storage.files import atomic_path, read_json
+from habitus.models.storage.files import read_json
+from habitus.models.storage.versions import VersionStore
 
 # the metadata line of a predictions or explanations run: which checkpoint scored
 CHECKPOINT_NOTE = {True: "passed its check (beats_baselines)",
-                   False: "newest: no checkpoint has beaten its baselines yet"}
+                   False: "has not beaten its baselines (the newest, none having passed, or chosen by a rollback)"}
 
 
 def passed_path(workspace, name: str) -> Path:
+    """The one passed copy that workspaces written before versions hold (served when no pointer is set)."""
     return workspace.scenario(name).parent.parent / "passed" / name
 
 
-def promote(workspace, name: str) -> Path:
-    """Copy the newest checkpoint of `name` to the passed folder (whole or not at all)."""
-    dest = passed_path(workspace, name)
-    with atomic_path(dest) as tmp:
-        shutil.copytree(workspace.scenario(name), tmp)
-    return dest
+def versions(workspace, name: str) -> VersionStore:
+    return VersionStore(workspace.scenario(name).parent.parent / "versions" / name)
+
+
+def version_info(config: dict, holdout_scores=None) -> dict:
+    """What a version records about a checkpoint's config.json: the hold-out metric against the best
+    baseline, the data it was trained on, its foundation, and its hold-out score distribution."""
+    from habitus.assets.check_measures import baseline_margin
+    from habitus.assets.drift import reference_distribution
+
+    m = baseline_margin(config)
+    protocol = config.get("protocol", {})
+    cutoffs = protocol.get("train_cutoffs") or []
+    return {"metric": m["metric"], "model": m["model"], "best_baseline": m["best_baseline"],
+            "baseline": m["baseline"], "lower_is_better": m["lower_is_better"],
+            "beats_baselines": bool(config.get("beats_baselines")),
+            "data": {"first_train_cutoff": cutoffs[0] if cutoffs else None, "val_cutoff": protocol.get("val_cutoff"),
+                     "test_cutoff": protocol.get("test_cutoff"), "cache_fingerprint": config.get("cache_fingerprint")},
+            "foundation": (config.get("foundation_sha256") or "")[:16],
+            "scores": reference_distribution(holdout_scores)}
+
+
+def keep_version(workspace, name: str, holdout_scores=None, keep: int = 5, keep_served: bool = True) -> tuple[str, bool]:
+    """Keep the newest checkpoint of `name` as a version; serve it when it beat its baselines; prune.
+    Under the scenario's stage lock. Returns (fingerprint, whether it now serves)."""
+    checkpoint = workspace.scenario(name)
+    config = read_json(checkpoint / "config.json")
+    fp = config["weights_sha256"][:16]
+    store = versions(workspace, name)
+    with workspace.lock(f"scenario/{name}"):
+        store.add(checkpoint, fp, version_info(config, holdout_scores))
+        if config.get("beats_baselines"):
+            store.serve(fp, "beat its baselines")
+        store.prune(keep, keep_served)
+    return fp, store.serving() == fp
+
+
+def promote(workspace, name: str, holdout_scores=None, keep: int = 5, keep_served: bool = True) -> Path:
+    """Keep the newest checkpoint as a version and serve it (it beat its baselines)."""
+    fp, _ = keep_version(workspace, name, holdout_scores, keep, keep_served)
+    return versions(workspace, name).path(fp)
+
+
+def rollback(workspace, name: str, to: str | None = None, keep: int = 5, keep_served: bool = True) -> str:
+    """Serve version `to` (a fingerprint or its unique prefix), or the one that served before the serving
+    one. Returns the fingerprint now serving."""
+    store = versions(workspace, name)
+    with workspace.lock(f"scenario/{name}"):
+        fp = store.resolve(to) if to else store.previous()
+        store.serve(fp, f"rollback from {store.serving()}")
+        store.prune(keep, keep_served)
+    return fp
 
 
 def serving_checkpoint(workspace, name: str) -> tuple[Path, bool]:
-    """(folder, passed): the passed copy when there is one, else the newest checkpoint."""
+    """(folder, passed): the version the pointer names; else the passed copy of an older workspace;
+    else the newest checkpoint."""
+    store = versions(workspace, name)
+    fp = store.serving()
+    if fp:
+        return store.path(fp), bool(store.info(fp).get("beats_baselines"))
     passed = passed_path(workspace, name)
     if (passed / "config.json").exists():
         return passed, True
@@ -47,6 +104,8 @@ def serving_note(workspace, name: str) -> str:
     if not (path / "config.json").exists():
         return "no checkpoint yet"
     sha = read_json(path / "config.json")["weights_sha256"][:16]
+    if path.parent.parent.name == "versions":
+        return f"version {sha}" + ("" if passed else " (it has not beaten its baselines)")
     return f"passed checkpoint {sha}" if passed else f"newest checkpoint {sha} (none has beaten its baselines yet)"
 
 

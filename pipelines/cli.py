@@ -3,6 +3,8 @@
     habitus demo          generate the demo warehouse (if missing) and materialize every asset
     habitus materialize   materialize every asset of the project ($HABITUS_CONFIG or --config)
     habitus report        print each scenario's hold-out metrics next to its baselines
+    habitus versions S    list scenario S's kept versions: trained when, metric vs baseline, served when
+    habitus rollback S [--to FP]   serve another kept version of S (default: the one that served before)
     habitus demo-data     write the generated retail warehouse into a DuckDB file
     habitus init          look at a connection's tables and print a suggested project config
     habitus train | score --date D | embed --date D | upload | restore
@@ -284,11 +286,65 @@ def _report_command(args, project) -> int:
     return EXIT_OK
 
 
+def versions_table(store) -> str:
+    """The kept versions of a scenario, oldest first: when trained, the hold-out metric against the best
+    baseline, the foundation it was built on, and from when to when it served (* serves now)."""
+    pointer = store.pointer()
+    spans: dict[str, list[str]] = {}
+    for h in pointer["history"]:
+        spans.setdefault(h["fingerprint"], []).append(f"{h['from'][:16]} .. {(h['to'] or 'now')[:16]}")
+    lines = [f"{'':2}{'version':<17} {'trained (UTC)':<17} {'metric':<12} {'model':>9} {'best baseline':>24} "
+             f"{'beats':<6}{'foundation':<17} served"]
+    for fp in store.fingerprints():
+        v = store.info(fp)
+        baseline = f"{v.get('best_baseline')}: {v['baseline']:.4f}" if v.get("best_baseline") else "-"
+        lines.append(f"{'*' if fp == pointer['serving'] else '':2}{fp:<17} {v['added'][:16]:<17} {v['metric']:<12} "
+                     f"{v['model']:>9.4f} {baseline:>24} {'yes' if v['beats_baselines'] else 'no':<6}"
+                     f"{v.get('foundation') or '-':<17} {', '.join(spans.get(fp, [])) or 'never'}")
+    return "\n".join(lines)
+
+
+def _scenario_named(project, name: str) -> str:
+    if name not in project.scenarios:
+        raise ConfigError(f"no scenario {name!r} in the project (scenarios: {', '.join(project.scenarios) or 'none'})")
+    return name
+
+
+def _versions_command(args, project) -> int:
+    from habitus.assets.serving import versions
+    from habitus.resources.workspace import Workspace
+
+    store = versions(Workspace(root=project.workspace), _scenario_named(project, args.scenario))
+    if not store.fingerprints():
+        print(f"{args.scenario}: no version kept yet (materialize scenario/{args.scenario})")
+        return EXIT_OK
+    print(f"{args.scenario}: {len(store.fingerprints())} version(s) kept, serving {store.serving() or 'none'}")
+    print(versions_table(store))
+    return EXIT_OK
+
+
+def _rollback_command(args, project) -> int:
+    from habitus.assets.serving import rollback
+    from habitus.models.storage.versions import VersionError
+    from habitus.resources.workspace import Workspace
+
+    name = _scenario_named(project, args.scenario)
+    try:
+        fp = rollback(Workspace(root=project.workspace), name, args.to, project.versions.keep,
+                      project.versions.keep_served)
+    except VersionError as e:
+        raise ConfigError(f"{name}: {e}") from None
+    print(f"{name}: version {fp} serves from now on (the next predictions carry model_fingerprint {fp})")
+    return EXIT_OK
+
+
 # the subcommands that take a project config: name -> (handler, takes scoring days)
 PROJECT_COMMANDS = {
     "demo": (_materialize_command, True),
     "materialize": (_materialize_command, True),
     "report": (_report_command, False),
+    "versions": (_versions_command, False),
+    "rollback": (_rollback_command, False),
 }
 
 
@@ -298,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, (_, scoring) in PROJECT_COMMANDS.items():
         p = sub.add_parser(name)
         _project_args(p, scoring=scoring)
+        if name in ("versions", "rollback"):
+            p.add_argument("scenario", help="a scenario of the project")
+            if name == "rollback":
+                p.add_argument("--to", metavar="FINGERPRINT", help="the version to serve (a unique prefix will do; "
+                               "default: the one that served before the serving one)")
+            continue
         if name != "report":  # --device, --processes, ... over the project's `executor:` (pipelines/managed.py)
             from habitus.pipelines.managed import add_executor_arguments
 

@@ -13,6 +13,7 @@ import os
 from datetime import date, datetime, timedelta
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -69,19 +70,37 @@ def generate_demo_warehouse(path: str | os.PathLike, *, customers: int = 20_000,
     return {name: counts[name] for name in ("customers", "products", "stores", "purchases")}
 
 
-def append_demo_day(path: str | os.PathLike, *, seed: int = 0) -> tuple[str, int]:
+SHIFTS = ("volume_drop", "new_store", "brand_stops")
+NEW_STORE = "S_NEW"
+VOLUME_KEPT = 0.25  # the share of a volume_drop day's purchases that still arrive
+NEW_STORE_SHARE = 0.4  # the share of a new_store day's purchases made in the new store
+
+
+def append_demo_day(path: str | os.PathLike, *, seed: int = 0, shift: str | None = None) -> tuple[str, int]:
     """Add the next day of purchases to a demo warehouse (what a nightly load would do), so the
     new-data sensor has something to find. The day is simulated with the warehouse's own sizes and
-    first day, one day longer than the data it holds. Returns (the day, rows added)."""
+    first day, one day longer than the data it holds; `shift` changes it on purpose (what the drift
+    checks are there to notice):
+
+        volume_drop   only VOLUME_KEPT of the day's purchases arrive (a broken feed, a closed chain)
+        new_store     a store opens (NEW_STORE, added to `stores`) and takes NEW_STORE_SHARE of the purchases
+        brand_stops   the brand with the most purchases so far sells nothing that day
+
+    Returns (the day, rows added)."""
+    if shift is not None and shift not in SHIFTS:
+        raise ValueError(f"shift {shift!r}: one of {', '.join(SHIFTS)}")
     con = duckdb.connect(os.fspath(path))
     try:
         first, last = con.sql("SELECT min(ts)::DATE, max(ts)::DATE FROM purchases").fetchall()[0]
-        sizes = [con.sql(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in ("customers", "products", "stores")]
+        sizes = [con.sql(f"SELECT count(*) FROM {t} WHERE {k} <> '{NEW_STORE}'").fetchall()[0][0]
+                 for t, k in (("customers", "customer_id"), ("products", "product_id"), ("stores", "store_id"))]
         day = last + timedelta(days=1)
         tables = simulate_tables(first, (day - first).days + 1, *sizes, seed)
         purchases = tables["purchases"]
         start = pa.scalar(datetime(day.year, day.month, day.day), pa.timestamp("us"))
         new = purchases.filter(pc.greater_equal(purchases.column("ts"), start.cast(purchases.schema.field("ts").type)))
+        if shift is not None:
+            new = _shifted(con, new, shift, np.random.default_rng([seed, day.toordinal()]))
         con.register("new_day", new)
         con.sql("INSERT INTO purchases SELECT * FROM new_day")  # one statement: all of the day or none
         con.unregister("new_day")
@@ -89,6 +108,22 @@ def append_demo_day(path: str | os.PathLike, *, seed: int = 0) -> tuple[str, int
     finally:
         con.close()
     return day.isoformat(), new.num_rows
+
+
+def _shifted(con, day: pa.Table, shift: str, rng) -> pa.Table:
+    """The day's purchases changed by `shift` (append_demo_day's list)."""
+    if shift == "volume_drop":
+        return day.filter(pa.array(rng.random(day.num_rows) < VOLUME_KEPT))
+    if shift == "new_store":
+        if not con.sql(f"SELECT count(*) FROM stores WHERE store_id = '{NEW_STORE}'").fetchall()[0][0]:
+            con.sql(f"INSERT INTO stores SELECT '{NEW_STORE}', region, format FROM stores ORDER BY store_id LIMIT 1")
+        moved = pa.array(rng.random(day.num_rows) < NEW_STORE_SHARE)
+        stores = pc.if_else(moved, pa.scalar(NEW_STORE), day.column("store_id"))
+        return day.set_column(day.schema.get_field_index("store_id"), "store_id", stores)
+    brand = con.sql("SELECT p.brand FROM purchases u JOIN products p USING (product_id) "
+                    "GROUP BY p.brand ORDER BY count(*) DESC, p.brand LIMIT 1").fetchall()[0][0]
+    gone = pa.array([r[0] for r in con.sql("SELECT product_id FROM products WHERE brand = $1", params=[brand]).fetchall()])
+    return day.filter(pc.invert(pc.is_in(day.column("product_id"), gone)))
 
 
 def main(argv=None) -> None:
@@ -102,9 +137,11 @@ def main(argv=None) -> None:
     parser.add_argument("--end", default="2026-10-31", help="last day (inclusive)")
     parser.add_argument("--append-day", action="store_true",
                         help="add the next day of purchases to the existing warehouse instead of rewriting it")
+    parser.add_argument("--shift", choices=SHIFTS, help="with --append-day: change that day on purpose (a volume "
+                        "drop, a new store, a brand that stops selling), for the drift checks to notice")
     args = parser.parse_args(argv)
     if args.append_day:
-        day, rows = append_demo_day(args.out, seed=args.seed)
+        day, rows = append_demo_day(args.out, seed=args.seed, shift=args.shift)
         print(f"{args.out}: added {rows:,} purchases on {day}")
         return
     counts = generate_demo_warehouse(args.out, customers=args.customers, products=args.products,

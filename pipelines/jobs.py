@@ -4,6 +4,7 @@
     train              cache, foundation model and every scenario (the foundation schedule's target)
     train_scenarios    cache and the scenarios (the scenarios schedule's target; a run selects the stale ones)
     score              predictions and embeddings of one day (the predictions schedule's target)
+    rollback           serve another kept version of a scenario (config: scenario, to), as `habitus rollback`
 
 Asset checks of the selected assets run with them, so a blocking check stops what follows it.
 Each job tags its runs with habitus/kind (extraction, training, scoring): dagster.yaml's run queue
@@ -16,6 +17,7 @@ runs extractions side by side, and the RetryPolicy works the same in process.
 """
 
 import dagster as dg
+from pydantic import Field
 
 from habitus.assets.cache import CACHE_KEY
 from habitus.assets.scenarios import scenario_key
@@ -49,4 +51,38 @@ def build_jobs(project) -> dict:
     jobs["score"] = dg.define_asset_job(
         "score", selection=dg.AssetSelection.groups("predictions"), tags=SCORING,
         description="Predictions of every scenario and the entity embeddings for one day")
+    if scenarios:
+        jobs["rollback"] = rollback_job(project)
     return jobs
+
+
+class RollbackConfig(dg.Config):
+    scenario: str = Field(description="the scenario whose serving version moves")
+    to: str = Field("", description="a kept version's fingerprint (or its unique prefix); empty: the version "
+                                    "that served before the serving one")
+
+
+def rollback_job(project) -> dg.JobDefinition:
+    """The UI's `habitus rollback`: the next predictions of the scenario are scored by the chosen version."""
+    @dg.op(required_resource_keys={"workspace"}, description="Move a scenario's serving pointer to a kept version")
+    def move_serving_pointer(context: dg.OpExecutionContext, config: RollbackConfig) -> str:
+        from habitus.assets.serving import rollback
+        from habitus.models.storage.versions import VersionError
+
+        if config.scenario not in project.scenarios:
+            raise dg.Failure(f"no scenario {config.scenario!r} in the project (scenarios: {', '.join(project.scenarios)})")
+        try:
+            fp = rollback(context.resources.workspace, config.scenario, config.to or None, project.versions.keep,
+                          project.versions.keep_served)
+        except VersionError as e:
+            raise dg.Failure(f"{config.scenario}: {e}") from e
+        context.log.info(f"scenario {config.scenario}: version {fp} serves from now on")
+        context.add_output_metadata({"scenario": config.scenario, "serving": fp})
+        return fp
+
+    @dg.job(name="rollback", description="Serve another kept version of a scenario (config: scenario, and to: a "
+                                         "fingerprint, or empty for the version that served before)")
+    def rollback_scenario():
+        move_serving_pointer()
+
+    return rollback_scenario

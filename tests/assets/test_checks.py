@@ -17,7 +17,7 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 
 import habitus.models.train.scenario
 from habitus.assets.checks import SEVERE_SHARE, baseline_margin, build_checks, schema_problems
-from habitus.assets.serving import passed_path, serving_checkpoint
+from habitus.assets.serving import serving_checkpoint, versions
 from habitus.pipelines.config import Scenario, load_project
 from habitus.pipelines.definitions import build_assets, build_resources
 from habitus.models.data.targets import TargetSpec
@@ -346,9 +346,9 @@ def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, 
     assert meta["calibration_and_lift"].value.startswith(
         f"![scenario churn: hold-out ({meta['holdout_entities'].value:,} entities)")
     assert "data:image/png;base64," in meta["calibration_and_lift"].value
-    assert meta["serving"].text.startswith("passed checkpoint ")
     good = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"]
-    assert serving_checkpoint(ws, "churn") == (passed_path(ws, "churn"), True)
+    assert meta["serving"].text == f"version {good[:16]}"
+    assert serving_checkpoint(ws, "churn") == (versions(ws, "churn").path(good[:16]), True)
 
     # retrained (other weights) into a model that loses to its baselines
     monkeypatch.setattr(habitus.models.train.scenario, "beats_baselines", lambda task, report: False)
@@ -359,7 +359,7 @@ def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, 
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"beats_baselines": False}
     assert result.asset_materializations_for_node("predictions__churn") == []  # blocked in that run
-    assert json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"] == good
+    assert versions(ws, "churn").serving() == good[:16]
 
     scored = _run(project, [predictions], instance=instance, partition_key="2026-05-31")
     assert scored.success
@@ -392,7 +392,7 @@ def test_a_deliberately_bad_scenario_fails_its_check_and_the_passed_checkpoint_k
     ws = build_resources(project)["workspace"]
     monkeypatch.setattr(habitus.models.train.scenario, "beats_baselines", lambda task, report: True)  # stage a passed one
     assert _run(project, [dg.AssetKey("foundation_model"), scenario], instance=instance).success
-    good = json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"]
+    good = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"]
     monkeypatch.undo()
 
     # the network alone (head: network): the head chosen on validation would rescue the diverged network with
@@ -406,8 +406,7 @@ def test_a_deliberately_bad_scenario_fails_its_check_and_the_passed_checkpoint_k
     assert not check.passed and check.severity == ERROR and "does not beat the best baseline" in check.description
     assert result.asset_materializations_for_node("predictions__churn") == []  # blocked in that run
     # the next day's scoring uses the checkpoint that passed, not the newest one
-    assert serving_checkpoint(ws, "churn") == (passed_path(ws, "churn"), True)
-    assert json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"] == good
+    assert serving_checkpoint(ws, "churn") == (versions(ws, "churn").path(good[:16]), True)
     scored = _run(bad_project, [predictions], instance=instance, partition_key="2026-05-31")
     assert scored.success
     meta = scored.asset_materializations_for_node("predictions__churn")[0].metadata
