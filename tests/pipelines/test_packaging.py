@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("models", "assets", "resources", "pipelines")
 MAX_LINES = 450
 # over MAX_LINES on 2026-12-03, each to be split by role: the most lines each may have until then
-OVER_LIMIT = {"pipelines/config.py": 489, "resources/output.py": 529}
+OVER_LIMIT = {"resources/output.py": 529}
 
 
 def test_every_package_folder_is_installed():
