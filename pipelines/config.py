@@ -13,7 +13,7 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from habitus.models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
 from habitus.models.serve.defaults import DEFAULT_SELECT, DEFAULT_SHARE, DEFAULT_STEPS, DEFAULT_TOP, SELECT, TOP_K
@@ -49,67 +49,8 @@ def _to_days(v) -> int:
 Duration = Annotated[int, BeforeValidator(_to_days)]
 
 
-# --------------------------------------------------------------------------- connections
-
-
-class DuckDBConnection(Strict):
-    type: Literal["duckdb"] = Field(description="the embedded engine reading one database file")
-    path: str = Field(description="DuckDB database file")
-
-
-class ParquetConnection(Strict):
-    type: Literal["parquet"] = Field(description="Parquet files in a folder or under an s3:// prefix")
-    path: str = Field(description="folder holding <table>.parquet files or <table>/ folders")
-    endpoint: str | None = Field(None, description="s3:// paths: an S3-compatible endpoint, 'http://host:port'")
-    region: str | None = Field(None, description="s3:// paths: the bucket's region")
-
-
-class WarehouseConnection(Strict):
-    """Connectors beyond the embedded default; parameters are passed to the driver as given."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-    type: Literal["snowflake", "bigquery", "clickhouse", "synapse", "databricks", "hive"] = Field(
-        description="the warehouse; install its extra, e.g. pip install -e '.[snowflake]' (the connectors page)")
-
-
-Connection = Annotated[Union[DuckDBConnection, ParquetConnection, WarehouseConnection], Field(discriminator="type")]
-
-
-# --------------------------------------------------------------------------- sources
-
-ColumnType = Literal["categorical", "numeric", "timestamp"]
-
-
-class Source(Strict):
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="the source's name: its asset is "
-                      "source/<name>, and targets name it (`no_event: purchases`)")
-    role: Literal["events", "entity_attributes", "attributes"] = Field(
-        description="events: timestamped rows of an entity; entity_attributes: one row per entity, joined on "
-                    "`entity`; attributes: one row per value of an event column, joined on `key`")
-    connection: str = Field(description="a name under `connections:`")
-    table: str = Field(description="the table (schema.table and catalog.schema.table work; Parquet: the file's "
-                                   "or folder's name)")
-    timestamp: str | None = Field(None, description="the time column; required for events")
-    key: str | None = Field(None, description="join key of an `attributes` table (a column of the events)")
-    columns: list[str] = Field(default_factory=list, description="columns to use; empty = all")
-    types: dict[str, ColumnType] = Field(default_factory=dict, description="override inferred column types")
-    partition: Literal["monthly", "daily"] = Field("monthly", description="an events source's partitions: "
-                                                   "one extraction per month or per day")
-    start: date | None = Field(None, description="first partition of an events source")
-    end: date | None = Field(None, description="end of the last partition (exclusive), for data that stopped")
-    retries: RetrySettings | None = Field(None, description="this source's extraction retries, key by key over "
-                                                            "the top-level `retries:`")
-
-    @model_validator(mode="after")
-    def _role_needs(self):
-        if self.role == "events" and (self.timestamp is None or self.start is None):
-            raise ValueError("an events source needs `timestamp` (its time column) and `start` (first partition date)")
-        if self.role == "attributes" and self.key is None:
-            raise ValueError("an attributes source needs `key`: the event column it joins on")
-        if len(set(self.columns)) != len(self.columns):
-            dup = sorted({c for c in self.columns if self.columns.count(c) > 1})
-            raise ValueError(f"columns named more than once: {dup}")
-        return self
+from habitus.pipelines.config_sources import (ColumnType, Connection, DuckDBConnection, ParquetConnection,  # noqa: F401
+                                              Source, WarehouseConnection)
 
 
 # --------------------------------------------------------------------------- models
@@ -306,29 +247,6 @@ class QualitySettings(Strict):
                                                              "is flagged (an id or free text used as a category?)")
 
 
-class VersionSettings(Strict):
-    """Which scenario versions are kept (assets/serving.py, docs/guide/operations.md)."""
-
-    keep: int = Field(5, ge=1, description="the newest versions of each scenario kept; older ones are deleted")
-    keep_served: bool = Field(True, description="also keep every version that ever served, however old (the "
-                                                "serving one is never deleted)")
-
-
-class DriftSettings(Strict):
-    """When the drift checks of a day's predictions warn (assets/checks.py, docs/guide/operations.md)."""
-
-    max_psi: float = Field(0.25, gt=0, description="population stability index of the day's scores against the "
-                                                   "serving version's hold-out scores above which the check warns")
-    max_unknown_share: float = Field(0.02, ge=0, le=1, description="share of the day's events with a categorical "
-                                                                   "value the serving model never saw")
-    trailing_days: int = Field(28, ge=2, description="days before the scored day whose mean the day's volume is "
-                                                     "compared with")
-    min_volume_ratio: float = Field(0.5, gt=0, description="the day's events or entities under this share of the "
-                                                           "trailing mean warn")
-    max_volume_ratio: float = Field(2.0, gt=0, description="the day's events or entities over this multiple of "
-                                                           "the trailing mean warn")
-
-
 class Project(Strict):
     workspace: str = Field(description="POSIX folder of the cache, checkpoints and outputs (a real filesystem; "
                                        "s3:// is refused); relative to the config file")
@@ -347,9 +265,6 @@ class Project(Strict):
     predictions: PredictionSettings = Field(PredictionSettings(), description="the daily scores")
     schedules: ScheduleSettings = Field(ScheduleSettings(), description="retraining and scoring schedules, sensors")
     quality: QualitySettings = Field(QualitySettings(), description="bad input tolerated before checks fail")
-    versions: VersionSettings = Field(VersionSettings(), description="scenario versions kept for rollback")
-    drift: DriftSettings = Field(DriftSettings(), description="thresholds of the drift checks on each day's "
-                                                              "predictions")
     retries: RetrySettings = Field(RetrySettings(), description="extraction retries of transient warehouse errors, "
                                    "for every source (a source's own `retries:` overrides keys of it)")
     test_cutoff: date | None = Field(None, description="hold-out cut-off; default: data end minus the longest window")

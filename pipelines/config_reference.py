@@ -1,5 +1,5 @@
 """The config reference (docs/reference/config.md), generated from the project config's pydantic schema
-(pipelines/config.py, config_operations.py): every key with its type, default, allowed values and
+(pipelines/config.py, config_sources.py, config_operations.py): every key with its type, default, allowed values and
 description, one table per section.
 
     python -m habitus.pipelines.config_reference            # print it
@@ -26,8 +26,8 @@ REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "config
 HEADER = """# Config reference
 
 Every key of the project config (the YAML file named by `HABITUS_CONFIG`, default `examples/demo.yaml`),
-generated from the schema in `pipelines/config.py` by `python -m habitus.pipelines.config_reference --write`;
-a test fails when this page and the schema differ. How the keys fit together, with an example:
+generated from its schema (`pipelines/config.py`, `config_sources.py`, `config_operations.py`) by
+`python -m habitus.pipelines.config_reference --write`; a test fails when this page and the schema differ. How the keys fit together, with an example:
 [the project config](../guide/config.md).
 
 Durations are written `14d` or `2w` (or a number of days); dates as `2026-10-01`. `${VAR}` and
