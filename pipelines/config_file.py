@@ -1,5 +1,14 @@
-"""Reading a project config file: YAML with unique keys, `${VAR}` substitution, relative paths and
-pydantic errors turned into lines that name the file and the key."""
+"""Reading a project config file: YAML with unique keys and no aliases, `${VAR}` substitution where a
+secret or a location lives, relative paths and pydantic errors turned into lines that name the file and
+the key.
+
+`${VAR}` (or `${VAR:-default}`) expands in `connections`, `output` and `workspace` (secrets and
+locations), and in the deployment settings `kubernetes`, `retries` and `schedules.sensor_interval`;
+anywhere else it is an error naming the key (an `entity: ${DAGSTER_PG_PASSWORD}` would copy a secret into
+table names and messages). A value that is one `${VAR}` with VAR set is returned as `EnvValue`, a str that
+remembers VAR: a connection's such value becomes `EnvVar(VAR)` in its resource and is masked wherever it
+is shown, whatever its key is called (pipelines/definitions.py, pipelines/init.py).
+"""
 
 import os
 import re
@@ -10,10 +19,38 @@ from pydantic import ValidationError
 
 CONFIG_ENV = "HABITUS_CONFIG"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# where ${VAR} may appear: the top-level key, or the dotted path of one setting
+ENV_ALLOWED = ("connections", "output", "workspace", "kubernetes", "retries", "schedules.sensor_interval")
+MAX_BYTES = 1 << 20  # a project config is a few KB; a bigger file is a mistake (or an attack on the parser)
+
+
+class EnvValue(str):
+    """A config value that was exactly one `${VAR}` reference: the variable's value, with `.var` its name."""
+
+    var: str
+
+    def __new__(cls, text: str, var: str):
+        self = super().__new__(cls, text)
+        self.var = var
+        return self
+
+
+def env_var(v) -> str | None:
+    """The variable a config value came from (`${VAR}`), or None for a value written in the file."""
+    return v.var if isinstance(v, EnvValue) else None
+
+
+def _env_allowed(where: str) -> bool:
+    return any(where == a or where.startswith((a + ".", a + "[")) for a in ENV_ALLOWED)
 
 
 class ConfigError(ValueError):
     """A project config that cannot be used; the message says where and what to do."""
+
+
+def _line(text: str, reference: str):
+    return next((i for i, ln in enumerate(text.splitlines(), 1)
+                 if reference in ln and not ln.lstrip().startswith("#")), "?")
 
 
 def substitute_env(node, path: Path, text: str, where: str = ""):
@@ -23,8 +60,12 @@ def substitute_env(node, path: Path, text: str, where: str = ""):
         return {k: substitute_env(v, path, text, f"{where}.{k}" if where else str(k)) for k, v in node.items()}
     if isinstance(node, list):
         return [substitute_env(v, path, text, f"{where}[{i}]") for i, v in enumerate(node)]
-    if not isinstance(node, str):
+    if not isinstance(node, str) or "${" not in node:
         return node
+    if not _env_allowed(where) and (ref := _ENV_REF.search(node)):
+        line = _line(text, ref.group(0))
+        raise ConfigError(f"{path}:{line}: {where}: ${{...}} reads the environment only in {', '.join(ENV_ALLOWED)} "
+                          f"(secrets and locations); write the value itself here")
 
     def repl(m: re.Match) -> str:
         name, default = m.group(1), m.group(2)
@@ -32,11 +73,13 @@ def substitute_env(node, path: Path, text: str, where: str = ""):
             return os.environ[name]
         if default is not None:
             return default
-        line = next((i for i, ln in enumerate(text.splitlines(), 1)
-                     if m.group(0) in ln and not ln.lstrip().startswith("#")), "?")
+        line = _line(text, m.group(0))
         raise ConfigError(f"{path}:{line}: {where}: environment variable {name} is not set (referenced as "
                           f"${{{name}}}); export it or write ${{{name}:-default}}")
 
+    whole = _ENV_REF.fullmatch(node)
+    if whole and whole.group(1) in os.environ:
+        return EnvValue(os.environ[whole.group(1)], whole.group(1))
     return _ENV_REF.sub(repl, node)
 
 
@@ -75,7 +118,15 @@ def resolve_path(base: Path, p: str) -> str:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a key written twice in one mapping (plain YAML keeps the last one
-    silently: `columns:` twice in a source would drop the first list)."""
+    silently: `columns:` twice in a source would drop the first list) and every alias (`*name`): a config
+    needs none, and nested aliases expand exponentially (a 400-byte file into millions of nodes)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"found an alias (*{event.anchor}); project configs "
+                                              f"take no anchors or aliases: write the value out", event.start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -97,6 +148,9 @@ def read_yaml(path: Path) -> dict:
     """The file's mapping of keys with `${ENV}` substituted; ConfigError naming the file otherwise."""
     if not path.is_file():
         raise ConfigError(f"project config {path} not found (set {CONFIG_ENV} to your project's YAML file)")
+    if path.stat().st_size > MAX_BYTES:
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes; a project config is a few KB (at most "
+                          f"{MAX_BYTES:,} bytes are read)")
     text = path.read_text()
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)

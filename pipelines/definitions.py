@@ -6,7 +6,6 @@ when it loads the code location, so `habitus init` and the other commands import
 from any folder, with or without a project config.
 """
 
-import os
 import warnings
 
 import dagster as dg
@@ -53,19 +52,29 @@ def _warehouse_class(kind: str):
     return getattr(importlib.import_module(module), cls)
 
 
-def _as_env_var(key: str, value):
-    """A secret that came from ${VAR} becomes EnvVar(VAR): Dagster then shows the variable's name,
-    never its value. (The config loader already substituted it; any variable holding exactly this
-    value resolves to it.) A secret written literally in the file is kept, with a warning."""
+def _as_env_var(key: str, value, annotation=str):
+    """A connection value that came from ${VAR} becomes EnvVar(VAR) (EnvVar.int for an integer field),
+    whatever its key is called: Dagster then shows the variable's name, never its value. A value whose key
+    names a secret (resources/remote.py SECRET_KEYS) written literally in the file is kept, with a warning."""
+    from habitus.pipelines.config_file import env_var
     from habitus.resources.remote import SECRET_KEYS
 
-    if key not in SECRET_KEYS or not isinstance(value, str) or not value:
-        return value
-    names = sorted(k for k, v in os.environ.items() if v == value)
-    if names:
-        return dg.EnvVar(names[0])
-    warnings.warn(f"a connection's {key!r} is written in the project config; write ${{VAR}} and export VAR")
+    var = env_var(value)
+    if var is not None:
+        if annotation is int:
+            return dg.EnvVar.int(var)
+        return dg.EnvVar(var) if annotation is not bool else value
+    if key in SECRET_KEYS and isinstance(value, str) and value:
+        warnings.warn(f"a connection's {key!r} is written in the project config; write ${{VAR}} and export VAR")
     return value
+
+
+def _plain_type(annotation):
+    """int for `int` and `int | None`, bool likewise, else str (what EnvVar can stand for)."""
+    import typing
+
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return args[0] if len(args) == 1 and args[0] in (int, bool) else str
 
 
 def connection_resource(name: str, conn) -> dg.ConfigurableResource:
@@ -80,10 +89,11 @@ def connection_resource(name: str, conn) -> dg.ConfigurableResource:
     cls = _warehouse_class(conn.type)
     params = {k: v for k, v in conn.model_dump().items() if k != "type"}
     fields, options = {"name": name}, dict(params.pop("options", None) or {})
+    options = {k: _as_env_var(k, v) for k, v in options.items()}
     for key, value in params.items():
         field = "schema_name" if key == "schema" and "schema_name" in cls.model_fields else key
         if field in cls.model_fields and field not in ("name", "options"):
-            fields[field] = _as_env_var(key, value)
+            fields[field] = _as_env_var(key, value, _plain_type(cls.model_fields[field].annotation))
         else:
             options[key] = _as_env_var(key, value)
     if options:

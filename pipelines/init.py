@@ -25,12 +25,21 @@ from habitus.pipelines.init_suggest import check_joins, pick_events, render, sug
 
 
 def _hide_secrets(name: str, conn: dict) -> dict:
-    """The connection as printed: a secret not already a ${VAR} reference becomes one."""
+    """The connection as printed: a value that came from ${VAR} is shown as ${VAR} (whatever its key), a
+    secret-named key's value not already a ${VAR} reference becomes one; `options` likewise."""
+    from habitus.pipelines.config_file import env_var
     from habitus.resources.remote import SECRET_KEYS
 
-    return {k: (v if k not in SECRET_KEYS or (isinstance(v, str) and v.startswith("${"))
-                else "${" + re.sub(r"[^A-Z0-9]", "_", f"{name}_{k}".upper()) + "}")
-            for k, v in conn.items()}
+    def shown(k, v):
+        if env_var(v) is not None:
+            return "${" + env_var(v) + "}"
+        if isinstance(v, dict):
+            return {ik: shown(ik, iv) for ik, iv in v.items()}
+        if k not in SECRET_KEYS or (isinstance(v, str) and v.startswith("${")):
+            return v
+        return "${" + re.sub(r"[^A-Z0-9]", "_", f"{name}_{k}".upper()) + "}"
+
+    return {k: shown(k, v) for k, v in conn.items()}
 
 
 def _list_tables(kind: str, conn: dict, warehouse=None) -> list[str]:
@@ -125,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(raw, dict):
                 raise ConfigError("--connection: expected a YAML mapping such as '{type: clickhouse, host: ...}'")
             shown = raw
-            conn = TypeAdapter(Connection).validate_python(substitute_env(raw, "--connection", args.connection or ""))
+            conn = TypeAdapter(Connection).validate_python(substitute_env(raw, "--connection", args.connection or "",
+                                                                            "connections"))
         shown = _hide_secrets(args.name, shown)
         warehouse = connection_resource(args.name, conn)
         tables = args.tables or _list_tables(conn.type, conn.model_dump(), warehouse)

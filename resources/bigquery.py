@@ -27,7 +27,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from habitus.resources.errors import AUTH, WarehouseError, network_error
-from habitus.resources.remote import (SECRET_KEYS, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
+from habitus.resources.remote import (secret_values, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
                              query_error, value)
 from habitus.resources.sql import create_table_sql, freshness_sql, partition_counts_sql, range_sql, table_expr
 
@@ -114,7 +114,7 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
     options: dict[str, Any] = {}
 
     def _secrets(self) -> list:
-        return [self.credentials_json] + [v for k, v in self.options.items() if k in SECRET_KEYS]
+        return secret_values(self)
 
     def _ref(self, table: str) -> tuple[str, str, str]:
         t = table_expr(table)

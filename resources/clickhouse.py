@@ -27,7 +27,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from habitus.resources.errors import WarehouseError
-from habitus.resources.remote import (SECRET_KEYS, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
+from habitus.resources.remote import (secret_values, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
                              query_error, value)
 from habitus.resources.sql import (_literal, count_sql, create_table_sql, freshness_sql, partition_counts_sql, range_sql,
                            select_expr, table_expr)
@@ -122,7 +122,7 @@ class ClickHouseWarehouse(ChunkReads, dg.ConfigurableResource):
     options: dict[str, Any] = {}
 
     def _secrets(self) -> list:
-        return [self.password] + [v for k, v in self.options.items() if k in SECRET_KEYS]
+        return secret_values(self)
 
     def _where(self) -> str:
         if self.interface == "chdb":

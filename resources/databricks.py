@@ -27,7 +27,7 @@ import sqlglot
 from sqlglot import exp
 
 from habitus.resources.errors import WarehouseError
-from habitus.resources.remote import CursorQueries, SECRET_KEYS, connect_error, value, value_literal
+from habitus.resources.remote import CursorQueries, connect_error, secret_values, value, value_literal
 from habitus.resources.sql import create_table_sql, delete_sql, limit0_sql, table_expr
 
 DIALECT = "databricks"
@@ -77,7 +77,7 @@ class DatabricksWarehouse(CursorQueries, dg.ConfigurableResource):
     options: dict[str, Any] = {}
 
     def _secrets(self) -> list:
-        return [self.access_token] + [v for k, v in self.options.items() if k in SECRET_KEYS]
+        return secret_values(self)
 
     def connect_kwargs(self) -> dict:
         kw = {"server_hostname": self.server_hostname, "http_path": self.http_path,

@@ -27,7 +27,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from habitus.resources.errors import AUTH, WarehouseError, chain, network_error
-from habitus.resources.remote import (CursorQueries, SECRET_KEYS, column_array, connect_error, fetch_rows, first_lines, naive_utc,
+from habitus.resources.remote import (CursorQueries, secret_values, column_array, connect_error, fetch_rows, first_lines, naive_utc,
                              rows_to_batches, value, value_literal)
 from habitus.resources.sql import arrow_sql_type, range_sql, table_expr
 
@@ -94,7 +94,7 @@ class HiveWarehouse(CursorQueries, dg.ConfigurableResource):
     options: dict[str, Any] = {}
 
     def _secrets(self) -> list:
-        return [self.password] + [v for k, v in self.options.items() if k in SECRET_KEYS]
+        return secret_values(self)
 
     def connect_kwargs(self) -> dict:
         kw = {"host": self.host, "port": self.port, "username": self.username, "password": self.password,

@@ -21,9 +21,34 @@ from habitus.resources.batches import Batches
 from habitus.resources.errors import WarehouseError, network_error
 from habitus.resources.sql import freshness_sql, partition_counts_sql, range_sql, select_sql, utc_naive
 
-# Connection parameters whose values are never printed and are passed as dagster EnvVars.
-SECRET_KEYS = frozenset({"password", "token", "access_token", "private_key", "private_key_passphrase",
-                         "client_secret", "credentials_json", "secret", "passcode"})
+class _SecretNames:
+    """Key names that hold a secret, matched case-insensitively by pattern (`password`, `Password`,
+    `private_key_file_pwd`, `oauth_client_secret`, `accountKey`, ...): `key in SECRET_KEYS`. A value
+    from `${VAR}` is a secret whatever its key (pipelines/config_file.py EnvValue); this catches those
+    written in the file, and what errors must leave out."""
+
+    PATTERN = re.compile(r"pass(word|wd|phrase|code)?|pwd|secret|token|credential|private|"
+                         r"(account|access|api|auth|client|master|shared|signing|sas)_?key|signature", re.I)
+
+    def __contains__(self, key) -> bool:
+        return isinstance(key, str) and bool(self.PATTERN.search(key))
+
+
+SECRET_KEYS = _SecretNames()
+
+
+def secret_values(resource) -> list:
+    """What errors of `resource` must never show: every field and option whose key names a secret, and
+    every value given as an environment variable (EnvVar, or {"env": NAME} inside `options`)."""
+    found = []
+    for name in type(resource).model_fields:
+        v = getattr(resource, name, None)
+        if name != "options" and (name in SECRET_KEYS or isinstance(v, dg.EnvVar)):
+            found.append(v)
+    for k, v in (getattr(resource, "options", None) or {}).items():
+        if k in SECRET_KEYS or isinstance(v, dg.EnvVar) or (isinstance(v, dict) and set(v) == {"env"}):
+            found.append(v)
+    return [v for v in found if v is not None]
 
 
 def value(v):

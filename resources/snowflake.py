@@ -22,7 +22,7 @@ import dagster as dg
 import pyarrow as pa
 
 from habitus.resources.errors import AUTH, WarehouseError, network_error
-from habitus.resources.remote import CursorQueries, SECRET_KEYS, connect_error, value
+from habitus.resources.remote import secret_values, CursorQueries, connect_error, value
 from habitus.resources.sql import create_table_sql, delete_sql, limit0_sql, table_expr
 
 DIALECT = "snowflake"
@@ -109,7 +109,7 @@ class SnowflakeWarehouse(CursorQueries, dg.ConfigurableResource):
     # ------------------------------------------------------------------ connection
 
     def _secrets(self) -> list:
-        return [self.password] + [v for k, v in self.options.items() if k in SECRET_KEYS]
+        return secret_values(self)
 
     def _where(self) -> str:
         host = self.options.get("host") or f"{value(self.account)}.snowflakecomputing.com"

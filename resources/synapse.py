@@ -25,7 +25,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from habitus.resources.errors import WarehouseError
-from habitus.resources.remote import CursorQueries, SECRET_KEYS, connect_error, value
+from habitus.resources.remote import secret_values, CursorQueries, connect_error, value
 from habitus.resources.sql import create_table_sql, delete_sql, table_expr
 
 DIALECT = "tsql"
@@ -89,7 +89,7 @@ class SynapseWarehouse(CursorQueries, dg.ConfigurableResource):
     options: dict[str, Any] = {}
 
     def _secrets(self) -> list:
-        return [self.password] + [v for k, v in self.options.items() if k in SECRET_KEYS]
+        return secret_values(self)
 
     def connection_string(self) -> str:
         parts = {"Server": f"tcp:{value(self.server)},{self.port}", "Database": value(self.database),

@@ -82,8 +82,9 @@ def test_any_value_under_a_known_key_is_a_project_or_a_config_error(key, value):
 def test_secrets_are_substituted_verbatim_after_parsing(secret, monkeypatch):
     """A value with ':', ' #', quotes, braces or '${' stays exactly what the environment holds."""
     monkeypatch.setenv("HABITUS_PROP_VALUE", secret)
-    project = _load(yaml.safe_dump({**BASE, "entity": "${HABITUS_PROP_VALUE}"}))
-    assert project.entity == secret
+    vault = {"type": "snowflake", "account": "a", "password": "${HABITUS_PROP_VALUE}"}
+    project = _load(yaml.safe_dump({**BASE, "connections": {**BASE["connections"], "v": vault}}))
+    assert project.connections["v"].password == secret
 
 
 @FAST

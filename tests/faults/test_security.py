@@ -139,3 +139,77 @@ def test_ui_binds_to_localhost_and_the_image_runs_as_a_user():
     docker = (ROOT / "Dockerfile").read_text()
     users = re.findall(r"^USER\s+(\S+)", docker, re.M)
     assert users and users[-1] not in ("root", "0")
+
+
+# secrets under ten key names of different spellings, nine of them secret-named and one not (a secret by
+# origin only: it came from ${VAR})
+TEN_KEYS = ["password", "Password", "private_key_file_pwd", "oauth_client_secret", "accessToken", "API_KEY",
+            "sasl_Passcode", "Credentials_JSON", "accountKey", "http_header_x"]
+
+
+def _ten_secrets(tmp_path, monkeypatch) -> tuple[Path, dict[str, str]]:
+    values = {f"HABITUS_T_S{i}": f"v{i}-{SECRET}" for i in range(len(TEN_KEYS))}
+    for var, v in values.items():
+        monkeypatch.setenv(var, v)
+    vault = {"type": "hive", "host": "127.0.0.1", "port": 1, "connect_timeout": 1,
+             **{k: f"${{HABITUS_T_S{i}}}" for i, k in enumerate(TEN_KEYS)}}
+    path = tmp_path / "project.yaml"
+    path.write_text(yaml.safe_dump({
+        "workspace": "ws", "entity": "c", "connections": {"w": {"type": "duckdb", "path": "x.duckdb"}, "vault": vault},
+        "sources": [{"name": "e", "role": "events", "connection": "w", "table": "t", "timestamp": "ts",
+                     "start": "2026-01-01"}]}))
+    return path, values
+
+
+def test_secrets_by_origin_under_ten_spellings_are_masked_everywhere(tmp_path, monkeypatch, capsys):
+    import json
+    import warnings
+
+    from habitus.pipelines.definitions import build_definitions
+    from habitus.pipelines.init import _hide_secrets, main as init_main
+    from habitus.resources.remote import connect_error, query_error
+
+    path, values = _ten_secrets(tmp_path, monkeypatch)
+    project = load_project(path)
+    assert sorted(project.connections["vault"].model_dump()[k] for k in TEN_KEYS) == sorted(values.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no secret here is written literally: no warning either
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        defs = build_definitions(project)
+    vault = defs.resources["warehouse_vault"] if "warehouse_vault" in defs.resources else next(
+        r for r in defs.resources.values() if type(r).__name__ == "HiveWarehouse")
+    shown = [repr(vault), json.dumps(vault.model_dump(), default=repr)]
+    # init's printed connection
+    shown.append(json.dumps(_hide_secrets("vault", project.connections["vault"].model_dump())))
+    # a driver error quoting every value, as the connector reports it
+    leak = RuntimeError("login failed: " + ", ".join(values.values()))
+    shown += [str(connect_error("hive", "vault", "127.0.0.1:1", leak, vault._secrets())),
+              str(query_error("hive", "vault", "t", leak, vault._secrets(), where="127.0.0.1:1"))]
+    # init against the unreachable server: what it prints, out and err
+    assert init_main(["--config", str(path), "--use", "vault", "--tables", "t"]) == 2
+    captured = capsys.readouterr()
+    shown += [captured.out, captured.err]
+    assert "cannot connect" in captured.err
+    for text in shown:
+        for v in values.values():
+            assert v not in text and SECRET not in text, text[:500]
+    # every one of them reaches the resource as an EnvVar of its own variable
+    names = {getattr(v, "env_var_name", None) for v in [vault.password, *vault.options.values()]}
+    assert names >= set(values)
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_naming_the_file(tmp_path):
+    import time
+
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    text = "\n".join(lines) + "\n"
+    assert len(text.encode()) <= 400  # 9^9 (387 million) strings once expanded
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        load_project(path)
+    assert time.monotonic() - started < 1.0
+    assert str(path) in str(info.value) and "alias" in str(info.value)

@@ -165,24 +165,32 @@ def test_env_substitution_and_defaults(tmp_path, monkeypatch):
     monkeypatch.setenv("HABITUS_T_WS", str(tmp_path / "from_env"))
     text = yaml.safe_dump(base(), sort_keys=False)
     text = text.replace("workspace: ws", "workspace: ${HABITUS_T_WS}")
-    text = text.replace("entity: customer_id", "entity: ${HABITUS_T_OTHER:-client_id}")
-    text = text.replace("table: products", "table: ${HABITUS_T_OTHER:-}products")
+    text += "output: ${HABITUS_T_OTHER:-/mnt/out}\n"
     project = load_project(write(tmp_path, text))
     assert project.workspace == str(tmp_path / "from_env")
-    assert project.entity == "client_id"
-    assert project.source("products").table == "products"
+    assert project.output == "/mnt/out"
+
+
+def test_env_reference_outside_secrets_and_locations_is_an_error_naming_the_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("HABITUS_T_OTHER", "member_id")
+    for old, new, key in (("entity: customer_id", "entity: ${HABITUS_T_OTHER}", "entity"),
+                          ("table: products", "table: ${HABITUS_T_OTHER:-}products", "sources[2].table")):
+        text = yaml.safe_dump(base(), sort_keys=False).replace(old, new)
+        message = config_error(write(tmp_path, text))
+        assert f"{key}: ${{...}} reads the environment only in connections" in message, message
+        assert "member_id" not in message
 
 
 def test_env_set_value_wins_over_default(tmp_path, monkeypatch):
-    monkeypatch.setenv("HABITUS_T_OTHER", "member_id")
-    text = yaml.safe_dump(base(), sort_keys=False).replace("entity: customer_id", "entity: ${HABITUS_T_OTHER:-client_id}")
-    assert load_project(write(tmp_path, text)).entity == "member_id"
+    monkeypatch.setenv("HABITUS_T_OTHER", str(tmp_path / "member"))
+    text = yaml.safe_dump(base(), sort_keys=False).replace("workspace: ws", "workspace: ${HABITUS_T_OTHER:-ws}")
+    assert load_project(write(tmp_path, text)).workspace == str(tmp_path / "member")
 
 
 def test_missing_env_var_names_file_line_and_variable(tmp_path):
     lines = yaml.safe_dump(base(), sort_keys=False).splitlines()
-    index = next(i for i, line in enumerate(lines) if line.startswith("entity:"))
-    lines[index] = "entity: ${HABITUS_T_MISSING}"
+    index = next(i for i, line in enumerate(lines) if line.startswith("workspace:"))
+    lines[index] = "workspace: ${HABITUS_T_MISSING}"
     path = write(tmp_path, "\n".join(lines) + "\n")
     message = config_error(path)
     assert f"{path}:{index + 1}" in message
@@ -430,7 +438,7 @@ def test_secret_not_in_yaml_error_elsewhere(tmp_path, monkeypatch):
 
 def test_secret_not_in_missing_variable_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HABITUS_T_SECRET", SECRET)
-    text = _with_snowflake(base()).replace("entity: customer_id", "entity: ${HABITUS_T_MISSING}")
+    text = _with_snowflake(base()).replace("workspace: ws", "workspace: ${HABITUS_T_MISSING}")
     message = config_error(write(tmp_path, text))
     assert "HABITUS_T_MISSING" in message and SECRET not in message
 

@@ -53,9 +53,12 @@ def test_naive_utc():
 
 
 def test_connection_resource_maps_fields_options_and_secrets(monkeypatch):
+    from habitus.pipelines.config_file import EnvValue
+
     monkeypatch.setenv("HABITUS_TEST_SF_PW", "s3cret-pw")
     conn = WarehouseConnection.model_validate({
-        "type": "snowflake", "account": "acme", "user": "bob", "password": "s3cret-pw", "schema": "PUBLIC",
+        "type": "snowflake", "account": "acme", "user": "bob", "schema": "PUBLIC",
+        "password": EnvValue("s3cret-pw", "HABITUS_TEST_SF_PW"),  # as the config loader reads ${HABITUS_TEST_SF_PW}
         "database": "SHOP", "authenticator": "snowflake", "host": "127.0.0.1", "port": 8765})
     r = connection_resource("wh", conn)
     assert type(r).__name__ == "SnowflakeWarehouse"
