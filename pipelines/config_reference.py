@@ -31,8 +31,8 @@ generated from its schema (`pipelines/config.py`, `config_sources.py`, `config_o
 [the project config](../guide/config.md).
 
 Durations are written `14d` or `2w` (or a number of days); dates as `2026-10-01`. `${VAR}` and
-`${VAR:-default}` anywhere in the file read the environment. A key not listed here is refused, naming
-it (a warehouse connection passes its other keys to the driver).
+`${VAR:-default}` read the environment (where the config allows it: [the project config](../guide/config.md)).
+A key not listed here is refused, naming it (a warehouse connection passes its other keys to the driver).
 """
 
 
