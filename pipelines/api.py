@@ -121,9 +121,9 @@ class Project:
         try:
             if events & set(names):
                 runner.extract()
-            plain = [dg.AssetKey.from_user_string(n) for n in names if n not in events and n not in daily]
+            plain = [n for n in names if n not in events and n not in daily]
             if plain:
-                runner.run(plain, ", ".join(n for n in names if n not in events and n not in daily))
+                runner.run([dg.AssetKey.from_user_string(n) for n in plain], ", ".join(plain))
             for day in days if daily else ():
                 runner.run([dg.AssetKey.from_user_string(n) for n in daily], f"{', '.join(daily)} for {day}",
                            partition_key=day)

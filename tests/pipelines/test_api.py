@@ -84,8 +84,8 @@ def test_materialize_report_predict_and_embed_a_day(project):
     assert len(vectors.column("embedding")[0]) > 16  # the trunk's 16 values and the scalars after them
 
     # named assets and a day, as the UI materializes a partition
-    summary = project.materialize(["predictions/churn", "embeddings"], days=["2026-10-20"])
-    assert set(summary["timings"]) == {"predictions/churn, embeddings for 2026-10-20"}
+    summary = project.materialize(["cache", "predictions/churn", "embeddings"], days=["2026-10-20"])
+    assert set(summary["timings"]) == {"cache", "predictions/churn, embeddings for 2026-10-20"}
     assert pq.read_table(project.workspace.predictions("churn") / "2026-10-20.parquet").equals(
         project.predict("churn", "2026-10-20"))
     assert (project.workspace.embeddings / "2026-10-20.parquet").exists()
