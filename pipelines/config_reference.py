@@ -125,9 +125,9 @@ def _default(info: FieldInfo) -> str:
 
 def _cell(text: str) -> str:
     """One table cell: one line, and `<`, `>` outside code spans shown as written (not read as HTML)."""
-    parts = " ".join(str(text).split()).split("`")
-    return "`".join(p if i % 2 else p.replace("<", "&lt;").replace(">", "&gt;") for i, p in enumerate(parts)
-                    ).replace("|", "\\|")
+    parts = " ".join(str(text).split()).split("`")  # the table reads a `|` inside a code span as text
+    return "`".join(p if i % 2 else p.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+                    for i, p in enumerate(parts))
 
 
 def _sections(root: type[BaseModel], path: str) -> list[tuple[str, type[BaseModel], list[str]]]:

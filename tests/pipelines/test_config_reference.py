@@ -50,7 +50,7 @@ def test_types_defaults_and_allowed_values_are_read_from_the_fields():
 
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", _table(Section), re.M)}
     assert rows["window"] == "| `window` | duration | `28d` |  | a window |"
-    assert rows["mode"] == "| `mode` | string | `a` | matches `^(a\\|b)$` | a mode |"
+    assert rows["mode"] == "| `mode` | string | `a` | matches `^(a|b)$` | a mode |"
     assert rows["kind"] == "| `kind` | string | `x` | `x`, `y` | a kind |"
     assert rows["count"] == "| `count` | integer or null | none | &gt;= 1; &lt;= 9 | a count |"
     assert rows["names"] == "| `names` | list of string | empty |  | names |"
