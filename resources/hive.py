@@ -122,6 +122,11 @@ class HiveWarehouse(CursorQueries, dg.ConfigurableResource):
             raise connect_error("hive", self.name, self._where(), e, self._secrets(), transient(e)) from None
         with contextlib.suppress(Exception):  # Spark: render and parse timestamps in UTC
             con.cursor().execute("SET spark.sql.session.timeZone=UTC")
+        # no ${env:...} / ${hiveconf:...} expansion in this session's statements (Hive, Spark); the written
+        # literals never hold `${` either (resources/remote.py text_literal), whichever the server is
+        for setting in ("hive.variable.substitute", "spark.sql.variable.substitute"):
+            with contextlib.suppress(Exception):
+                con.cursor().execute(f"SET {setting}=false")
         return con
 
     def _transport(self, kw: dict):

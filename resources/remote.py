@@ -189,7 +189,21 @@ def value_literal(v, timestamp_type: str = "TIMESTAMP", aware_timestamp_type: st
         return exp.cast(exp.Literal.string(v.isoformat()), exp.DataType.build("DATE"))
     if isinstance(v, bytes):
         return exp.func("unhex", exp.Literal.string(v.hex()))
-    return exp.Literal.string(str(v))
+    return text_literal(str(v))
+
+
+def text_literal(text: str):
+    """A string literal whose SQL text never holds `${`: HiveServer2 and Spark expand `${env:...}` and
+    `${hiveconf:...}` inside string literals before parsing, so an entity id or a label such as
+    `${env:DATABRICKS_TOKEN}` would copy a server secret into the table. Such a value is written as
+    CONCAT('...$', '{...') (the same text, read back unchanged)."""
+    from sqlglot import exp
+
+    if "${" not in text:
+        return exp.Literal.string(text)
+    head, *rest = text.split("${")
+    pieces = [head + "$"] + ["{" + r + "$" for r in rest[:-1]] + ["{" + rest[-1]]
+    return exp.func("concat", *(exp.Literal.string(p) for p in pieces))
 
 
 def _close(handle) -> None:
