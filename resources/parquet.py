@@ -77,6 +77,7 @@ class ParquetWarehouse(dg.ConfigurableResource):
                               transient=transient(exc))
 
     def _dataset(self, table: str) -> ds.Dataset:
+        table = confined(table, self.path)
         s3 = self._s3()
         if s3 is not None:
             from pyarrow.fs import FileType
@@ -165,6 +166,7 @@ class ParquetWarehouse(dg.ConfigurableResource):
     def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
               replace: tuple[str, object] | None = None) -> int:
         """One file per replaced value: `<path>/<table>/<column>=<value>.parquet`, written whole."""
+        table = confined(table, self.path)
         name = f"{replace[0]}={_safe(replace[1])}.parquet" if replace else "part.parquet"
         s3 = self._s3()
         if s3 is not None:
@@ -198,6 +200,17 @@ class ParquetWarehouse(dg.ConfigurableResource):
                 rows += len(b)
         durable_replace(tmp, folder / name)
         return rows
+
+
+def confined(table: str, path: str) -> str:
+    """`table` when it names a file or folder inside the connection's folder: '/'-separated names, none
+    empty, '.' or '..', no backslash or NUL, not absolute. A sink or source `../x` or `/etc/x` would read
+    or write outside it."""
+    parts = table.split("/") if isinstance(table, str) else [""]
+    if table.startswith("/") or any(p in ("", ".", "..") or "\\" in p or "\x00" in p for p in parts):
+        raise WarehouseError(f"table {table!r}: not a name inside the parquet connection's folder {path} (no "
+                             f"'..', absolute path, backslash or empty part)")
+    return table
 
 
 def _safe(value) -> str:

@@ -4,6 +4,7 @@ The folder is written under a temporary name and renamed, and config.json record
 the weights, so a checkpoint that was altered after training is refused on load.
 """
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Callable
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 from habitus.models.storage.files import atomic_path, file_sha256
 
@@ -47,12 +48,15 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         raise CheckpointError(f"{cfg_file} is not valid JSON ({e}); re-materialize the checkpoint") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{cfg_file} holds a {type(config).__name__}, not a checkpoint config; re-materialize it")
-    digest = file_sha256(weights)
+    # hashed and parsed from the same bytes (one read): a checkpoint promoted between a hash and a second
+    # open can never pair this config.json with other weights
+    data = weights.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
     if config.get("weights_sha256") != digest:
         raise CheckpointError(f"{weights}: SHA-256 {digest[:16]}… does not match the {str(config.get('weights_sha256'))[:16]}… "
                               f"recorded in config.json; the file was changed after training. Re-materialize it")
     try:  # safetensors parses a JSON header and raw bytes: nothing in the file can run as code
-        return load_file(str(weights)), config
+        return load(data), config
     except SafetensorError as e:
         raise CheckpointError(f"{weights} is not a safetensors file ({e}); checkpoints are never read as pickle or "
                               f"torch.save archives. Re-materialize it") from None

@@ -213,3 +213,47 @@ def test_a_yaml_alias_bomb_is_refused_at_once_naming_the_file(tmp_path):
         load_project(path)
     assert time.monotonic() - started < 1.0
     assert str(path) in str(info.value) and "alias" in str(info.value)
+
+
+def test_a_checkpoint_is_hashed_and_parsed_from_the_same_bytes(tmp_path, monkeypatch):
+    """Weights promoted between the hash check and the parse (another run swapping the folder in) are
+    never paired with this config.json: what was hashed is what is returned."""
+    import hashlib
+
+    import torch
+
+    import habitus.models.nn.checkpoint as checkpoint
+
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    checkpoint.save_checkpoint(tmp_path / "a", first, {})
+    checkpoint.save_checkpoint(tmp_path / "b", second, {})
+    real = hashlib.sha256
+
+    def hash_then_promote(data=b""):
+        h = real(data)
+        (tmp_path / "b" / "model.safetensors").replace(tmp_path / "a" / "model.safetensors")
+        return h
+
+    monkeypatch.setattr(checkpoint.hashlib, "sha256", hash_then_promote)
+    weights, _ = checkpoint.load_checkpoint(tmp_path / "a")
+    monkeypatch.undo()
+    assert torch.equal(weights["weight"], first.state_dict()["weight"])
+    assert not torch.equal(weights["weight"], second.state_dict()["weight"])
+
+
+@pytest.mark.parametrize("table", ["../x", "/etc/passwd", "a/../../x", "a\\..\\x", "", ".", "a//b"])
+def test_parquet_tables_stay_inside_the_connection_folder(tmp_path, table):
+    import pyarrow as pa
+
+    from habitus.resources.errors import WarehouseError
+    from habitus.resources.parquet import ParquetWarehouse
+
+    wh = ParquetWarehouse(path=str(tmp_path / "lake"))
+    schema = pa.schema([("a", pa.int64())])
+    before = sorted(p for p in tmp_path.rglob("*"))
+    with pytest.raises(WarehouseError, match="not a name inside the parquet connection's folder"):
+        wh.write(table, iter([pa.record_batch([pa.array([1])], schema=schema)]), schema)
+    with pytest.raises(WarehouseError, match="not a name inside"):
+        wh.schema(table)
+    assert sorted(p for p in tmp_path.rglob("*")) == before
