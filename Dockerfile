@@ -60,6 +60,12 @@ COPY workspace.yaml ./
 RUN useradd --create-home --uid 10001 habitus && mkdir -p /data && chown habitus /data
 USER habitus
 ENV HABITUS_WORKSPACE=/data/workspace HABITUS_DEMO_WAREHOUSE=/data/demo_warehouse.duckdb
+# The code location, served to a Dagster webserver/daemon over gRPC; `habitus demo` or `dagster dev` also
+# work. The gRPC server has no authentication: whoever reaches port 4000 can run this code location's
+# jobs. It listens on HABITUS_GRPC_HOST (all of the container's interfaces by default, which a
+# container needs to be reached by the webserver's); publish it only on a private network
+# (`docker run -p 127.0.0.1:4000:4000`, a user-defined docker network, or on Kubernetes behind
+# deploy/k8s/network-policy.yaml), never on a public address. docs/docker.md, "The code server".
+ENV HABITUS_GRPC_HOST=0.0.0.0
 EXPOSE 4000
-# the code location, served to a Dagster webserver/daemon; `habitus demo` or `dagster dev` also work
-CMD ["dagster", "api", "grpc", "-h", "0.0.0.0", "-p", "4000", "-m", "habitus.pipelines.definitions"]
+CMD ["sh", "-c", "exec dagster api grpc -h \"$HABITUS_GRPC_HOST\" -p 4000 -m habitus.pipelines.definitions"]

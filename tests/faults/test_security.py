@@ -257,3 +257,48 @@ def test_parquet_tables_stay_inside_the_connection_folder(tmp_path, table):
     with pytest.raises(WarehouseError, match="not a name inside"):
         wh.schema(table)
     assert sorted(p for p in tmp_path.rglob("*")) == before
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """Whether a Kubernetes label selector (matchLabels, matchExpressions with In/Exists) selects `labels`."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        if e["operator"] == "In" and labels.get(e["key"]) not in e["values"]:
+            return False
+        if e["operator"] == "Exists" and e["key"] not in labels:
+            return False
+    return True
+
+
+def test_the_network_policy_lets_only_dagster_reach_the_code_server_and_training_pods_reach_each_other():
+    policies = {d["metadata"]["name"]: d["spec"] for d in
+                yaml.safe_load_all((ROOT / "deploy" / "k8s" / "network-policy.yaml").read_text())}
+    training = [d["spec"]["template"]["metadata"]["labels"] for d in
+                yaml.safe_load_all((ROOT / "deploy" / "k8s" / "foundation-2-nodes.yaml").read_text()) if d["kind"] == "Job"]
+    code_server, webserver, stranger = ({"component": "user-deployments", "app.kubernetes.io/name": "habitus"},
+                                        {"component": "dagster-webserver"}, {"app": "anything-else"})
+
+    def allowed(to: dict, source: dict, port: int) -> bool:
+        for spec in policies.values():
+            if _selects(spec["podSelector"], to):
+                for rule in spec.get("ingress") or []:
+                    ports = [p["port"] for p in rule.get("ports") or []]
+                    if (not ports or port in ports) and any(_selects(f["podSelector"], source) for f in rule["from"]):
+                        return True
+        return False
+
+    assert all(_selects(policies["habitus-deny-ingress"]["podSelector"], labels) for labels in training)
+    assert policies["habitus-deny-ingress"].get("ingress") is None  # the default: nothing comes in
+    assert allowed(code_server, webserver, 4000) and allowed(code_server, {"component": "dagster-daemon"}, 4000)
+    assert not allowed(code_server, stranger, 4000) and not allowed(code_server, webserver, 22)
+    assert not allowed(code_server, training[0], 4000)
+    assert training and allowed(training[0], training[0], 29400) and not allowed(training[0], stranger, 29400)
+
+
+def test_the_image_serves_the_code_location_on_a_configurable_host_documented_as_private():
+    docker = (ROOT / "Dockerfile").read_text()
+    cmd = re.search(r"^CMD (.+)$", docker, re.M).group(1)
+    assert '-h \\"$HABITUS_GRPC_HOST\\"' in cmd and "ENV HABITUS_GRPC_HOST=" in docker
+    doc = (ROOT / "docs" / "docker.md").read_text()
+    assert "## The code server" in doc and "127.0.0.1:4000:4000" in doc and "network-policy.yaml" in doc
