@@ -22,3 +22,19 @@ def test_relative_links_point_at_files():
     assert targets, "the README links the manual"
     missing = [t for t in targets if not (ROOT / t).exists()]
     assert not missing, f"README.md links files that do not exist: {missing}"
+
+
+def _first_yaml(text: str) -> str:
+    return text.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_project_configs_load(tmp_path):
+    """The README's config and the project-config guide's full example are valid configs of the schema."""
+    from habitus.pipelines.config import load_project
+
+    for name, text in (("README.md", README), ("docs/guide/config.md", (ROOT / "docs/guide/config.md").read_text())):
+        config = re.sub(r"(?m)^workspace: \S+", f"workspace: {tmp_path / 'ws'}", _first_yaml(text))
+        path = tmp_path / f"{Path(name).stem}.yaml"
+        path.write_text(config)
+        project = load_project(path)
+        assert project.scenarios and project.sources, name
