@@ -16,7 +16,7 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from habitus.models.storage.files import atomic_path, fsync, read_json, recover, write_json
+from habitus.models.storage.files import atomic_path, fsync, read_json, recover, recover_tree, write_json
 
 POINTER = "serving.json"
 INFO = "version.json"
@@ -110,7 +110,7 @@ class VersionStore:
     def prune(self, keep: int, keep_served: bool = True) -> list[str]:
         """Delete all but the newest `keep` versions, never the serving one, nor (with `keep_served`) any
         that ever served. Returns the fingerprints deleted."""
-        self._empty_trash()
+        self._clean_up()
         fps = self.fingerprints()
         spared = set(fps[-keep:] if keep > 0 else []) | {self.pointer()["serving"]}
         if keep_served:
@@ -123,8 +123,10 @@ class VersionStore:
             shutil.rmtree(trash)
         return gone
 
-    def _empty_trash(self) -> None:
+    def _clean_up(self) -> None:
+        """What killed writers left: versions half-deleted, copies half-made (their pid is gone)."""
         if self.folder.is_dir():
             for e in self.folder.iterdir():
                 if e.name.startswith(_TRASH):
                     shutil.rmtree(e, ignore_errors=True)
+            recover_tree(self.folder)

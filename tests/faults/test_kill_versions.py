@@ -1,0 +1,91 @@
+"""SIGKILL a process that keeps new scenario versions, prunes and rolls back, over and over, at random
+moments: after every kill the pointer names a whole version (its config, weights and version.json all
+there, the weights the ones its fingerprint says), every version listed is whole, and the next process
+carries on with no clean-up by hand."""
+
+import hashlib
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from habitus.assets.serving import serving_checkpoint, versions
+from habitus.models.storage.versions import INFO
+from habitus.resources.workspace import Workspace
+
+pytestmark = pytest.mark.faults
+
+KILLS = 12
+WEIGHT_BYTES = 8 << 20  # big enough that copying and deleting a version takes a while
+
+CHILD = r"""
+import hashlib, itertools, json, sys, time
+import habitus.assets.check_measures, habitus.assets.drift  # what keep_version imports, before the clock starts
+from habitus.assets.serving import keep_version, rollback
+from habitus.models.storage.files import atomic_path
+from habitus.models.storage.versions import VersionError
+from habitus.resources.workspace import Workspace
+
+ws = Workspace(root=sys.argv[1])
+print("ready", flush=True)
+for n in itertools.count(time.time_ns()):  # a new checkpoint each time, whichever process writes it
+    weights = n.to_bytes(8, "big") * (int(sys.argv[2]) // 8)
+    with atomic_path(ws.scenario("churn")) as tmp:  # training writes its checkpoint whole
+        tmp.mkdir()
+        (tmp / "model.safetensors").write_bytes(weights)
+        (tmp / "config.json").write_text(json.dumps({
+            "weights_sha256": hashlib.sha256(weights).hexdigest(), "headline": "auroc", "beats_baselines": n % 3 != 0,
+            "metrics": {"model": {"auroc": 0.8}, "baselines": {"recency": {"auroc": 0.7}}}}))
+    keep_version(ws, "churn", keep=2, keep_served=False)  # pruning on every call
+    if n % 2:
+        try:
+            rollback(ws, "churn", keep=2, keep_served=False)
+        except VersionError:  # the one that served before was pruned (keep_served off)
+            pass
+"""
+
+
+def whole(store, fp: str) -> bool:
+    folder = store.path(fp)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        weights = (folder / "model.safetensors").read_bytes()
+        json.loads((folder / INFO).read_text())
+    except (OSError, ValueError):
+        return False
+    return config["weights_sha256"][:16] == fp == hashlib.sha256(weights).hexdigest()[:16]
+
+
+def test_a_killed_rollback_or_prune_leaves_a_whole_serving_version(tmp_path):
+    ws = Workspace(root=str(tmp_path / "ws"))
+    store = versions(ws, "churn")
+    rng = random.Random(20261203)
+    served, interrupted = set(), 0
+    for kill in range(KILLS):
+        child = subprocess.Popen([sys.executable, "-c", CHILD, ws.root, str(WEIGHT_BYTES)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        time.sleep(rng.uniform(0.2, 2.5))
+        assert child.poll() is None, child.stderr.read()  # still at work when killed
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        interrupted += any(e.name.startswith(".") for e in store.folder.iterdir()) if store.folder.exists() else 0
+        fps = store.fingerprints()
+        assert all(whole(store, fp) for fp in fps), f"kill {kill}: a listed version is not whole: {fps}"
+        fp = store.serving()
+        if fp is None:  # killed before the first version that beat its baselines was kept
+            assert not store.pointer()["serving"]
+            continue
+        folder, _ = serving_checkpoint(ws, "churn")
+        assert folder == store.path(fp) and whole(store, fp), f"kill {kill}: serving {fp} is not whole"
+        served.add(fp)
+    assert len(served) >= 3  # the kills landed while versions were being kept and rolled back
+    print(f"{KILLS} kills, {interrupted} in the middle of copying or deleting a version, {len(served)} versions "
+          f"served after a kill")
+    assert interrupted >= 1
+    store.prune(keep=2)  # the next prune clears what the killed ones left
+    assert not [e.name for e in store.folder.iterdir() if e.name.startswith(".")]
