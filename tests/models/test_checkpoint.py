@@ -26,7 +26,7 @@ def test_round_trip_restores_weights_buffers_and_config(tmp_path):
     for k, v in model.state_dict().items():
         torch.testing.assert_close(state[k], v, rtol=0, atol=0)
 
-    clone = Model(NetConfig(**config["net"]), outputs=3, history_channels=3).eval()
+    clone = Model(NetConfig.from_dict(config["net"]), outputs=3, history_channels=3).eval()
     clone.load_state_dict(state)
     x, h = torch.randn(5, 7), torch.randn(5, 3, 3)
     torch.testing.assert_close(clone(x, h), model(x, h), rtol=0, atol=0)

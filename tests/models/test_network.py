@@ -33,10 +33,10 @@ def test_bin_edges_are_quantiles_of_the_standardized_inputs():
 
 def test_configs_saved_before_piecewise_inputs_still_build_and_load():
     old = {"in_dim": 5, "hidden": 8, "layers": 1, "dropout": 0.1}  # a checkpoint's "net" from before
-    model = Model(NetConfig(**old), outputs=1)
+    model = Model(NetConfig.from_dict(old), outputs=1)
     assert not hasattr(model.trunk, "ple")
     state = model.state_dict()
-    again = Model(NetConfig(**old), outputs=1)
+    again = Model(NetConfig.from_dict(old), outputs=1)
     again.load_state_dict(state)
     x = torch.randn(4, 5)
     model.eval(), again.eval()
@@ -47,7 +47,7 @@ def test_piecewise_inputs_round_trip_through_the_state_dict():
     cfg = NetConfig(in_dim=4, hidden=8, layers=1, ple_columns=2, ple_bins=3)
     model = Model(cfg, outputs=2)
     model.trunk.fit_input_scale(torch.randn(50, 4), std_floor=1.0)
-    again = Model(NetConfig(**cfg.to_dict()), outputs=2)
+    again = Model(NetConfig.from_dict(cfg.to_dict()), outputs=2)
     again.load_state_dict(model.state_dict())
     assert torch.equal(again.trunk.ple_edges, model.trunk.ple_edges)
     x = torch.randn(6, 4)

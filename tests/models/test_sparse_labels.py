@@ -121,7 +121,7 @@ def baseline_scores(hist, popularity: np.ndarray, channel: int) -> dict[str, np.
 def test_batch_loss_and_scores_match_the_dense_path(world):
     cache, test_cutoff, foundation, task = world
     spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
-    model = build_model(NetConfig(**foundation.info["net"]), task, spec)
+    model = build_model(NetConfig.from_dict(foundation.info["net"]), task, spec)
     with torch.no_grad():
         model.head.skip.weight.normal_()
         model.head.linear.weight.normal_(std=0.1)
@@ -233,7 +233,7 @@ def test_a_narrow_head_keeps_the_full_loss_bit_for_bit(world):
     cache, test_cutoff, foundation, task = world
     assert task.outputs <= FinetuneConfig().sampled_above_labels
     spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
-    model = build_model(NetConfig(**foundation.info["net"]), task, spec)
+    model = build_model(NetConfig.from_dict(foundation.info["net"]), task, spec)
     with torch.no_grad():
         model.head.skip.weight.normal_()
         model.head.linear.weight.normal_(std=0.1)
