@@ -21,7 +21,7 @@ References in the same run: DuckDB's own scan and group-by over the extracted ev
 limit of the machine) and the LightGBM baseline (models/evaluate/baselines.py) fit and predict.
 
 Every stage runs in a fresh process; "peak GB" is that process's maximum RSS (os.wait4), so stages
-do not inherit each other's memory. Entities/s follows the issue's reference profile: entities
+do not inherit each other's memory. Entities/s follows the product's reference profile: entities
 in the cache divided by the wall time of the stage (all epochs); events/s likewise with the
 cache's events. Never part of the test pass/fail.
 """
@@ -51,7 +51,7 @@ BIG = {"100m"}  # datasets whose variants and references run only with --full
 PROCS_DATASET = "10m"  # where 1 against 2 inference processes is measured (inference_speedup_2proc)
 SAMPLE_16K = 0.1  # at those, the 16k scenario trains on this share of the entities (10M's count at 100M)
 LABELS = 16_000
-# the issue's targets on a 2-core CPU (the reference profile per GPU, per entity)
+# the speed targets on a 2-core CPU (the reference profile per GPU, per entity)
 TARGETS = {"inference_entities_per_s": 2_718, "foundation_entities_per_s": 417, "foundation_events_per_s": 185_000,
            "finetune_16k_entities_per_s": 500, "cache_events_per_s": 1_000_000, "peak_rss_gb_10m": 4.0}
 
@@ -590,7 +590,7 @@ def bench_dataset(name: str, work: Path, args, say) -> dict:
                                     f"{r[key]['disk_kept_bytes'] / 1e9:+.2f} GB on disk"))
         return "error" not in r[key]
 
-    # at 100M the references and the variants (LoRA, LightGBM, the 16k scenario) wait for --full: the issue's
+    # at 100M the references and the variants (LoRA, LightGBM, the 16k scenario) wait for --full: the
     # stages are extraction, cache, foundation, churn fine-tuning, inference and embeddings
     lora, lightgbm, skip_16k = args.lora, True, args.skip_16k
     if name in BIG and not args.full:
@@ -663,7 +663,7 @@ def _get(r: dict, stage: str, key: str):
 
 
 def summary(results: dict) -> dict:
-    """The issue's keys: each from the largest generated dataset that measured it (10m before 1m;
+    """The summary keys: each from the largest generated dataset that measured it (10m before 1m;
     `measured_on` says which), peaks per dataset."""
     order = [d for d in ("100m", "10m", "1m") if d in results] or list(results)
 
@@ -767,7 +767,7 @@ def main(argv=None) -> int:
                     help="comma list of 1m, 10m, 100m, tafeng (default: 1m,10m,tafeng; --quick: 1m)")
     ap.add_argument("--work", default=None, help="folder for data and workspaces (default: a new temporary one; "
                                                    "generated warehouses found there are reused)")
-    ap.add_argument("--json", default=None, help="write the table and the issue's keys as JSON here")
+    ap.add_argument("--json", default=None, help="write the table and the summary keys as JSON here")
     ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     ap.add_argument("--precisions", default="fp32,int8,bf16", help="inference precisions to measure")
     ap.add_argument("--no-lora", dest="lora", action="store_false", help="leave out LoRA fine-tuning")

@@ -106,7 +106,7 @@ def disk(results: dict) -> dict[str, dict[str, int]]:
 
 
 def scale_keys(results: dict) -> dict:
-    """The issue's scale keys (issue 19) from the results of the datasets measured."""
+    """The scale keys (growth per event, cache ratio, peaks) from the results of the datasets measured."""
     per_event = seconds_per_event(results)
     ratios = cache_ratios(results)
     peaks = {ds: peak_gb(results.get(ds)) for ds in SIZES}
