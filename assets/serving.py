@@ -10,15 +10,18 @@ range, the foundation it was built on, and its hold-out score distribution (what
 compares a day's scores with). One that beats its baselines (the `beats_baselines` check's condition)
 moves the pointer; one that loses leaves it, so the previous good model keeps serving. `rollback` moves
 the pointer to any kept version. The newest `versions.keep` versions and every one that served are
-kept (`versions.keep_served`); the serving one never goes. A scenario with no pointer is served from
-the `passed` copy older workspaces hold, else from its newest checkpoint, and the predictions say so.
+kept (`versions.keep_served`); the serving one never goes. Each move also copies the serving version to
+`checkpoints/passed/<name>/`, which uploads carry to machines that only score (resources/output.py). A
+scenario with no pointer is served from that copy (a restored or older workspace), else from its newest
+checkpoint, and the predictions say so.
 """
 
+import shutil
 from pathlib import Path
 
 import dagster as dg
 
-from habitus.models.storage.files import read_json
+from habitus.models.storage.files import atomic_path, read_json
 from habitus.models.storage.versions import VersionStore
 
 # the metadata line of a predictions or explanations run: which checkpoint scored
@@ -27,7 +30,7 @@ CHECKPOINT_NOTE = {True: "passed its check (beats_baselines)",
 
 
 def passed_path(workspace, name: str) -> Path:
-    """The one passed copy that workspaces written before versions hold (served when no pointer is set)."""
+    """A copy of the serving version (what an upload carries; served where no pointer is)."""
     return workspace.scenario(name).parent.parent / "passed" / name
 
 
@@ -63,9 +66,19 @@ def keep_version(workspace, name: str, holdout_scores=None, keep: int = 5, keep_
     with workspace.lock(f"scenario/{name}"):
         store.add(checkpoint, fp, version_info(config, holdout_scores))
         if config.get("beats_baselines"):
-            store.serve(fp, "beat its baselines")
+            _serve(workspace, name, fp, "beat its baselines")
         store.prune(keep, keep_served)
     return fp, store.serving() == fp
+
+
+def _serve(workspace, name: str, fp: str, why: str) -> None:
+    """Move the pointer, then mirror the serving version into the passed folder: what an upload carries to
+    a machine that only scores (resources/output.py), where no pointer is (serving_checkpoint falls back
+    to it). Killed in between, the pointer already names the version; the next move mirrors again."""
+    store = versions(workspace, name)
+    store.serve(fp, why)
+    with atomic_path(passed_path(workspace, name)) as tmp:
+        shutil.copytree(store.path(fp), tmp)
 
 
 def promote(workspace, name: str, holdout_scores=None, keep: int = 5, keep_served: bool = True) -> Path:
@@ -80,7 +93,7 @@ def rollback(workspace, name: str, to: str | None = None, keep: int = 5, keep_se
     store = versions(workspace, name)
     with workspace.lock(f"scenario/{name}"):
         fp = store.resolve(to) if to else store.previous()
-        store.serve(fp, f"rollback from {store.serving()}")
+        _serve(workspace, name, fp, f"rollback from {store.serving()}")
         store.prune(keep, keep_served)
     return fp
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from habitus.assets.serving import keep_version, rollback, serving_checkpoint, serving_note, versions
+from habitus.assets.serving import keep_version, passed_path, rollback, serving_checkpoint, serving_note, versions
 from habitus.models.storage.versions import INFO, VersionError
 from habitus.pipelines.cli import main, versions_table
 from habitus.pipelines.config import load_project
@@ -63,6 +63,8 @@ def test_rollback_to_a_version_or_to_the_one_before(ws):
     store = versions(ws, "churn")
     assert rollback(ws, "churn") == a  # the one that served before b
     assert serving_checkpoint(ws, "churn")[0] == store.path(a)
+    # the copy an upload carries to a machine that only scores follows the pointer
+    assert json.loads((passed_path(ws, "churn") / "config.json").read_text())["weights_sha256"][:16] == a
     assert rollback(ws, "churn", to=b[:6]) == b
     history = store.pointer()["history"]
     assert [h["fingerprint"] for h in history] == [a, b, a, b]
@@ -89,8 +91,9 @@ def test_pruning_keeps_the_newest_and_every_served_version(ws):
     assert store.serving() == failed[1]
 
 
-def test_the_cli_lists_versions_and_rolls_back(ws, tmp_path, small_project, capsys):
+def test_the_cli_lists_versions_and_rolls_back(ws, tmp_path, small_project, capsys, monkeypatch):
     config = small_project.write(tmp_path, small_project.config(scenarios={"churn": small_project.churn()}))
+    monkeypatch.setenv("HABITUS_CONFIG", str(config))  # the CLI sets it: undone after the test
     a, b = train(ws, 1), train(ws, 2)
     assert main(["versions", "churn", "--config", str(config)]) == 0
     out = capsys.readouterr().out
