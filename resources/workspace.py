@@ -49,7 +49,9 @@ def locked(name: str):
                     try:
                         workspace.upload_stage(name, log=context.log.info)
                     except Exception as e:  # noqa: BLE001 (the store's errors come in many types)
-                        raise dg.Failure(f"{name}: uploading to {workspace.output} failed: {e}. What the stage "
+                        from habitus.resources.output import shown_url
+
+                        raise dg.Failure(f"{name}: uploading to {shown_url(workspace.output)} failed: {e}. What the stage "
                                          f"wrote is in the workspace {workspace.root}: `habitus upload` sends it "
                                          f"without running the stage again") from e
                 return result

@@ -77,10 +77,12 @@ def test_a_planted_secret_appears_in_no_output_of_a_run(faults, tmp_path):
     """A whole run (every asset and check) with a connection whose password comes from the environment:
     the secret is in none of the workspace files, the Dagster storage (event logs, run records) or the
     console output; nor in the error of a run that uses that connection and fails."""
-    vault = {"type": "snowflake", "account": "acme", "user": "svc", "password": "${HABITUS_TEST_PASSWORD}"}
+    # and nine more keys of other spellings, one of them a secret by origin only (TEN_KEYS, below)
+    vault = {"type": "snowflake", "account": "acme", "user": "svc", "password": "${HABITUS_TEST_PASSWORD}",
+             **{k: f"${{HABITUS_T_S{i}}}" for i, k in enumerate(TEN_KEYS) if i}}
     config = {**faults.config, "connections": {**faults.config["connections"], "vault": vault}}
     folder = faults.project(tmp_path / "run", config)
-    env = {"HABITUS_TEST_PASSWORD": SECRET}
+    env = {"HABITUS_TEST_PASSWORD": SECRET, **{f"HABITUS_T_S{i}": f"v{i}-{SECRET}" for i in range(1, len(TEN_KEYS))}}
     rc, out, _ = faults.run(folder, env=env)
     assert rc == 0, out[-3000:]
     assert "all assets materialized" in out
