@@ -6,7 +6,6 @@ runs the same hostile manifests against moto S3."""
 import json
 import os
 import tempfile
-import uuid
 from pathlib import Path
 
 import pytest
