@@ -140,7 +140,7 @@ class _Runner:
 
 def _restore_if_missing(project, log) -> None:
     """A fresh disk of a job that starts from trained checkpoints: bring them back from `output:`."""
-    from habitus.resources.output import shown_url
+    from habitus.resources.manifests import shown_url
     from habitus.resources.workspace import Workspace
 
     ws = Workspace(root=project.workspace, output=project.output, output_pins=project.output_pins)
@@ -222,9 +222,9 @@ def main(command: str, argv: list[str]) -> int:
     from habitus.assets.checks import PROMOTION_GATE
     from habitus.pipelines.report import report
     from habitus.pipelines.config import ConfigError, load_project
+    from habitus.resources.manifests import shown_url
 
     p = argparse.ArgumentParser(prog=f"habitus {command}", description=__doc__,
-    from habitus.resources.output import shown_url
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="project YAML (default: $HABITUS_CONFIG or examples/demo.yaml)")
     if command == "train":

@@ -49,7 +49,7 @@ def locked(name: str):
                     try:
                         workspace.upload_stage(name, log=context.log.info)
                     except Exception as e:  # noqa: BLE001 (the store's errors come in many types)
-                        from habitus.resources.output import shown_url
+                        from habitus.resources.manifests import shown_url
 
                         raise dg.Failure(f"{name}: uploading to {shown_url(workspace.output)} failed: {e}. What the stage "
                                          f"wrote is in the workspace {workspace.root}: `habitus upload` sends it "
@@ -147,7 +147,7 @@ class Workspace(dg.ConfigurableResource):
         plots (its metrics are in config.json), predictions and embeddings (daily files: earlier days stay
         in the manifest, `replace` False)."""
         from habitus.models.storage.files import read_json
-        from habitus.resources.output import daily_stage, stage_units
+        from habitus.resources.manifests import daily_stage, stage_units
 
         extra = {}
         if name == "foundation" and (self.foundation / "config.json").exists():

@@ -93,8 +93,8 @@ def test_a_file_symlink_inside_a_checkpoint_is_replaced_never_read(tmp_path, mon
     (fresh / "checkpoints" / "foundation").mkdir(parents=True)
     (fresh / "checkpoints" / "foundation" / "model.safetensors").symlink_to(secret)
     hashed = []
-    whole = output._sha256
-    monkeypatch.setattr(output, "_sha256", lambda p: hashed.append(Path(p)) or whole(p))
+    whole = output.sha256_of
+    monkeypatch.setattr(output, "sha256_of", lambda p: hashed.append(Path(p)) or whole(p))
     Workspace(root=str(fresh), output=store.url).restore(log=lambda _: None)
     restored = fresh / "checkpoints" / "foundation" / "model.safetensors"
     assert not restored.is_symlink()
