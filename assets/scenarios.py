@@ -9,7 +9,7 @@ import dagster as dg
 from habitus.assets.cache import current_cache
 from habitus.assets.foundation import FOUNDATION_KEY, test_cutoff
 from habitus.assets.plots import calibration_and_lift, loss_curves
-from habitus.assets.serving import promote, serving_note
+from habitus.assets.serving import keep_version, serving_note
 from habitus.models.evaluate.holdout import headline, protocol
 from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.tasks import task as task_of
@@ -64,9 +64,8 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         run = train_scenario(cache, state, foundation, cfg, path=path, device=device, log=context.log.info,
                              precision=executor.precision, resume_dir=spill, launch=launch)
         report, key, better = run.report, headline(cfg.task), run.checkpoint["beats_baselines"]
-        if better:  # predictions use the newest checkpoint that beat its baselines (habitus.assets.serving)
-            promote(workspace, name)
-        else:
+        keep_version(workspace, name, run.holdout.scores, project.versions.keep, project.versions.keep_served)
+        if not better:  # kept as a version; the serving one stays (habitus.assets.serving)
             context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions keep "
                                 f"using the {serving_note(workspace, name)}")
         charts = {"loss_curves": dg.MetadataValue.md(loss_curves(run.trained.curves, path.parent / f"{name}_loss.png",

@@ -81,12 +81,6 @@ def _serve(workspace, name: str, fp: str, why: str) -> None:
         shutil.copytree(store.path(fp), tmp)
 
 
-def promote(workspace, name: str, holdout_scores=None, keep: int = 5, keep_served: bool = True) -> Path:
-    """Keep the newest checkpoint as a version and serve it (it beat its baselines)."""
-    fp, _ = keep_version(workspace, name, holdout_scores, keep, keep_served)
-    return versions(workspace, name).path(fp)
-
-
 def rollback(workspace, name: str, to: str | None = None, keep: int = 5, keep_served: bool = True) -> str:
     """Serve version `to` (a fingerprint or its unique prefix), or the one that served before the serving
     one. Returns the fingerprint now serving."""
