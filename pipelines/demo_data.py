@@ -70,9 +70,9 @@ def generate_demo_warehouse(path: str | os.PathLike, *, customers: int = 20_000,
     return {name: counts[name] for name in ("customers", "products", "stores", "purchases")}
 
 
-SHIFTS = ("volume_drop", "new_store", "brand_stops")
+SHIFTS = ("volume_drop", "outage", "new_store", "brand_stops")
 NEW_STORE = "S_NEW"
-VOLUME_KEPT = 0.25  # the share of a volume_drop day's purchases that still arrive
+VOLUME_KEPT = {"volume_drop": 0.25, "outage": 0.02}  # the share of the day's purchases that still arrive
 NEW_STORE_SHARE = 0.4  # the share of a new_store day's purchases made in the new store
 
 
@@ -82,7 +82,8 @@ def append_demo_day(path: str | os.PathLike, *, seed: int = 0, shift: str | None
     first day, one day longer than the data it holds; `shift` changes it on purpose (what the drift
     checks are there to notice):
 
-        volume_drop   only VOLUME_KEPT of the day's purchases arrive (a broken feed, a closed chain)
+        volume_drop   only a quarter of the day's purchases arrive (a broken feed, a closed chain)
+        outage        only 2% arrive (at least one: the day exists); days of it make customers look gone
         new_store     a store opens (NEW_STORE, added to `stores`) and takes NEW_STORE_SHARE of the purchases
         brand_stops   the brand with the most purchases so far sells nothing that day
 
@@ -112,8 +113,10 @@ def append_demo_day(path: str | os.PathLike, *, seed: int = 0, shift: str | None
 
 def _shifted(con, day: pa.Table, shift: str, rng) -> pa.Table:
     """The day's purchases changed by `shift` (append_demo_day's list)."""
-    if shift == "volume_drop":
-        return day.filter(pa.array(rng.random(day.num_rows) < VOLUME_KEPT))
+    if shift in VOLUME_KEPT:
+        kept = rng.random(day.num_rows) < VOLUME_KEPT[shift]
+        kept[:1] = True  # a day with no row would not be there: the next append would make it again
+        return day.filter(pa.array(kept))
     if shift == "new_store":
         if not con.sql(f"SELECT count(*) FROM stores WHERE store_id = '{NEW_STORE}'").fetchall()[0][0]:
             con.sql(f"INSERT INTO stores SELECT '{NEW_STORE}', region, format FROM stores ORDER BY store_id LIMIT 1")
@@ -138,7 +141,7 @@ def main(argv=None) -> None:
     parser.add_argument("--append-day", action="store_true",
                         help="add the next day of purchases to the existing warehouse instead of rewriting it")
     parser.add_argument("--shift", choices=SHIFTS, help="with --append-day: change that day on purpose (a volume "
-                        "drop, a new store, a brand that stops selling), for the drift checks to notice")
+                        "drop, an outage, a new store, a brand that stops selling), for the drift checks to notice")
     args = parser.parse_args(argv)
     if args.append_day:
         day, rows = append_demo_day(args.out, seed=args.seed, shift=args.shift)

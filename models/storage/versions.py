@@ -28,7 +28,7 @@ class VersionError(ValueError):
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")  # orders versions added in one second
 
 
 class VersionStore:
