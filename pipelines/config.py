@@ -247,6 +247,29 @@ class QualitySettings(Strict):
                                                              "is flagged (an id or free text used as a category?)")
 
 
+class VersionSettings(Strict):
+    """Which scenario versions are kept (assets/serving.py, docs/guide/operations.md)."""
+
+    keep: int = Field(5, ge=1, description="the newest versions of each scenario kept; older ones are deleted")
+    keep_served: bool = Field(True, description="also keep every version that ever served, however old (the "
+                                                "serving one is never deleted)")
+
+
+class DriftSettings(Strict):
+    """When the drift checks of a day's predictions warn (assets/checks.py, docs/guide/operations.md)."""
+
+    max_psi: float = Field(0.25, gt=0, description="population stability index of the day's scores against the "
+                                                   "serving version's hold-out scores above which the check warns")
+    max_unknown_share: float = Field(0.02, ge=0, le=1, description="share of the day's events with a categorical "
+                                                                   "value the serving model never saw")
+    trailing_days: int = Field(28, ge=2, description="days before the scored day whose mean the day's volume is "
+                                                     "compared with")
+    min_volume_ratio: float = Field(0.5, gt=0, description="the day's events or entities under this share of the "
+                                                           "trailing mean warn")
+    max_volume_ratio: float = Field(2.0, gt=0, description="the day's events or entities over this multiple of "
+                                                           "the trailing mean warn")
+
+
 class Project(Strict):
     workspace: str = Field(description="POSIX folder of the cache, checkpoints and outputs (a real filesystem; "
                                        "s3:// is refused); relative to the config file")
@@ -265,6 +288,9 @@ class Project(Strict):
     predictions: PredictionSettings = Field(PredictionSettings(), description="the daily scores")
     schedules: ScheduleSettings = Field(ScheduleSettings(), description="retraining and scoring schedules, sensors")
     quality: QualitySettings = Field(QualitySettings(), description="bad input tolerated before checks fail")
+    versions: VersionSettings = Field(VersionSettings(), description="scenario versions kept for rollback")
+    drift: DriftSettings = Field(DriftSettings(), description="thresholds of the drift checks on each day's "
+                                                              "predictions")
     retries: RetrySettings = Field(RetrySettings(), description="extraction retries of transient warehouse errors, "
                                    "for every source (a source's own `retries:` overrides keys of it)")
     test_cutoff: date | None = Field(None, description="hold-out cut-off; default: data end minus the longest window")
