@@ -41,6 +41,30 @@ def run_duckdb_sql(path, *statements: str):
     return path
 
 
+class SensorDriver:
+    """A sensor ticked and the runs it requests executed in process, as the daemon would do them."""
+
+    def __init__(self, defs, instance, resources):
+        self.defs, self.instance, self.resources = defs, instance, resources
+
+    def tick(self, name, cursor):
+        context = dg.build_sensor_context(cursor=cursor, instance=self.instance, resources=self.resources,
+                                          definitions=self.defs)
+        return self.defs.resolve_sensor_def(name).evaluate_tick(context)
+
+    def run(self, job, request):
+        result = self.defs.resolve_job_def(job).execute_in_process(
+            instance=self.instance, partition_key=request.partition_key, tags=request.tags,
+            asset_selection=request.asset_selection, raise_on_error=False)
+        assert result.success
+        return result
+
+
+@pytest.fixture(scope="session")
+def sensor_driver():
+    return SensorDriver
+
+
 @pytest.fixture(scope="session")
 def duckdb_sql():
     """`duckdb_sql(path, *statements)`: run SQL statements on a DuckDB file (a warehouse to break, a table

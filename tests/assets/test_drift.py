@@ -58,7 +58,7 @@ FINETUNE_CONFIG = Scenario.finetune_config
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 def test_versions_rollback_and_drift_checks_over_appended_days(tmp_path, instance, small_project, monkeypatch,
-                                                               capsys):
+                                                               capsys, sensor_driver):
     project = _project(tmp_path, small_project)
     config = str(tmp_path / "project.yaml")
     monkeypatch.setenv("HABITUS_CONFIG", config)  # the CLI sets it: undone after the test
@@ -83,20 +83,11 @@ def test_versions_rollback_and_drift_checks_over_appended_days(tmp_path, instanc
     capsys.readouterr()
     assert main(["versions", "churn", "--config", config]) == 0
     listing = capsys.readouterr().out
-    print(listing)
     assert f"3 version(s) kept, serving {trained[2]}" in listing
     assert all(f"{fp}  " in listing for fp in trained) and listing.count(" auroc ") == 3
 
-    def tick(name, cursor):
-        context = dg.build_sensor_context(cursor=cursor, instance=instance, resources=resources, definitions=defs)
-        return defs.resolve_sensor_def(name).evaluate_tick(context)
-
-    def run(job, request):
-        result = defs.resolve_job_def(job).execute_in_process(
-            instance=instance, partition_key=request.partition_key, tags=request.tags,
-            asset_selection=request.asset_selection, raise_on_error=False)
-        assert result.success
-        return result
+    driver = sensor_driver(defs, instance, resources)
+    tick, run = driver.tick, driver.run
 
     extract, scoring = tick("purchases_new_data", None), tick("score_after_cache", None)
 

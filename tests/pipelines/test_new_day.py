@@ -28,7 +28,7 @@ def _project(tmp_path, small_project):
                                             start="2026-07-01", end="2026-10-31", seed=3))
 
 
-def test_a_new_day_flows_to_the_cache_and_that_days_predictions(tmp_path, instance, small_project):
+def test_a_new_day_flows_to_the_cache_and_that_days_predictions(tmp_path, instance, small_project, sensor_driver):
     project = _project(tmp_path, small_project)
     defs, resources = build_definitions(project), build_resources(project)
     assets = build_assets(project)
@@ -45,16 +45,8 @@ def test_a_new_day_flows_to_the_cache_and_that_days_predictions(tmp_path, instan
     foundation_weights = (ws.foundation / "model.safetensors").read_bytes()
     scenario_weights = (ws.scenario("churn") / "model.safetensors").read_bytes()
 
-    def tick(name, cursor):
-        context = dg.build_sensor_context(cursor=cursor, instance=instance, resources=resources, definitions=defs)
-        return defs.resolve_sensor_def(name).evaluate_tick(context)
-
-    def run(job, request):
-        result = defs.resolve_job_def(job).execute_in_process(
-            instance=instance, partition_key=request.partition_key, tags=request.tags,
-            asset_selection=request.asset_selection, raise_on_error=False)
-        assert result.success
-        return result
+    driver = sensor_driver(defs, instance, resources)
+    tick, run = driver.tick, driver.run
 
     # the daemons' first ticks: the history counts as done; the newest day gets scored
     extract = tick("purchases_new_data", None)
