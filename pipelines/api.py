@@ -106,7 +106,7 @@ class Project:
         import dagster as dg
 
         from habitus.pipelines.definitions import build_assets
-        from habitus.pipelines.managed import _Runner
+        from habitus.pipelines.managed import Runner
 
         by_name = {a.key.to_user_string(): a for a in build_assets(self.config)}
         unknown = [n for n in names if n not in by_name]
@@ -117,7 +117,7 @@ class Project:
         daily = [n for n in names if n not in events and by_name[n].partitions_def is not None]
         if daily and not days:
             raise ConfigError(f"{', '.join(daily)}: daily assets; give the days to score, e.g. days=['YYYY-MM-DD']")
-        runner = _Runner(self.config, self.log, verbose)
+        runner = Runner(self.config, self.log, verbose)
         try:
             if events & set(names):
                 runner.extract()

@@ -64,7 +64,7 @@ def failure_file() -> Path | None:
     return Path("/opt/ml/output/failure") if Path("/opt/ml/output").is_dir() else None
 
 
-class _Runner:
+class Runner:
     """dg.materialize of a selection with its own asset checks, as `habitus materialize` runs them."""
 
     def __init__(self, project, log=print, verbose: bool = False):
@@ -158,7 +158,7 @@ def train(project, stage: str = "all", log=print, verbose: bool = False) -> dict
 
     from habitus.assets.scenarios import scenario_key
 
-    r = _Runner(project, log, verbose)
+    r = Runner(project, log, verbose)
     if stage == "scenarios":
         _restore_if_missing(project, log)
     r.extract()
@@ -184,7 +184,7 @@ def score(project, day: str, *, embeddings: bool = False, predictions: bool = Tr
         raise RuntimeError(f"--date {day}: not a day of the predictions' partitions (from {first}, "
                            f"`predictions.start`, to the data's end or today)")
     _restore_if_missing(project, log)
-    r = _Runner(project, log, verbose)
+    r = Runner(project, log, verbose)
     r.extract(upto=day)
     r.run([dg.AssetKey("cache")], "cache")
     keys = [predictions_key(n) for n in scenarios or project.prediction_scenarios] if predictions else []
