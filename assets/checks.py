@@ -301,7 +301,7 @@ def _scored_days(context, workspace, name: str) -> list[str]:
 
 def drift_checks(project, name: str) -> list[dg.AssetChecksDefinition]:
     """Each scored day of predictions/<name> against what the serving version was trained and checked on
-    (assets/drift.py); WARN, never blocking: drift is a reason to look, maybe to retrain."""
+    (models/evaluate/drift.py); WARN, never blocking: drift is a reason to look, maybe to retrain."""
     from habitus.assets.predictions import predictions_key
 
     key, d = predictions_key(name), project.drift
@@ -326,7 +326,7 @@ def drift_checks(project, name: str) -> list[dg.AssetChecksDefinition]:
                     description=f"Population stability index of the day's scores against the serving version's "
                                 f"hold-out scores at most {d.max_psi} (drift.max_psi; WARN)")
     def score_drift(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from habitus.assets.drift import psi
+        from habitus.models.evaluate.drift import psi
         from habitus.models.storage.versions import INFO
 
         from habitus.assets.serving import versions
@@ -350,7 +350,7 @@ def drift_checks(project, name: str) -> list[dg.AssetChecksDefinition]:
         return result(days, notes, fired, {"psi": dg.MetadataValue.json(values)})
 
     def measured(context):
-        from habitus.assets.drift import DAY, day_events
+        from habitus.models.evaluate.drift import DAY, day_events
 
         days, folder, cache = days_and_model(context)
         vocab = read_json(folder / "config.json")["feature_spec"].get("categorical", {}) if days else {}
@@ -380,7 +380,7 @@ def drift_checks(project, name: str) -> list[dg.AssetChecksDefinition]:
                                 f"{d.max_volume_ratio}x the mean of the {d.trailing_days} days before "
                                 f"(drift.*_volume_ratio; WARN)")
     def event_volume(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from habitus.assets.drift import volume_ratio
+        from habitus.models.evaluate.drift import volume_ratio
 
         days, counts = measured(context)
         notes, fired, ratios = {}, {}, {}

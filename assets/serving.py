@@ -42,7 +42,7 @@ def version_info(config: dict, holdout_scores=None) -> dict:
     """What a version records about a checkpoint's config.json: the hold-out metric against the best
     baseline, the data it was trained on, its foundation, and its hold-out score distribution."""
     from habitus.assets.check_measures import baseline_margin
-    from habitus.assets.drift import reference_distribution
+    from habitus.models.evaluate.drift import reference_distribution
 
     m = baseline_margin(config)
     protocol = config.get("protocol", {})

@@ -1,4 +1,4 @@
-"""What the drift checks of a day's predictions measure (assets/checks.py reads them):
+"""What the drift checks of a day's predictions measure (the drift checks in assets/checks.py read them):
 
     score distribution   population stability index of the day's scores against the serving version's
                          hold-out scores, stored when it was trained (models with one score per entity)
@@ -11,7 +11,8 @@ Everything is read from the cache's memory-mapped shards and the day's Parquet, 
 
 import numpy as np
 
-DAY = 86_400
+from habitus.models.data.features import DAY
+
 BINS = 10
 _FLOOR = 1e-4  # an empty bin's share: the index stays finite
 

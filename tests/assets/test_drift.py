@@ -15,7 +15,7 @@ import pytest
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 import habitus.models.train.scenario
-from habitus.assets.drift import psi, reference_distribution, volume_ratio
+from habitus.models.evaluate.drift import psi, reference_distribution, volume_ratio
 from habitus.assets.serving import versions
 from habitus.pipelines.cli import main
 from habitus.pipelines.config import Scenario, load_project

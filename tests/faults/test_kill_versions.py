@@ -24,7 +24,7 @@ WEIGHT_BYTES = 8 << 20  # big enough that copying and deleting a version takes a
 
 CHILD = r"""
 import hashlib, itertools, json, sys, time
-import habitus.assets.check_measures, habitus.assets.drift  # what keep_version imports, before the clock starts
+import habitus.assets.check_measures, habitus.models.evaluate.drift  # what keep_version imports, before the clock starts
 from habitus.assets.serving import keep_version, rollback
 from habitus.models.storage.files import atomic_path
 from habitus.models.storage.versions import VersionError
