@@ -263,7 +263,11 @@ class CursorQueries(ChunkReads):
     def _session(self, table: str, **options):
         """(connection, cursor), closed afterwards; the driver's errors name the connection and `table`.
         `options` go to `_connect`."""
-        con = self._connect(**options)
+        try:
+            con = self._connect(**options)
+        except ModuleNotFoundError as e:  # the connector's extra is not installed: say which, not a traceback
+            raise WarehouseError(f"connection {self.name or '?'!r} ({self.warehouse_kind}): cannot connect: its driver "
+                                 f"{e.name!r} is not installed; pip install 'habitus[{self.warehouse_kind}]'") from None
         try:
             cur = con.cursor()
             try:
