@@ -33,7 +33,7 @@ $(VENV)/.installed-docs: $(VENV)/.installed
 FAKESNOW_VENV ?= .venv-fakesnow
 
 $(VENV)/.installed-integration: $(VENV)/.installed-dev
-	$(PY) -m pip install -q -e ".[dev,integration]"
+	$(PY) -m pip install -q -e ".[dev,integration,mlflow]"
 	# the daemon collision test's Postgres instance storage (tests/integration/test_daemon_collisions.py)
 	$(PY) -m pip install -q "dagster-postgres==0.29.27"
 	touch $@
@@ -41,6 +41,15 @@ $(VENV)/.installed-integration: $(VENV)/.installed-dev
 $(FAKESNOW_VENV)/.installed:
 	test -x $(FAKESNOW_VENV)/bin/python || $(PYTHON) -m venv $(FAKESNOW_VENV)
 	$(FAKESNOW_VENV)/bin/pip install -q "fakesnow[server]==0.12.1" "duckdb>=2.0,<2.1" "snowflake-connector-python>=4,<5"
+	touch $@
+
+# An MLflow tracking server (SQLite store) for tests/integration/test_mlflow_tracking.py: full mlflow pins
+# pyarrow<26, so the server has its own environment; .venv holds the client (the mlflow extra).
+MLFLOW_VENV ?= .venv-mlflow
+
+$(MLFLOW_VENV)/.installed:
+	test -x $(MLFLOW_VENV)/bin/python || $(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install -q "mlflow>=3,<4"
 	touch $@
 
 # Spark's Thrift server: a real HiveServer2 endpoint for the Hive connector (needs Java 17).
@@ -65,7 +74,8 @@ test-faults: $(VENV)/.installed-dev
 	$(PY) -m pytest -m faults tests/faults $(PYTEST_ARGS)
 
 # every server test, the daemon collisions included (CI)
-test-integration: $(VENV)/.installed-integration $(FAKESNOW_VENV)/.installed $(SPARK_VENV)/.installed $(BQ_VENV)/.installed
+test-integration: $(VENV)/.installed-integration $(FAKESNOW_VENV)/.installed $(SPARK_VENV)/.installed $(BQ_VENV)/.installed \
+		$(MLFLOW_VENV)/.installed
 	$(PY) -m pytest -m integration tests/integration $(PYTEST_ARGS)
 
 # only the daemon collisions: a sensor, a backfill and a training run through the real dagster-daemon, on

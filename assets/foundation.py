@@ -6,10 +6,11 @@ import dagster as dg
 
 from habitus.assets.cache import CACHE_KEY, current_cache
 from habitus.assets.plots import loss_curves
+from habitus.assets.tracking import check_installed, track_foundation
 from habitus.models.nn.checkpoint import save_checkpoint
 from habitus.models.train.launch import foundation_job
 from habitus.models.train.resume import Resumer
-from habitus.models.storage.files import combine
+from habitus.models.storage.files import combine, read_json
 from habitus.models.data.features import DAY
 from habitus.models.train.foundation import train_foundation
 from habitus.models.train.loop import day_floor
@@ -36,6 +37,7 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
     @locked("foundation")
     def foundation_model(context: dg.AssetExecutionContext, workspace: Workspace,
                          executor: TrainingExecutor) -> dg.MaterializeResult:
+        check_installed(project.mlflow)
         cache = current_cache(workspace)
         device = executor.setup()
         cfg = project.foundation.config()
@@ -62,6 +64,7 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
                                                                         "steps", "device")},
         })
         resume.clear()
+        track_foundation(project.mlflow, digest, read_json(workspace.foundation / "config.json"), context.log.warning)
         plot = loss_curves(result.curves, workspace.foundation.parent / "foundation_loss.png", "foundation model")
         return dg.MaterializeResult(metadata={
             "fingerprint": digest[:16],

@@ -10,6 +10,7 @@ from habitus.assets.cache import current_cache
 from habitus.assets.foundation import FOUNDATION_KEY, test_cutoff
 from habitus.assets.plots import calibration_and_lift, loss_curves
 from habitus.assets.serving import keep_version, serving_note
+from habitus.assets.tracking import check_installed, track_scenario
 from habitus.models.evaluate.holdout import headline, protocol
 from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.tasks import task as task_of
@@ -47,6 +48,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
     @locked(f"scenario/{name}")
     def _scenario(context: dg.AssetExecutionContext, workspace: Workspace,
                   executor: TrainingExecutor) -> dg.MaterializeResult:
+        check_installed(project.mlflow)
         cache = current_cache(workspace)
         device = executor.setup()
         state, foundation = load_checkpoint(workspace.foundation)
@@ -64,7 +66,8 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         run = train_scenario(cache, state, foundation, cfg, path=path, device=device, log=context.log.info,
                              precision=executor.precision, resume_dir=spill, launch=launch)
         report, key, better = run.report, headline(cfg.task), run.checkpoint["beats_baselines"]
-        keep_version(workspace, name, run.holdout.scores, project.versions.keep, project.versions.keep_served)
+        fp, _ = keep_version(workspace, name, run.holdout.scores, project.versions.keep, project.versions.keep_served)
+        track_scenario(project.mlflow, workspace, name, scenario.model_dump(mode="json"), fp, context.log.warning)
         if not better:  # kept as a version; the serving one stays (habitus.assets.serving)
             context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions keep "
                                 f"using the {serving_note(workspace, name)}")

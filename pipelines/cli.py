@@ -324,15 +324,16 @@ def _versions_command(args, project) -> int:
 
 
 def _rollback_command(args, project) -> int:
-    from habitus.assets.serving import rollback
+    from habitus.assets.tracking import tracked_rollback
     from habitus.models.storage.versions import VersionError
+    from habitus.resources.mlflow_tracking import MlflowMissing
     from habitus.resources.workspace import Workspace
 
     name = _scenario_named(project, args.scenario)
-    try:
-        fp = rollback(Workspace(root=project.workspace), name, args.to, project.versions.keep,
-                      project.versions.keep_served)
-    except VersionError as e:
+    try:  # with `mlflow:` set, the registry's alias follows (a warning when the server fails)
+        fp = tracked_rollback(project.mlflow, Workspace(root=project.workspace), name, args.to, project.versions.keep,
+                              project.versions.keep_served, lambda m: print(f"warning: {m}", file=sys.stderr))
+    except (VersionError, MlflowMissing) as e:
         raise ConfigError(f"{name}: {e}") from None
     print(f"{name}: version {fp} serves from now on (the next predictions carry model_fingerprint {fp})")
     return EXIT_OK

@@ -22,6 +22,7 @@ from habitus.models.tasks import RANKING_K, TASKS
 from habitus.pipelines.config_base import Strict
 from habitus.pipelines.config_operations import KubernetesSettings, RetrySettings, ScheduleSettings
 from habitus.pipelines.config_file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
+from habitus.pipelines.config_tracking import MlflowSettings
 
 DEFAULT_CONFIG = "examples/demo.yaml"
 _DURATION = re.compile(r"^\s*(\d+)\s*([dw])\s*$")
@@ -297,6 +298,8 @@ class Project(Strict):
     kubernetes: KubernetesSettings | None = Field(None, description="run on a Kubernetes cluster (docs/clusters.md)")
     executor: ExecutorSettings | None = Field(None, description="device, processes and precisions; default: auto, "
                                                                 "1 process (0 on Kubernetes), fp32")
+    mlflow: MlflowSettings | None = Field(None, description="log trainings to an MLflow tracking server and "
+                                          "register scenario versions (docs/guide/operations.md)")
 
     @field_validator("workspace")
     @classmethod
@@ -391,6 +394,10 @@ class Project(Strict):
         """The config as saved next to artifacts: connection parameters (possible secrets) left out."""
         d = self.model_dump(mode="json")
         d["connections"] = {k: {"type": v["type"]} for k, v in d["connections"].items()}
+        if d.get("mlflow"):  # a tracking URI may carry a password
+            from habitus.resources.mlflow_tracking import redact
+
+            d["mlflow"]["tracking_uri"] = redact(d["mlflow"]["tracking_uri"])
         return d
 
 

@@ -3,7 +3,8 @@ secret or a location lives, relative paths and pydantic errors turned into lines
 the key.
 
 `${VAR}` (or `${VAR:-default}`) expands in `connections`, `output` and `workspace` (secrets and
-locations), and in the deployment settings `kubernetes`, `retries` and `schedules.sensor_interval`;
+locations), in `mlflow` (a tracking URI may carry credentials), and in the deployment settings
+`kubernetes`, `retries` and `schedules.sensor_interval`;
 anywhere else it is an error naming the key (an `entity: ${DAGSTER_PG_PASSWORD}` would copy a secret into
 table names and messages). A value that is one `${VAR}` with VAR set is returned as `EnvValue`, a str that
 remembers VAR: a connection's such value becomes `EnvVar(VAR)` in its resource and is masked wherever it
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 CONFIG_ENV = "HABITUS_CONFIG"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # where ${VAR} may appear: the top-level key, or the dotted path of one setting
-ENV_ALLOWED = ("connections", "output", "workspace", "kubernetes", "retries", "schedules.sensor_interval")
+ENV_ALLOWED = ("connections", "output", "workspace", "kubernetes", "retries", "schedules.sensor_interval", "mlflow")
 MAX_BYTES = 1 << 20  # a project config is a few KB; a bigger file is a mistake (or an attack on the parser)
 
 

@@ -66,15 +66,16 @@ def rollback_job(project) -> dg.JobDefinition:
     """The UI's `habitus rollback`: the next predictions of the scenario are scored by the chosen version."""
     @dg.op(required_resource_keys={"workspace"}, description="Move a scenario's serving pointer to a kept version")
     def move_serving_pointer(context: dg.OpExecutionContext, config: RollbackConfig) -> str:
-        from habitus.assets.serving import rollback
+        from habitus.assets.tracking import tracked_rollback
         from habitus.models.storage.versions import VersionError
+        from habitus.resources.mlflow_tracking import MlflowMissing
 
         if config.scenario not in project.scenarios:
             raise dg.Failure(f"no scenario {config.scenario!r} in the project (scenarios: {', '.join(project.scenarios)})")
         try:
-            fp = rollback(context.resources.workspace, config.scenario, config.to or None, project.versions.keep,
-                          project.versions.keep_served)
-        except VersionError as e:
+            fp = tracked_rollback(project.mlflow, context.resources.workspace, config.scenario, config.to or None,
+                                  project.versions.keep, project.versions.keep_served, context.log.warning)
+        except (VersionError, MlflowMissing) as e:
             raise dg.Failure(f"{config.scenario}: {e}") from e
         context.log.info(f"scenario {config.scenario}: version {fp} serves from now on")
         context.add_output_metadata({"scenario": config.scenario, "serving": fp})

@@ -133,6 +133,24 @@ def moto_s3(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """An MLflow tracking server on loopback (full mlflow, in its own virtualenv .venv-mlflow: it pins
+    pyarrow<26), its runs in SQLite and its artifacts in a temporary folder; yields its URI. The client
+    is the mlflow extra in this interpreter."""
+    pytest.importorskip("mlflow", reason="the MLflow client is not installed: pip install -e '.[mlflow]'")
+    program = find_program("mlflow", "HABITUS_MLFLOW", ".venv-mlflow")
+    if program is None:
+        pytest.skip("no mlflow server: `make .venv-mlflow/.installed` (or set HABITUS_MLFLOW)")
+    folder, port = tmp_path_factory.mktemp("mlflow"), free_port()
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+    server = Server([program, "server", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
+                     "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1",
+                     "--port", str(port), "--workers", "1"], port, folder / "server.log", timeout=180, env=env)
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
 # --------------------------------------------------------------------------- the shared data
 
 

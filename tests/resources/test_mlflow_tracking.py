@@ -1,0 +1,75 @@
+"""The `mlflow:` block without a server: the config takes `${VAR}` in it and keeps its password out of what it
+shows, a missing client names the extra to install before training starts, and a server that does not answer
+is one warning naming its URI (the real server: tests/integration/test_mlflow_tracking.py)."""
+
+import importlib.util
+import json
+import time
+
+import dagster as dg
+import pytest
+
+from habitus.assets.tracking import check_installed, track_scenario, tracked_rollback
+from habitus.pipelines.config import load_project
+from habitus.resources.mlflow_tracking import MlflowMissing, Tracker, numbers, redact, require
+from habitus.resources.workspace import Workspace
+
+
+def test_redact_hides_a_password_only():
+    assert redact("https://bob:s3cret@mlflow.example.com:8443/x") == "https://bob:***@mlflow.example.com:8443/x"
+    assert redact("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert redact("databricks") == "databricks"
+
+
+def test_metric_names_are_ones_mlflow_takes():
+    assert numbers({"model": {"ndcg@10": 0.5, "auroc": float("nan"), "n": True}, "lgbm": {"mae": 3}}, "holdout.") == {
+        "holdout.model.ndcg_10": 0.5, "holdout.lgbm.mae": 3.0}
+
+
+def test_the_block_reads_the_environment_and_its_password_stays_out_of_the_public_config(tmp_path, small_project,
+                                                                                         monkeypatch):
+    monkeypatch.setenv("MLFLOW_PW", "s3cret")
+    config = small_project.config(mlflow={"tracking_uri": "https://bob:${MLFLOW_PW}@mlflow.example.com"})
+    project = load_project(small_project.write(tmp_path, config))
+    assert project.mlflow.tracking_uri == "https://bob:s3cret@mlflow.example.com"
+    assert (project.mlflow.experiment, project.mlflow.model_prefix, project.mlflow.alias) == (
+        "habitus", "habitus-", "serving")
+    assert "s3cret" not in json.dumps(project.public_dict())
+    assert project.public_dict()["mlflow"]["tracking_uri"] == "https://bob:***@mlflow.example.com"
+
+
+def test_a_missing_client_names_the_extra_before_anything_moves(tmp_path, monkeypatch):
+    settings = type("S", (), {"tracking_uri": "https://bob:s3cret@host"})()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(MlflowMissing, match=r"pip install 'habitus\[mlflow\]'") as e:
+        require(settings)
+    assert "s3cret" not in str(e.value)
+    with pytest.raises(dg.Failure, match=r"habitus\[mlflow\]"):
+        check_installed(settings)
+    ws = Workspace(root=str(tmp_path / "ws"))
+    with pytest.raises(MlflowMissing):  # before the pointer moves (there is no version to move to here)
+        tracked_rollback(settings, ws, "churn", None, 5, True, print)
+    require(None)  # no block: nothing is checked, nothing imported
+    check_installed(None)
+    track_scenario(None, ws, "churn", {}, "0" * 16, print)
+
+
+def test_a_server_that_does_not_answer_is_a_warning_naming_it(tmp_path, small_project, monkeypatch):
+    pytest.importorskip("mlflow", reason="the MLflow client is not installed: pip install -e '.[mlflow]'")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    config = small_project.config(mlflow={"tracking_uri": "http://bob:pw@127.0.0.1:9"})  # nothing listens on 9
+    project = load_project(small_project.write(tmp_path, config))
+    version = tmp_path / "version"
+    version.mkdir()
+    (version / "config.json").write_text(json.dumps({"metrics": {"model": {"auroc": 0.8}}, "protocol": {}}))
+    warnings = []
+    start = time.monotonic()
+    tracker = Tracker(project.mlflow, warnings.append)
+    assert tracker.log_scenario("churn", {"task": "binary"}, version, "a" * 16) is None
+    assert tracker.follow_pointer("churn", "a" * 16) is None
+    assert tracker.log_foundation({"hidden": 16}, {"train_loss": [1.0]}, {}) is None
+    assert time.monotonic() - start < 60
+    assert len(warnings) == 3 and all(w.startswith("MLflow at http://bob:***@127.0.0.1:9: ") for w in warnings)
+    assert "version aaaaaaaaaaaaaaaa is kept in the workspace" in warnings[0]
+    assert "serves all the same" in warnings[1]
