@@ -133,21 +133,43 @@ def moto_s3(tmp_path_factory):
     server.stop()
 
 
+class StartingServer:
+    """A server started in the background (`uri` known at once); `ready()` waits until it listens."""
+
+    def __init__(self, uri: str, cmd: list[str], port: int, log: Path, timeout: float, env: dict):
+        self.uri, self.port, self.log, self.timeout = uri, port, log, timeout
+        self._out = open(log, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._ready = False
+
+    def ready(self) -> str:
+        if not self._ready:
+            wait_for_port(self.port, self.proc, self.log, self.timeout)
+            self._ready = True
+        return self.uri
+
+    def stop(self) -> None:
+        stop_process_group(self.proc, grace=3)  # nothing to flush: SQLite commits each request
+        self._out.close()
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """An MLflow tracking server on loopback (full mlflow, in its own virtualenv .venv-mlflow: it pins
-    pyarrow<26), its runs in SQLite and its artifacts in a temporary folder; yields its URI. The client
-    is the mlflow extra in this interpreter."""
+    pyarrow<26), its runs in SQLite and its artifacts in a temporary folder. It starts in the background
+    (about 30 s of imports on a busy 2-core machine) while the test prepares its data; `.ready()` waits
+    for it and returns its URI. The client is the mlflow extra in this interpreter."""
     pytest.importorskip("mlflow", reason="the MLflow client is not installed: pip install -e '.[mlflow]'")
     program = find_program("mlflow", "HABITUS_MLFLOW", ".venv-mlflow")
     if program is None:
         pytest.skip("no mlflow server: `make .venv-mlflow/.installed` (or set HABITUS_MLFLOW)")
     folder, port = tmp_path_factory.mktemp("mlflow"), free_port()
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
-    server = Server([program, "server", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-                     "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1",
-                     "--port", str(port), "--workers", "1"], port, folder / "server.log", timeout=180, env=env)
-    yield f"http://127.0.0.1:{port}"
+    server = StartingServer(f"http://127.0.0.1:{port}", [
+        program, "server", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination",
+        str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        port, folder / "server.log", timeout=180, env=env)
+    yield server
     server.stop()
 
 

@@ -45,7 +45,8 @@ def test_runs_versions_and_the_serving_alias_follow_training_and_rollback(mlflow
     from mlflow import MlflowClient
 
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    project, config = _project(tmp_path, small_project, mlflow_server)
+    uri = mlflow_server.uri  # the server starts while the data is generated, extracted and cached
+    project, config = _project(tmp_path, small_project, uri)
     monkeypatch.setenv("HABITUS_CONFIG", config)
     resources, assets = build_resources(project), build_assets(project)
     ws = resources["workspace"]
@@ -53,9 +54,11 @@ def test_runs_versions_and_the_serving_alias_follow_training_and_rollback(mlflow
     keys = next(a for a in assets if a.key == purchases).partitions_def.get_partition_keys()
     assert dg.materialize(assets, selection=[purchases], resources=resources, instance=instance,
                           tags={ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]}).success
-    first = [dg.AssetKey(["source", "customers"]), dg.AssetKey(["source", "products"]), dg.AssetKey("cache"),
-             dg.AssetKey("foundation_model")]
+    first = [dg.AssetKey(["source", "customers"]), dg.AssetKey(["source", "products"]), dg.AssetKey("cache")]
     assert dg.materialize(assets, selection=first, resources=resources, instance=instance).success
+    mlflow_server.ready()
+    assert dg.materialize(assets, selection=[dg.AssetKey("foundation_model")], resources=resources,
+                          instance=instance).success
     # two trainings, each promoted (the verdict forced: this test is about what follows promotion)
     monkeypatch.setattr(habitus.models.train.scenario, "beats_baselines", lambda task, report: True)
     a = _train_churn(assets, resources, instance, monkeypatch, 0)
@@ -63,7 +66,7 @@ def test_runs_versions_and_the_serving_alias_follow_training_and_rollback(mlflow
     store = versions(ws, "churn")
     assert a != b and store.serving() == b
 
-    client = MlflowClient(tracking_uri=mlflow_server)
+    client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(project.mlflow.experiment)
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
     assert [r.info.run_name for r in runs] == ["foundation_model", "scenario/churn", "scenario/churn"]
