@@ -20,7 +20,8 @@ from habitus.models.serve.defaults import DEFAULT_SELECT, DEFAULT_SHARE, DEFAULT
 from habitus.models.train.config import SAVE_EVERY_STEPS, TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig, LoraConfig
 from habitus.models.tasks import RANKING_K, TASKS
 from habitus.pipelines.config_base import Strict
-from habitus.pipelines.config_operations import KubernetesSettings, RetrySettings, ScheduleSettings
+from habitus.pipelines.config_operations import (KubernetesSettings, RealizedSettings, RetrySettings,
+                                                ScheduleSettings)
 from habitus.pipelines.config_file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
 from habitus.pipelines.config_tracking import MlflowSettings
 
@@ -292,6 +293,8 @@ class Project(Strict):
     versions: VersionSettings = Field(VersionSettings(), description="scenario versions kept for rollback")
     drift: DriftSettings = Field(DriftSettings(), description="thresholds of the drift checks on each day's "
                                                               "predictions")
+    realized: RealizedSettings = Field(RealizedSettings(), description="checks of each scenario's realized "
+                                       "performance, once its target window has passed")
     retries: RetrySettings = Field(RetrySettings(), description="extraction retries of transient warehouse errors, "
                                    "for every source (a source's own `retries:` overrides keys of it)")
     test_cutoff: date | None = Field(None, description="hold-out cut-off; default: data end minus the longest window")

@@ -1,10 +1,11 @@
 """The project config's operations sections: when runs happen (`schedules:`), how an extraction retries
-a warehouse that failed for a moment (`retries:`) and where steps run on a cluster (`kubernetes:`).
+a warehouse that failed for a moment (`retries:`), where steps run on a cluster (`kubernetes:`) and when
+the realized-performance checks fire (`realized:`).
 Part of the schema of pipelines/config.py."""
 
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from habitus.pipelines.config_base import Strict
 
@@ -79,3 +80,22 @@ class KubernetesSettings(Strict):
     node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the GPU pods need")
     foundation: TrainingPod = Field(TrainingPod(), description="the foundation model's training pod")
     scenarios: TrainingPod = Field(TrainingPod(), description="each scenario's training pod")
+
+
+class RealizedSettings(Strict):
+    """When the checks of a scenario's realized performance fire (assets/realized.py, docs/guide/operations.md)."""
+
+    days: int = Field(7, ge=1, description="the latest realized days the baseline check reads (L)")
+    beaten_days: int = Field(3, ge=1, description="days of those on which the model is worse than its best "
+                                                  "baseline before the check warns (K)")
+    max_holdout_shortfall: float = Field(0.1, ge=0, description="how much worse than the serving version's "
+                                         "hold-out metric a day's realized metric may be, as a share of the "
+                                         "hold-out value, before the check fails (ERROR)")
+    lightgbm: bool = Field(True, description="fit the LightGBM baseline again for each realized day (the "
+                                             "serving version's cut-offs, scored as of the day)")
+
+    @model_validator(mode="after")
+    def _k_of_l(self):
+        if self.beaten_days > self.days:
+            raise ValueError(f"realized.beaten_days ({self.beaten_days}) is more than realized.days ({self.days})")
+        return self

@@ -16,11 +16,13 @@ from habitus.assets.embeddings import build_embeddings_asset
 from habitus.assets.explanations import build_explanations_asset
 from habitus.assets.foundation import build_foundation_asset
 from habitus.assets.predictions import build_predictions_asset
+from habitus.assets.realized import build_realized_asset, realized_checks, realized_scenarios
 from habitus.assets.scenarios import build_scenario_asset
 from habitus.assets.sources import build_source_asset, connection_key
 from habitus.pipelines.config import Project, load_project
 from habitus.pipelines.jobs import build_jobs
 from habitus.pipelines.kubernetes import pod_tags
+from habitus.pipelines.monitoring import build_realized_sensor, realized_job
 from habitus.pipelines.partitions import events_partitions, predictions_partitions
 from habitus.pipelines.schedules import build_schedules
 from habitus.pipelines.sensors import build_scoring_sensor, build_sensors, cache_automation_sensor, with_cache_automation
@@ -111,6 +113,7 @@ def build_assets(project: Project) -> list[dg.AssetsDefinition]:
     assets += [build_predictions_asset(project, name, daily) for name in project.prediction_scenarios]
     assets += [build_explanations_asset(project, name, sc, daily) for name, sc in project.scenarios.items() if sc.explain]
     assets.append(build_embeddings_asset(project, daily))
+    assets += [build_realized_asset(project, name, daily) for name in realized_scenarios(project)]
     return assets
 
 
@@ -132,12 +135,16 @@ def build_definitions(project: Project) -> dg.Definitions:
     sensors = build_sensors(project, assets, jobs) + [cache_automation_sensor(project)]
     scoring = build_scoring_sensor(project, jobs, assets)
     sensors += [scoring] if scoring is not None else []
+    if realized_scenarios(project):  # realized/<name>: the job and the sensor that requests its days
+        jobs["realized"] = realized_job()
+        sensors.append(build_realized_sensor(project, jobs["realized"], assets))
     executor = None
     if project.kubernetes is not None:  # every step its own Kubernetes Job, training on GPU pods
         from habitus.pipelines.kubernetes import k8s_executor
 
         executor = k8s_executor(project)
-    return dg.Definitions(assets=assets, asset_checks=build_checks(project), resources=build_resources(project),
+    checks = build_checks(project) + [c for n in realized_scenarios(project) for c in realized_checks(project, n)]
+    return dg.Definitions(assets=assets, asset_checks=checks, resources=build_resources(project),
                           jobs=list(jobs.values()), sensors=sensors, schedules=build_schedules(project, jobs, assets),
                           executor=executor)
 

@@ -89,6 +89,10 @@ class Workspace(dg.ConfigurableResource):
     def predictions(self, name: str) -> Path:
         return self._child("predictions", name)
 
+    def realized(self, name: str) -> Path:
+        """realized/<name>/<day>.json: a day's predictions scored against what happened after it."""
+        return self._child("realized", name)
+
     @property
     def embeddings(self) -> Path:
         return self._child("embeddings")
