@@ -135,8 +135,10 @@ def row_names(label_share: float) -> tuple[str, ...]:
     return TASKS[:-1] + shares + TASKS[-1:]
 
 
-def run(dataset: str, customers: int, log=print, only: tuple[str, ...] | None = None, label_share: float = 0.1) -> dict:
-    """The dataset's table; `only`: the rows to run (names of row_names; default all)."""
+def run(dataset: str, customers: int, log=print, only: tuple[str, ...] | None = None, label_share: float = 0.1,
+        foundation_settings: dict | None = None) -> dict:
+    """The dataset's table; `only`: the rows to run (names of row_names; default all);
+    `foundation_settings`: FoundationConfig fields other than the defaults."""
     only = row_names(label_share) if only is None else only
     quiet = lambda msg: print(f"  {name}: {msg}", file=sys.stderr) if " start" in msg or "re-ranking" in msg else None  # noqa: E731
     t_run = time.time()
@@ -145,7 +147,7 @@ def run(dataset: str, customers: int, log=print, only: tuple[str, ...] | None = 
         spec, test_cutoff, params = dataset_spec(dataset, customers, tmp)
         cache = Cache(build_cache(spec, tmp / "cache", log=quiet))
         started = time.time()
-        fcfg = FoundationConfig()
+        fcfg = FoundationConfig(**(foundation_settings or {}))
         foundation = train_foundation(cache, fcfg, test_cutoff - fcfg.horizon_days * DAY, log=quiet)
         foundation_s = time.time() - started
         fspec = FeatureSpec.from_dict(foundation.info["feature_spec"])
@@ -175,7 +177,7 @@ def run(dataset: str, customers: int, log=print, only: tuple[str, ...] | None = 
                          "rfm_width": probe["rfm width"], "c=1": probe["c=1"], "probe_s": round(time.time() - t0, 1)})
             log(f"embedding_probe: embeddings {probe['embeddings']:.4f} (width {probe['width']}), trunk only "
                 f"{probe['trunk only']:.4f}, rfm scalars {probe['rfm scalars']:.4f} ({probe['rfm width']})")
-    return {"dataset": dataset, "test_cutoff": dt.datetime.fromtimestamp(test_cutoff, dt.timezone.utc).isoformat(),
+    return {"dataset": dataset, "foundation_settings": foundation_settings or {}, "test_cutoff": dt.datetime.fromtimestamp(test_cutoff, dt.timezone.utc).isoformat(),
             "label_share": label_share, "foundation_s": round(foundation_s, 1),
             "total_s": round(time.time() - t_run, 1),
             "machine": machine(), "rows": rows}
@@ -282,7 +284,15 @@ def main() -> None:
     parser.add_argument("--tasks", help=f"comma-separated rows to run (default all: {','.join(row_names(0.1))})")
     parser.add_argument("--label-share", type=float, default=0.1,
                         help="also train churn and propensity on the labels of this share of the entities (0: skip)")
+    parser.add_argument("--foundation", action="append", default=[], metavar="KEY=VALUE",
+                        help="a FoundationConfig setting other than its default (repeatable), e.g. sequence_events=32")
     args = parser.parse_args()
+    settings = {}
+    for item in args.foundation:
+        key, _, value = item.partition("=")
+        if key not in {f.name for f in dataclasses.fields(FoundationConfig)} or not value:
+            parser.error(f"--foundation {item}: expected KEY=VALUE with KEY a FoundationConfig field")
+        settings[key] = json.loads(value)
     if not 0 <= args.label_share <= 1:
         parser.error(f"--label-share must be in [0, 1], got {args.label_share}")
     only = None if args.tasks is None else tuple(t.strip() for t in args.tasks.split(",") if t.strip())
@@ -290,7 +300,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown row(s) {', '.join(unknown)}; choose among {', '.join(row_names(args.label_share))}")
     result = run(args.dataset, args.customers, log=lambda m: print(m, file=sys.stderr, flush=True), only=only,
-                 label_share=args.label_share)
+                 label_share=args.label_share, foundation_settings=settings)
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

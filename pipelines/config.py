@@ -76,13 +76,19 @@ class FoundationSettings(Strict):
     seed: int = Field(_FOUNDATION.seed, description="random seed of the initialization and the data order")
     save_every_steps: int = Field(SAVE_EVERY_STEPS, ge=1, description="optimizer steps between two saves of the "
                                   "resumable training state (a killed run continues from the last)")
+    sequence_events: int = Field(_FOUNDATION.sequence_events, ge=0, le=1024, description="the last events of each "
+                                 "entity the trunk's sequence encoder reads (0: the aggregate trunk alone; "
+                                 "docs/models.md)")
+    masked_events: float = Field(_FOUNDATION.masked_events, ge=0, lt=1, description="share of those events masked "
+                                 "and predicted while the foundation trains (0: the next-window forecast alone)")
 
     def config(self) -> FoundationConfig:
         """The models-level settings of this section (the one translation: assets, CLI and benchmarks use it)."""
         return dataclasses.replace(_FOUNDATION, horizon_days=self.horizon, cutoff_every_days=self.cutoff_every,
                                    hidden=self.hidden, layers=self.layers, epochs=self.epochs,
                                    batch_size=self.batch_size, learning_rate=self.learning_rate,
-                                   buckets=self.buckets, seed=self.seed)
+                                   buckets=self.buckets, seed=self.seed, sequence_events=self.sequence_events,
+                                   masked_events=self.masked_events)
 
 
 class CacheSettings(Strict):

@@ -4,6 +4,11 @@ For every categorical column the network sees, per value (or hashed bucket of ra
 often the entity touched it recently (exponentially decayed counts at two half-lives) and how
 recently (decayed time since the last touch); plus recency / frequency / monetary scalars, visits
 (distinct days with events: how many, lately, how regular) and the entity's attributes. Only events at or before the cut-off are read: no feature sees the future.
+
+With `FeatureSpec.sequence` > 0 the matrix also carries, after those columns, the entity's last
+`sequence` events as tokens for the foundation's sequence encoder (models/nn/sequence.py): per
+event its categorical values (bucket + 1; 0 pads), its numbers, whether it is an event at all, the
+log days to the cut-off and the log days since the event before it; most recent first.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -18,6 +23,7 @@ HABITUAL_DAYS = 60.0  # the half-life of "what they buy habitually" (baselines a
 RECENCY_DAYS = 30.0
 WINDOWS = (7, 30, 90)
 ENTITY_BUCKETS = 32
+SEQUENCE_BUCKETS = 4096  # value buckets of a sequence token's categorical columns
 
 
 def bucket_count(vocab_size: int, buckets: int) -> int:
@@ -44,6 +50,8 @@ class FeatureSpec:
     buckets: int = 256
     half_lives: tuple[float, ...] = HALF_LIVES
     visits: bool = True  # visit features (models trained before they existed have none)
+    sequence: int = 0  # the last events carried as tokens (0: none)
+    sequence_buckets: int = SEQUENCE_BUCKETS
 
     @property
     def habitual_channel(self) -> int:
@@ -51,13 +59,14 @@ class FeatureSpec:
         return int(np.argmin([abs(h - HABITUAL_DAYS) for h in self.half_lives]))
 
     @classmethod
-    def from_cache(cls, cache: Cache, buckets: int = 256, half_lives: tuple[float, ...] = HALF_LIVES) -> "FeatureSpec":
+    def from_cache(cls, cache: Cache, buckets: int = 256, half_lives: tuple[float, ...] = HALF_LIVES,
+                   sequence: int = 0) -> "FeatureSpec":
         cat = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
         num = [c for c, m in cache.columns.items() if m["type"] == "numeric"]
         ecat = {c: m["vocab_size"] for c, m in cache.entity_columns.items() if m["type"] == "categorical"}
         enum = {c: (m["mean"], m["std"] or 1.0) for c, m in cache.entity_columns.items() if m["type"] == "numeric"}
         ets = [c for c, m in cache.entity_columns.items() if m["type"] == "timestamp"]
-        return cls(cat, num, ecat, enum, ets, buckets, tuple(half_lives))
+        return cls(cat, num, ecat, enum, ets, buckets, tuple(half_lives), sequence=sequence)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,7 +98,23 @@ class FeatureSpec:
         return 2 * len(self.entity_numeric) + 2 * len(self.entity_timestamp)
 
     @property
+    def token_vocab(self) -> list[int]:
+        """Per categorical column, the values a sequence token's id takes besides padding."""
+        return [bucket_count(v, self.sequence_buckets) for v in self.categorical.values()]
+
+    @property
+    def event_width(self) -> int:
+        """Columns of one sequence token: its categorical ids, numbers, and (event, log age, log gap)."""
+        return len(self.categorical) + len(self.numeric) + 3
+
+    @property
+    def input_width(self) -> int:
+        """Columns of `featurize`: the `width` aggregate columns, then the sequence tokens."""
+        return self.width + self.sequence * self.event_width
+
+    @property
     def width(self) -> int:
+        """The aggregate columns (what the trunk standardizes and explanations name)."""
         w = 3 + len(WINDOWS) + len(self.half_lives)  # global scalars
         w += visit_width(self.half_lives) if self.visits else 0
         w += len(self.numeric) * (len(self.half_lives) + 1)
@@ -159,10 +184,10 @@ def value_history(chunk: Chunk, ids: np.ndarray, n_values: int, half_lives, keep
 
 
 def featurize(chunk: Chunk, spec: FeatureSpec, entity_table: dict[str, np.ndarray]) -> np.ndarray:
-    """The feature matrix [n, spec.width] (float32) of a chunk."""
+    """The feature matrix [n, spec.input_width] (float32) of a chunk."""
     n = chunk.n
     if n == 0:
-        return np.zeros((0, spec.width), np.float32)
+        return np.zeros((0, spec.input_width), np.float32)
     matrix = [scalar_features(chunk, spec)]
     if spec.visits:
         matrix.append(visit_features(chunk, spec))
@@ -173,7 +198,39 @@ def featurize(chunk: Chunk, spec: FeatureSpec, entity_table: dict[str, np.ndarra
         hist[:, :, :-1] = np.log1p(hist[:, :, :-1])
         matrix.append(hist.reshape(n, -1))
     matrix.append(entity_features(chunk.entities, chunk.cutoff, spec, entity_table))
+    if spec.sequence:
+        matrix.append(last_events(chunk, spec).reshape(n, -1))
     return np.concatenate(matrix, axis=1)
+
+
+def last_events(chunk: Chunk, spec: FeatureSpec) -> np.ndarray:
+    """[n, spec.sequence, spec.event_width]: each entity's last events at or before the cut-off, most
+    recent first, zero-padded. Rows are in (entity, time) order, so an entity's last events are the
+    positions before its group's end: one gather, no loop over entities or events."""
+    n, length = chunk.n, spec.sequence
+    out = np.zeros((n, length, spec.event_width), np.float32)
+    counts = np.bincount(chunk.local, minlength=n)
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    pos = ends[:, None] - 1 - np.arange(length)
+    valid = pos >= starts[:, None]
+    at = np.where(valid, pos, 0)
+    rows = chunk.rows[at]
+    k = 0
+    for c, vocab in spec.categorical.items():
+        ids = bucketize(chunk.shard.columns[c][rows].astype(np.int64), vocab, spec.sequence_buckets) + 1
+        out[:, :, k] = np.where(valid, ids, 0)
+        k += 1
+    for c in spec.numeric:
+        v = np.nan_to_num(chunk.shard.columns[c][rows].astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+        out[:, :, k] = np.where(valid, np.sign(v) * np.log1p(np.abs(v)), 0.0)
+        k += 1
+    age = chunk.age_days[at]
+    before = np.where(pos - 1 >= starts[:, None], pos - 1, at)  # the entity's event before (itself: none)
+    out[:, :, k] = valid
+    out[:, :, k + 1] = np.where(valid, np.log1p(age), 0.0)
+    out[:, :, k + 2] = np.where(valid, np.log1p(chunk.age_days[before] - age), 0.0)
+    return out
 
 
 def scalar_features(chunk: Chunk, spec: FeatureSpec) -> np.ndarray:

@@ -6,6 +6,21 @@ import numpy as np
 
 from habitus.models.data.features import ENTITY_BUCKETS, WINDOWS, FeatureSpec, bucket_count, visit_width
 
+SEQUENCE_REASON = "the order, timing and values of the last events"
+
+
+def with_tokens(base, x, width: int):
+    """Where an explanation's path starts: the baseline's `width` aggregate columns with the rows' own
+    sequence tokens (torch or numpy rows; `base` as wide as `x`). Token ids are not a quantity a path
+    can move along, so the tokens are in place from the start, and what they add to the baseline,
+    f(start) - f(baseline), is the `sequence` group's contribution: the attributions still sum to
+    f(x) - f(baseline)."""
+    if x.shape[1] == width:
+        return base
+    start = base.clone() if hasattr(base, "clone") else base.copy()
+    start[:, width:] = x[:, width:]
+    return start
+
 
 @dataclass
 class Groups:
@@ -93,12 +108,16 @@ def input_groups(spec: FeatureSpec, vocab, trunk, sources: dict[str, str] | None
         add("attribute", sources.get(c, "entity"), c, None, width=bucket_count(size, ENTITY_BUCKETS))
     for c in list(spec.entity_numeric) + list(spec.entity_timestamp):
         add("attribute", sources.get(c, "entity"), c, None, width=2)
+    if spec.sequence:  # the sequence encoder's tokens: one reason, what the last events add (with_tokens)
+        add("sequence", events, "recent events", SEQUENCE_REASON, width=spec.input_width - spec.width)
     of_input = np.asarray(of_input, np.int64)
-    assert len(of_input) == spec.width, (len(of_input), spec.width)
+    assert len(of_input) == spec.input_width, (len(of_input), spec.input_width)
 
-    mean = trunk.in_mean.detach().float().cpu().numpy()
-    std = trunk.in_std.detach().float().cpu().numpy()
-    base = np.zeros(spec.width, np.float32)
+    mean = np.zeros(spec.input_width, np.float32)
+    std = np.ones(spec.input_width, np.float32)
+    mean[:spec.width] = trunk.in_mean.detach().float().cpu().numpy()
+    std[:spec.width] = trunk.in_std.detach().float().cpu().numpy()
+    base = np.zeros(spec.input_width, np.float32)  # (the tokens of no event at all: padding)
     attr = np.isin(of_input, [g for g, k in enumerate(kind) if k == "attribute"])
     base[attr] = mean[attr]  # the population's average attributes
     top = mean + 3 * std

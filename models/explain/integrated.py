@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from habitus.models.explain.inputs import Groups
+from habitus.models.explain.inputs import Groups, with_tokens
 from habitus.models.data.features import FeatureSpec, bucket_count, bucketize
 from habitus.models.data.items import SparseRows, batch_history
 from habitus.models.nn.network import ItemHead, Model
@@ -200,14 +200,17 @@ class Explainer:
         """(score, baseline score, grouped attributions [pairs, groups], extra pair, label, attribution)."""
         xb, vb, hr, hc = self._batch(x, h, rows)
         f = self._forward(torch.from_numpy(np.maximum(target, 0)).to(self.dev), hr, hc)
-        xbase = self.base.expand_as(xb).contiguous()
+        xempty = self.base.expand_as(xb).contiguous()
+        xbase = with_tokens(xempty, xb, self.spec.width)  # (the empty history itself without a sequence encoder)
         with torch.no_grad():
             score = f(xb, *self._plain(vb)).float().cpu().numpy()
-            base = f(xbase).float().cpu().numpy()  # no history at all: not even the entries, at zero
+            base = f(xempty).float().cpu().numpy()  # no history at all: not even the entries, at zero
+            tokens = f(xbase).float().cpu().numpy() - base if xbase is not xempty else None
+            start = base if tokens is None else base + tokens
             # the path starts at the entity's history entries with zero values; a head that scores an
             # entry for being there (a pairwise scorer) moves the score by that alone: credited to the
             # explained label's own value, it keeps the sum equal to score - baseline score
-            present = (f(xbase, *self._plain(torch.zeros_like(vb))).float().cpu().numpy() - base
+            present = (f(xbase, *self._plain(torch.zeros_like(vb))).float().cpu().numpy() - start
                        if vb is not None else np.zeros_like(base))
             inputs, bases = [xb], [xbase]
             if self.ple is not None:
@@ -220,6 +223,8 @@ class Explainer:
         ax = attr[0].detach()
         if self.ple is not None:  # each bin's share goes to the scalar it encodes
             ax = ax.index_add(1, self.ple_input, attr[1].detach().to(ax.dtype))
+        if tokens is not None:  # what the tokens add to the empty history: the sequence group's (with_tokens)
+            ax[:, self.spec.width] += torch.from_numpy(tokens).to(ax)
         of_input = torch.from_numpy(self.groups.of_input).to(self.dev)
         g = torch.zeros((len(xb), len(self.groups)), dtype=ax.dtype, device=self.dev).index_add_(1, of_input, ax)
         g = g.float().cpu().numpy()

@@ -100,7 +100,7 @@ def rendered(spec: FeatureSpec, groups: Groups, ex: Explained, x: np.ndarray, ch
     first_input = np.full(len(groups), -1, np.int64)
     present, first = np.unique(groups.of_input, return_index=True)
     first_input[present] = first
-    scalars = (kind != "value") & (kind != "attribute") & (kind != "representation") & (first_input[g] >= 0)
+    scalars = ~np.isin(kind, ["value", "attribute", "representation", "sequence"]) & (first_input[g] >= 0)
     if scalars.any():
         v = x[ent_row[scalars], first_input[g[scalars]]]
         raw[scalars] = _raw_scalar(v, np.asarray(groups.value, object)[g[scalars]])

@@ -30,7 +30,7 @@ import torch
 
 from habitus.models.data.features import ENTITY_BUCKETS, HALF_LIVES, bucket_count, bucketize
 from habitus.models.evaluate.baselines import MAX_VOCAB, TOP_VALUES
-from habitus.models.explain.inputs import Groups, scalar_names
+from habitus.models.explain.inputs import Groups, scalar_names, with_tokens
 from habitus.models.explain.integrated import ABS_TOLERANCE, Explained, Explainer, integrated_gradients
 from habitus.models.tasks import task as task_of
 
@@ -210,7 +210,8 @@ class ServedExplainer:
     def _trunk_ig(self, x: torch.Tensor, v: torch.Tensor, steps: int) -> torch.Tensor:
         """[m, width]: Integrated Gradients of <v[i], trunk(x[i])> from the stranger to x (the trunk's
         piecewise-linear encoding integrated as an input of its own, as Explainer does)."""
-        base = torch.from_numpy(self.groups.baseline).to(self.dev).expand_as(x).contiguous()
+        empty = torch.from_numpy(self.groups.baseline).to(self.dev).expand_as(x).contiguous()
+        base = with_tokens(empty, x, self.spec.width)
         m = len(x)
 
         def f(xp, *enc):
@@ -223,7 +224,7 @@ class ServedExplainer:
         inputs, bases = [x], [base]
         if self.ple is not None:
             with torch.no_grad():
-                z = lambda t: (t - self.trunk.in_mean) / self.trunk.in_std  # noqa: E731
+                z = lambda t: (t[:, :self.spec.width] - self.trunk.in_mean) / self.trunk.in_std  # noqa: E731
                 inputs.append(self.trunk.piecewise(z(x)))
                 bases.append(self.trunk.piecewise(z(base)))
         hook = self.ple.register_forward_pre_hook(self._ple_hook) if self.ple is not None else None
@@ -235,6 +236,9 @@ class ServedExplainer:
         ax = attr[0].detach().double()
         if self.ple is not None:
             ax = ax.index_add(1, self.ple_input, attr[1].detach().double())
+        if base is not empty:  # what the tokens add to the empty history: the sequence group's (with_tokens)
+            with torch.no_grad():
+                ax[:, self.spec.width] += f(base) - f(empty)
         return ax
 
     def representation(self, x: np.ndarray, emb: np.ndarray, part: np.ndarray,

@@ -6,11 +6,13 @@ Heads over labels (brands, items) also see each label's own history for the enti
 learned skip, so "buys what they bought before" never has to be squeezed through the trunk.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
+
+from habitus.models.nn.sequence import SequenceEncoder
 
 
 @dataclass
@@ -25,6 +27,14 @@ class NetConfig:
     ple_columns: int = 0
     ple_bins: int = 0
     ple_tail: int = 0
+    # the sequence encoder over the last `seq_len` events (0: none), whose tokens follow the `in_dim`
+    # aggregate columns of the input: categorical columns of `seq_vocab` values, `seq_numeric` numbers
+    seq_len: int = 0
+    seq_vocab: list[int] = field(default_factory=list)
+    seq_numeric: int = 0
+    seq_dim: int = 32
+    seq_layers: int = 1
+    seq_heads: int = 2
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -58,11 +68,16 @@ class Trunk(nn.Module):
         if cfg.ple_bins:
             self.register_buffer("ple_edges", torch.zeros(cfg.ple_columns + cfg.ple_tail, cfg.ple_bins + 1))
             self.ple = nn.Linear((cfg.ple_columns + cfg.ple_tail) * cfg.ple_bins, cfg.hidden, bias=False)
+        if cfg.seq_len:
+            self.sequence = SequenceEncoder(cfg.seq_vocab, cfg.seq_numeric, cfg.seq_len, cfg.seq_dim, cfg.seq_layers,
+                                            cfg.seq_heads, cfg.hidden, cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.dropout) for _ in range(cfg.layers))
         self.norm = nn.LayerNorm(cfg.hidden)
 
     def fit_input_scale(self, x: torch.Tensor, std_floor: float) -> None:
-        """`std_floor`: inputs are divided by max(std, floor) (its default: FoundationConfig.std_floor)."""
+        """`std_floor`: inputs are divided by max(std, floor) (its default: FoundationConfig.std_floor).
+        Only the aggregate columns are scaled: the sequence tokens carry ids."""
+        x = x[:, : self.cfg.in_dim]
         self.in_mean.copy_(x.mean(0))
         self.in_std.copy_(x.std(0).clamp_min(std_floor))
         if self.cfg.ple_bins:
@@ -72,7 +87,7 @@ class Trunk(nn.Module):
 
     def _scalars(self, z: torch.Tensor) -> torch.Tensor:
         head, tail = self.cfg.ple_columns, self.cfg.ple_tail
-        return torch.cat([z[:, :head], z[:, z.shape[1] - tail:]], 1) if tail else z[:, :head]
+        return torch.cat([z[:, :head], z[:, self.cfg.in_dim - tail:self.cfg.in_dim]], 1) if tail else z[:, :head]
 
     def piecewise(self, z: torch.Tensor) -> torch.Tensor:
         """[rows, (ple_columns + ple_tail) * ple_bins]: per column, 1 for the bins below the value, its
@@ -81,15 +96,30 @@ class Trunk(nn.Module):
         e = ((self._scalars(z)[:, :, None] - lo) / (hi - lo).clamp_min(1e-6)).clamp(0, 1)
         return e.flatten(1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = (x - self.in_mean) / self.in_std
+    def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
+        z = (x[:, : self.cfg.in_dim] - self.in_mean) / self.in_std
         h = self.inp(z)
         if self.cfg.ple_bins:
             h = h + self.ple(self.piecewise(z))
+        return h
+
+    def _blocks(self, h: torch.Tensor) -> torch.Tensor:
         h = nn.functional.gelu(h)
         for block in self.blocks:
             h = block(h)
         return self.norm(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self._aggregate(x)
+        if self.cfg.seq_len:
+            h = h + self.sequence(x[:, self.cfg.in_dim:])
+        return self._blocks(h)
+
+    def masked(self, x: torch.Tensor, rate: float):
+        """forward() with a share `rate` of the sequence's events masked, and the encoder's states for
+        the masked-event objective (models/nn/sequence.MaskedEvents)."""
+        pooled, states = self.sequence.masked(x[:, self.cfg.in_dim:], rate)
+        return self._blocks(self._aggregate(x) + pooled), states
 
 
 class PairScorer(nn.Module):

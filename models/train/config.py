@@ -40,6 +40,14 @@ class FoundationConfig:
     # quantile bins of the piecewise-linear scalar inputs (network.NetConfig.ple_bins; 0: off): a little
     # better churn and propensity on Ta-Feng and the demo (docs/quality.md, "Defaults")
     ple_bins: int = 16
+    # the sequence encoder (models/nn/sequence.py) over each entity's last `sequence_events` events
+    # (0: the aggregate trunk alone), pretrained with the next-window forecast plus, at weight
+    # `masked_events_weight`, the masked-event objective on a share `masked_events` of them (0: off)
+    sequence_events: int = 0
+    sequence_dim: int = 32
+    sequence_layers: int = 1
+    masked_events: float = 0.15
+    masked_events_weight: float = 0.1
 
 
 @dataclass

@@ -16,6 +16,7 @@ from habitus.models.data.features import DAY, FeatureSpec, chunk_at, featurize
 from habitus.models.train.loop import (Log, TrainResult, batches, by_shard, chunk_plan, cutoff_grid, days, epoch_loss, iso, processes,
                          processes_info, seeded, step)
 from habitus.models.nn.network import Model, NetConfig
+from habitus.models.nn.sequence import MaskedEvents
 from habitus.models.train.resume import Resumer
 from habitus.models.train.config import FoundationConfig
 from habitus.models.data.targets import foundation_target
@@ -31,6 +32,23 @@ def foundation_loss(out: torch.Tensor, y: torch.Tensor, n_columns: int) -> torch
     return loss
 
 
+class Pretraining(nn.Module):
+    """The foundation model as it trains: its forecast of the next window and, with a sequence encoder
+    and `rate` > 0, the masked-event loss from the heads of MaskedEvents (which are not kept)."""
+
+    def __init__(self, model: Model, spec: FeatureSpec, rate: float):
+        super().__init__()
+        self.model, self.rate = model, rate
+        cfg = model.trunk.cfg
+        self.events = MaskedEvents(cfg.seq_vocab, cfg.seq_numeric, cfg.seq_dim) if cfg.seq_len and rate else None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.events is None:
+            return self.model(x), torch.zeros((), device=x.device)
+        h, states = self.model.trunk.masked(x, self.rate)
+        return self.model.head(h), self.events.loss(*states)
+
+
 def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, device: str = "auto",
                      log: Log = print, resume: Resumer | None = None, dist: Dist | None = None) -> TrainResult:
     """Self-supervised training: from the history before many sampled cut-offs, predict the next
@@ -41,7 +59,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     started = time.time()
     dist, dev, log = processes(dist, device, log, resume)
     order, rng = seeded(cfg.seed, dist)
-    spec = FeatureSpec.from_cache(cache, cfg.buckets, cfg.half_lives)
+    spec = FeatureSpec.from_cache(cache, cfg.buckets, cfg.half_lives, cfg.sequence_events)
     cutoffs = cutoff_grid(cache.time_range[0], last_cutoff, cfg.cutoff_every_days, cfg.min_history_days)
     if not cutoffs:
         raise ValueError(f"no foundation cut-off fits: the data spans {days(cache.time_range)} days, which leaves no "
@@ -62,10 +80,12 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     val_rows = [np.flatnonzero(c.entities % 10 == 0) for c, _, _ in probe]
     targets_width = probe[0][2].shape[1]
     net = NetConfig(spec.width, cfg.hidden, cfg.layers, cfg.dropout, spec.scalar_width if cfg.ple_bins else 0,
-                    cfg.ple_bins, spec.entity_scalar_width if cfg.ple_bins else 0)
+                    cfg.ple_bins, spec.entity_scalar_width if cfg.ple_bins else 0, spec.sequence, spec.token_vocab,
+                    len(spec.numeric), cfg.sequence_dim, cfg.sequence_layers)
     model = Model(net, targets_width).to(dev)
     model.trunk.fit_input_scale(torch.from_numpy(np.concatenate([x for _, x, _ in probe])).to(dev), cfg.std_floor)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=1e-4)
+    trainer = Pretraining(model, spec, cfg.masked_events).to(dev)
+    opt = torch.optim.AdamW(trainer.parameters(), lr=cfg.learning_rate, weight_decay=1e-4)
     steps_total = cfg.epochs * math.ceil(len(plan) / dist.world) * min(cfg.cutoffs_per_chunk, len(cutoffs)) * math.ceil(
         cfg.chunk_entities / cfg.batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.learning_rate, total_steps=max(steps_total, 1), pct_start=0.1)
@@ -73,13 +93,18 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
     events_seen = entities_seen = steps = 0
     # >>> resume hook (models/train/resume.py): continue a killed run from its last saved state
-    modules = {"model": model, "opt": opt, "sched": sched}
+    modules = {"model": model, "opt": opt, "sched": sched, **({"events": trainer.events} if trainer.events else {})}
     at = resume.restore(modules, rng) if resume is not None else None
     if at:
         curves, (events_seen, entities_seen, steps) = at["curves"], at["counters"]
     # <<< resume hook
-    net, mine, lock = wrap(model, dist), set(shard(plan, dist)), Lockstep(dist)  # one process: model, plan, no-op
-    pad = torch.zeros(1, spec.width, device=dev), torch.zeros(1, targets_width, device=dev)
+    net, mine, lock = wrap(trainer, dist), set(shard(plan, dist)), Lockstep(dist)  # one process: model, plan, no-op
+    pad = torch.zeros(1, spec.input_width, device=dev), torch.zeros(1, targets_width, device=dev)
+
+    def loss_of(x, y):
+        out, masked = net(x)
+        return foundation_loss(out, y, n_cols) + cfg.masked_events_weight * masked
+
     for epoch in range(at["epoch"] if at else 0, cfg.epochs):
         net.train()
         if at and epoch == at["epoch"]:  # resume hook: the saved epoch's data order and losses so far
@@ -99,7 +124,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
             xt, yt = torch.from_numpy(x[train]).to(dev), torch.from_numpy(y[train]).to(dev)
             for b in batches(len(train), cfg.batch_size, rng):
                 lock.real()
-                loss = foundation_loss(net(xt[b]), yt[b], n_cols)
+                loss = loss_of(xt[b], yt[b])
                 step(model, opt, loss)
                 if steps < steps_total:
                     sched.step()
@@ -110,7 +135,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
                     "epoch": epoch, "next": i + 1, "work": work, "losses": losses, "curves": curves,
                     "counters": [events_seen, entities_seen, steps]})
         for _ in lock.padding():  # several processes: this rank's share is spent, the others' is not
-            loss = foundation_loss(net(pad[0]), pad[1], n_cols) * 0.0
+            loss = loss_of(*pad) * 0.0
             step(model, opt, loss)
             if steps < steps_total:
                 sched.step()

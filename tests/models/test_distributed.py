@@ -34,10 +34,11 @@ def _events(sources):
     return customer, ts, product, price
 
 
-def train(cache_path: str, dist, epochs: int = 2, extra_chunk: bool = False) -> dict[str, torch.Tensor]:
+def train(cache_path: str, dist, epochs: int = 2, extra_chunk: bool = False, sequence: int = 0) -> dict[str, torch.Tensor]:
     """A minimal foundation loop over the library's features and targets. Distributed: each rank
     trains on shard(plan) with DDP. Single (dist.world == 1): the chunks of both ranks' step j
-    together, one batch, which is what DDP's gradient average amounts to."""
+    together, one batch, which is what DDP's gradient average amounts to. `sequence`: the trunk
+    also reads the last events through the sequence encoder."""
     from habitus.models.cache import Cache
     from habitus.models.train.distributed import mean_over_ranks, shard, uneven, unwrap, wrap
     from habitus.models.data.features import DAY, FeatureSpec, chunk_at, featurize
@@ -47,7 +48,7 @@ def train(cache_path: str, dist, epochs: int = 2, extra_chunk: bool = False) -> 
     from habitus.models.train.loop import chunk_plan
 
     cache = Cache(cache_path)
-    spec = FeatureSpec.from_cache(cache, buckets=8)
+    spec = FeatureSpec.from_cache(cache, buckets=8, sequence=sequence)
     cutoff = int(cache.time_range[0]) // DAY * DAY + CUTOFF_DAY * DAY
     table = cache.entity_table()
     plan = chunk_plan(cache, CHUNK)
@@ -61,7 +62,10 @@ def train(cache_path: str, dist, epochs: int = 2, extra_chunk: bool = False) -> 
 
     torch.manual_seed(0)
     x_all, y_all = data(plan)
-    model = Model(NetConfig(spec.width, 16, 1, dropout=0.0), y_all.shape[1])
+    model = Model(NetConfig(spec.width, 16, 1, dropout=0.0, seq_len=sequence, seq_vocab=spec.token_vocab,
+                            seq_numeric=len(spec.numeric), seq_dim=8), y_all.shape[1])
+    if sequence:  # (its output layer starts at zero: give it weight, so its gradients average too)
+        torch.nn.init.normal_(model.trunk.sequence.out.weight, std=0.1)
     model.trunk.fit_input_scale(x_all, 1.0)
     net = wrap(model, dist)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
@@ -92,11 +96,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--sequence", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist = from_env("cpu")
-    even = train(args.cache, dist)
-    uneven_run = train(args.cache, dist, epochs=1, extra_chunk=True)
+    even = train(args.cache, dist, sequence=args.sequence)
+    uneven_run = train(args.cache, dist, epochs=1, extra_chunk=True, sequence=args.sequence)
     if dist.is_writer:  # rank 0 alone writes (the test checks that nothing else appears)
         save_file(even, os.path.join(args.out, "even.safetensors"))
         save_file(uneven_run, os.path.join(args.out, "uneven.safetensors"))
@@ -105,7 +110,8 @@ def main() -> None:
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_train_like_one(sources, tmp_path):
+@pytest.mark.parametrize("sequence", [0, 4], ids=["aggregate trunk", "with the sequence encoder"])
+def test_two_gloo_processes_train_like_one(sources, tmp_path, sequence):
     from safetensors.torch import load_file
 
     from habitus.models.train.distributed import Dist
@@ -116,17 +122,17 @@ def test_two_gloo_processes_train_like_one(sources, tmp_path):
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          __file__, "--cache", str(cache.path), "--out", str(out)],
+                          __file__, "--cache", str(cache.path), "--out", str(out), "--sequence", str(sequence)],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (out / "world").read_text() == "2 0"
     assert sorted(p.name for p in out.iterdir()) == ["even.safetensors", "uneven.safetensors", "world"]
 
     torch.set_num_threads(1)
-    single = train(str(cache.path), Dist())
+    single = train(str(cache.path), Dist(), sequence=sequence)
     ddp = load_file(str(out / "even.safetensors"))
     assert set(ddp) == set(single)
-    start = train(str(cache.path), Dist(), epochs=0)
+    start = train(str(cache.path), Dist(), epochs=0, sequence=sequence)
     moved = max(float((single[k] - start[k]).abs().max()) for k in single if k != "last_loss")
     assert moved > 1e-2  # training changed the weights, so agreeing below means something
     for k in single:

@@ -44,13 +44,14 @@ def world(module_sources):
     return cache, s.at(150)
 
 
-def _model(cache, cutoff, task: TaskSpec, buckets: int = 256, ple_bins: int = 4, seed: int = 0):
+def _model(cache, cutoff, task: TaskSpec, buckets: int = 256, ple_bins: int = 4, seed: int = 0, sequence: int = 0):
     """A random network with every weight drawn (heads that start at zero included), its input
-    scale fitted on the world's features: completeness must hold for any weights."""
-    spec = FeatureSpec.from_cache(cache, buckets=buckets)
+    scale fitted on the world's features: completeness must hold for any weights. `sequence`: the
+    trunk also reads the last events through the sequence encoder."""
+    spec = FeatureSpec.from_cache(cache, buckets=buckets, sequence=sequence)
     torch.manual_seed(seed)
     net = NetConfig(spec.width, 16, 1, 0.0, spec.scalar_width if ple_bins else 0, ple_bins,
-                    spec.entity_scalar_width if ple_bins else 0)
+                    spec.entity_scalar_width if ple_bins else 0, sequence, spec.token_vocab, len(spec.numeric), 8)
     model = build_model(net, task, spec)
     chunk = chunk_at(cache.shard(0), 0, len(cache.shard(0).entities), cutoff - 30 * 86_400)
     x, _ = task_inputs(chunk, spec, task, cache.entity_table(), _vocab_sizes(cache))
@@ -78,9 +79,9 @@ def _tasks(cache, cutoff):
     }
 
 
-def _explain(cache, cutoff, kind, buckets=256, ple_bins=4, steps=STEPS, labels=(0, 1), max_steps=None):
+def _explain(cache, cutoff, kind, buckets=256, ple_bins=4, steps=STEPS, labels=(0, 1), max_steps=None, sequence=0):
     task = _tasks(cache, cutoff)[kind]
-    model, spec = _model(cache, cutoff, task, buckets, ple_bins)
+    model, spec = _model(cache, cutoff, task, buckets, ple_bins, sequence=sequence)
     vocab = lambda c: cache.vocab(c).column("value").to_pylist()  # noqa: E731
     groups = input_groups(spec, vocab, model.trunk, {"product_id": "purchases", "segment": "customers",
                                                        "age": "customers", "__events__": "purchases"})
@@ -104,6 +105,21 @@ def test_attributions_sum_to_score_minus_baseline(world, kind):
     assert np.all(np.abs(ex.gap) <= TOLERANCE * moved + 1e-4), np.abs(ex.gap).max()
     # one baseline for everyone (no history, average attributes), per label for label heads
     for t in np.unique(ex.target):
+        assert np.ptp(ex.baseline[ex.target == t]) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["binary", "multilabel"])
+def test_the_last_events_are_one_reason_and_the_sum_still_holds(world, kind):
+    """With the sequence encoder, the tokens are in place from the path's start: what they add to the
+    empty history is the `sequence` group's, and the attributions still sum to score - baseline."""
+    cache, cutoff = world
+    _, ex, (spec, groups, *_) = _explain(cache, cutoff, kind, sequence=6)
+    moved = np.abs(ex.score - ex.baseline)
+    assert np.all(np.abs(ex.gap) <= TOLERANCE * moved + 1e-4), np.abs(ex.gap).max()
+    g = groups.kind.index("sequence")
+    assert (groups.of_input == g).sum() == spec.input_width - spec.width == 6 * spec.event_width
+    assert np.abs(ex.dense[:, g]).mean() > 1e-3  # the last events do count
+    for t in np.unique(ex.target):  # one baseline for everyone: no events at all
         assert np.ptp(ex.baseline[ex.target == t]) < 1e-5
 
 
