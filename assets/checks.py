@@ -19,6 +19,10 @@
                                                         over drift.max_unknown_share (WARN)
                      event_volume                       the day's events or entities outside drift.*_volume_ratio
                                                         of the trailing drift.trailing_days' mean (WARN)
+    realized/<name>  beats_baselines_realized           worse than the best baseline on realized.beaten_days of
+                                                        the last realized.days realized days (WARN; assets/realized.py)
+                     holds_holdout_realized             the day's realized metric worse than the serving version's
+                                                        hold-out by more than realized.max_holdout_shortfall (ERROR)
 
 A blocking check that fails with ERROR stops the assets after it in the same run (no training on
 broken data, no predictions from a worse model); across runs, predictions use the newest checkpoint
@@ -37,6 +41,7 @@ from habitus.assets.check_measures import (MIN_JOIN_COVERAGE, MISMATCH_COVERAGE,
                                    categorical_cardinality, entity_coverage, extracted_files, key_counts,
                                    key_mismatch, keys_message, quarantine_counts, schema_problems, space_needed,
                                    volume)
+from habitus.assets.realized import realized_checks, realized_scenarios
 from habitus.assets.scenarios import scenario_key
 from habitus.assets.serving import serving_note
 from habitus.assets.sources import connection_key, source_key
@@ -404,4 +409,5 @@ def build_checks(project) -> list[dg.AssetChecksDefinition]:
     checks += cache_checks(project)
     checks += [scenario_check(project, name) for name in project.scenarios]
     checks += [c for name in project.prediction_scenarios for c in drift_checks(project, name)]
+    checks += [c for name in realized_scenarios(project) for c in realized_checks(project, name)]
     return checks

@@ -16,7 +16,7 @@ from habitus.assets.embeddings import build_embeddings_asset
 from habitus.assets.explanations import build_explanations_asset
 from habitus.assets.foundation import build_foundation_asset
 from habitus.assets.predictions import build_predictions_asset
-from habitus.assets.realized import build_realized_asset, realized_checks, realized_scenarios
+from habitus.assets.realized import build_realized_asset, realized_scenarios
 from habitus.assets.scenarios import build_scenario_asset
 from habitus.assets.sources import build_source_asset, connection_key
 from habitus.pipelines.config import Project, load_project
@@ -143,8 +143,7 @@ def build_definitions(project: Project) -> dg.Definitions:
         from habitus.pipelines.kubernetes import k8s_executor
 
         executor = k8s_executor(project)
-    checks = build_checks(project) + [c for n in realized_scenarios(project) for c in realized_checks(project, n)]
-    return dg.Definitions(assets=assets, asset_checks=checks, resources=build_resources(project),
+    return dg.Definitions(assets=assets, asset_checks=build_checks(project), resources=build_resources(project),
                           jobs=list(jobs.values()), sensors=sensors, schedules=build_schedules(project, jobs, assets),
                           executor=executor)
 

@@ -15,9 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from habitus.assets.predictions import predictions_key
+from habitus.assets.cache import current_cache
+from habitus.assets.predictions import as_of_time, predictions_key
 from habitus.assets.realized import realized_key
-from habitus.models.evaluate.realized import shortfall, window_complete, worse
+from habitus.models.data.features import FeatureSpec
+from habitus.models.data.targets import TargetSpec
+from habitus.models.evaluate.realized import best_baseline, realized as realized_report, shortfall, window_complete, worse
+from habitus.models.storage.files import read_json
+from habitus.models.tasks.spec import TaskSpec
 from habitus.pipelines.config import load_project
 from habitus.pipelines.demo_data import append_demo_day
 from habitus.pipelines.definitions import build_assets, build_definitions, build_resources
@@ -41,6 +46,7 @@ def test_a_window_is_complete_once_its_last_day_is_in():
     assert shortfall(0.6, 0.8, lower_is_better=False) == pytest.approx(0.25)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 def test_realized_days_appear_when_their_window_passed_and_the_checks_fire_on_useless_scores(
         tmp_path, instance, small_project, sensor_driver):
@@ -140,3 +146,17 @@ def test_realized_days_appear_when_their_window_passed_and_the_checks_fire_on_us
     assert message.startswith("worse than its best baseline on 2 of the last 3 realized days (warns at 2 of 3)")
     assert re.search(r"2026-10-27 auroc 0\.\d{4} < \w+ 0\.\d{4}; 2026-10-28 auroc 0\.\d{4} < \w+ 0\.\d{4}", message)
     assert list(out) == ["2026-10-28"]
+
+    # a regression target on the same cache and day: MAE, lower is better; a constant served score scores
+    # the same as the training-mean baseline of that constant, on the same entities
+    served = pq.read_table(ws.predictions("churn") / "2026-10-24.parquet")
+    spend = TaskSpec("regression", TargetSpec("sum", 7, "price"))
+    features = FeatureSpec.from_dict(read_json(ws.scenario("churn") / "config.json")["feature_spec"])
+    report = realized_report(current_cache(ws), features, spend, int(as_of_time("2026-10-24").timestamp()),
+                             served.column("customer_id").combine_chunks(),
+                             pa.array(np.full(served.num_rows, 5.0), pa.float32()), constant=5.0)
+    assert report["metric"] == "mae" and report["lower_is_better"] and report["entities"] == served.num_rows
+    assert set(report["baselines"]) == {"previous window", "training mean"}
+    assert report["model"]["mae"] == pytest.approx(report["baselines"]["training mean"]["mae"])
+    best, value = best_baseline(report)
+    assert value == min(m["mae"] for m in report["baselines"].values())
