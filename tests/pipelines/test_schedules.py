@@ -188,15 +188,17 @@ def test_definitions_wire_every_job_sensor_and_schedule(project):
     defs = build_definitions(project)
     repo = defs.get_repository_def()
     assert {j.name for j in repo.get_all_jobs() if not j.name.startswith("__")} == {
-        "extract_purchases", "train", "train_scenarios", "score", "rollback"}
-    assert {s.name for s in repo.sensor_defs} == {"purchases_new_data", "cache_after_new_data", "score_after_cache"}
+        "extract_purchases", "train", "train_scenarios", "score", "rollback", "realized"}
+    assert {s.name for s in repo.sensor_defs} == {"purchases_new_data", "cache_after_new_data", "score_after_cache",
+                                                  "realized_after_cache"}
     checks = {(k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys}
     assert checks == {("source/purchases", "schema_matches_config"), ("source/purchases", "keys_present"),
                       ("source/purchases", "timestamps_plausible"), ("source/purchases", "volume_guidelines"),
                       ("source/purchases", "categorical_cardinality"), ("cache", "rows_quarantined"),
                       ("cache", "join_coverage"), ("cache", "free_space_for_training"),
                       ("scenario/churn", "beats_baselines"), ("scenario/items", "beats_baselines"),
-                      *(("predictions/churn", c) for c in ("score_drift", "unknown_values", "event_volume"))}
+                      *(("predictions/churn", c) for c in ("score_drift", "unknown_values", "event_volume")),
+                      *(("realized/churn", c) for c in ("beats_baselines_realized", "holds_holdout_realized"))}
     # a backfill of a year is a handful of runs: 1 for monthly sources, 12 for daily predictions
     graph = defs.resolve_asset_graph()
     assert graph.get(dg.AssetKey(["source", "purchases"])).backfill_policy.max_partitions_per_run == 12
