@@ -10,7 +10,9 @@ is the product's head: the one chosen on the validation cut-off among the fine-t
 LightGBM over [hand features + the foundation trunk's PCA] and their blend, as the scenario asset
 chooses it (models/heads/stacked_head.py); the row "habitus (network alone)" is the fine-tuned network
 by itself. The row "habitus (no pretraining)" trains the same network and head from a random trunk
-(the network alone), to show what the foundation model is worth. Rows `churn_10pct` / `propensity_10pct` (`--label-share`, 0.1 by
+(the network alone), to show what the foundation model is worth; the row "served head, no foundation"
+runs the whole served recipe (network, trees, head chosen on validation) from a random trunk with no
+foundation representation in the trees: what the served head owes the foundation model. Rows `churn_10pct` / `propensity_10pct` (`--label-share`, 0.1 by
 default, 0 to skip) train the scenario, the network from scratch and LightGBM on the labels of 10%
 of the entities only (bench/label_share.py); the row `embedding_probe` reads churn at the test
 cut-off with a logistic regression from what the `embeddings` asset writes and from plain RFM
@@ -44,6 +46,7 @@ from habitus.models.train.foundation import train_foundation  # noqa: E402
 from habitus.models.data.labels import top_values  # noqa: E402
 from habitus.models.train.config import TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig, ScenarioConfig  # noqa: E402
 from habitus.models.train.scenario import train_scenario  # noqa: E402
+from habitus.models.heads.stacking import StackConfig  # noqa: E402
 from habitus.models.tasks.spec import TaskSpec  # noqa: E402
 from habitus.models.tasks import task as task_of  # noqa: E402
 
@@ -53,6 +56,7 @@ TASKS = ("churn", "propensity", "spend", "next_items", "embedding_probe")
 LABEL_SHARE_TASKS = ("churn", "propensity")  # the rows `<task>_<share>pct` of --label-share
 # fine-tuning epochs of the rows where the default does not fit: ranking the whole catalog is the slow part
 EPOCHS = {"next_items": 3}
+WITHOUT_FOUNDATION = "served head, no foundation"  # the same recipe, random trunk, trees without its representation
 
 
 def tafeng_spec() -> tuple[CacheSpec, int, dict]:
@@ -201,6 +205,9 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, task: TaskSpec,
         run = train_scenario(cache, state, foundation_info, cfg, log=quiet, train_cache=train_cache)
     scratch = train_scenario(cache, state, foundation_info, dataclasses.replace(cfg, from_scratch=True, head="network"),
                              log=quiet, train_cache=train_cache, baselines=False)
+    # the served recipe without the foundation model: a random trunk, and no representation in the trees
+    bare = train_scenario(cache, state, foundation_info, dataclasses.replace(cfg, from_scratch=True), log=quiet,
+                          train_cache=train_cache, baselines=False, stack=StackConfig(components=0))
     report, no_pretrain, tuned, head = run.report, scratch.report["model"], run.trained, run.head
     metrics = task_of(task).report_metrics(task)
     rows = []
@@ -209,6 +216,7 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, task: TaskSpec,
         if "network" in report:  # the network alone, what "habitus" was before the head was chosen on validation
             baselines["habitus (network alone)"] = report["network"][metric]
         baselines["habitus (no pretraining)"] = no_pretrain[metric]
+        baselines[WITHOUT_FOUNDATION] = bare.report["model"][metric]
         rows.append({"task": name, "metric": metric, "habitus": report["model"][metric],
                      "baselines": baselines, "entities": report["entities"],
                      "head": "network" if head is None else head.chosen,
