@@ -74,6 +74,24 @@ def _iso(ts: int) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
+def realized_metadata(report: dict, path: Path) -> dict:
+    """A realized day's metadata (what the UI plots over the partitions): realized_<metric>,
+    baseline_<name> per baseline and holdout_<metric> as floats, then the day's facts."""
+    key = report["metric"]
+    return {
+        f"realized_{key}": dg.MetadataValue.float(float(report["model"].get(key, float("nan")))),
+        **{f"baseline_{slug(b)}": dg.MetadataValue.float(float(m.get(key, float("nan"))))
+           for b, m in report["baselines"].items()},
+        f"holdout_{key}": dg.MetadataValue.float(float(report["holdout"])),
+        "best_baseline": str(report["best_baseline"]),
+        "model_fingerprint": report["model_fingerprint"],
+        "entities": dg.MetadataValue.int(report["entities"]),
+        "not_scored": dg.MetadataValue.int(report["not_scored"]),
+        "window": f"{report['window'][0]} .. {report['window'][1]} UTC",
+        "path": dg.MetadataValue.path(str(path)),
+    }
+
+
 def build_realized_asset(project, name: str, partitions_def) -> dg.AssetsDefinition:
     settings = project.realized
 
@@ -116,18 +134,7 @@ def build_realized_asset(project, name: str, partitions_def) -> dg.AssetsDefinit
         value = report["model"].get(key, float("nan"))
         context.log.info(f"realized/{name} {day}: {key} {value:.4f} on {report['entities']:,} entities (hold-out "
                          f"{holdout['model']:.4f}; best baseline {best}: {best_value:.4f})")
-        yield dg.MaterializeResult(metadata={
-            f"realized_{key}": dg.MetadataValue.float(float(value)),
-            **{f"baseline_{slug(b)}": dg.MetadataValue.float(float(m.get(key, float("nan"))))
-               for b, m in report["baselines"].items()},
-            f"holdout_{key}": dg.MetadataValue.float(float(holdout["model"])),
-            "best_baseline": str(best),
-            "model_fingerprint": fingerprint,
-            "entities": dg.MetadataValue.int(report["entities"]),
-            "not_scored": dg.MetadataValue.int(report["not_scored"]),
-            "window": f"{report['window'][0]} .. {report['window'][1]} UTC",
-            "path": dg.MetadataValue.path(str(out)),
-        })
+        yield dg.MaterializeResult(metadata=realized_metadata(report, out))
 
     return _realized
 

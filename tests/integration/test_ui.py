@@ -2,7 +2,8 @@
 warehouse, opened in headless Debian Chromium through Selenium.
 
 The instance is the repository's dagster.yaml, as `make ui` uses it. It checks that no onboarding
-pop-up covers the first page, that the asset graph shows every stage, materializes a small asset by
+pop-up covers the first page, that the asset graph shows every stage, that realized/churn's Metadata
+plots (five realized days recorded in the instance) draw each series' points on its days, materializes a small asset by
 clicking its Materialize button and sees the run succeed, launches a backfill of the events source
 (the days since October: a run per 31 days under its backfill policy), then switches on the new-data
 sensor, appends a day of purchases to the warehouse and sees the sensor's run extract exactly that
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import date, timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -36,7 +38,7 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 STAGES = {"source/purchases", "source/customers", "source/products", "source/stores", "cache", "foundation_model",
           *(f"{stage}/{name}" for stage in ("scenario", "predictions")
             for name in ("churn", "brand_propensity", "spend", "next_products", "next_category")),
-          "embeddings", "explanations/churn"}
+          "embeddings", "explanations/churn", "realized/churn", "realized/spend"}
 DATA_START, DATA_END = "2026-09-01", "2026-10-31"  # two months of data: the backfill is two runs of 31 days
 # dagster dev ignores SIGTERM when started from a script; restoring SIGINT's default lets SIGTERM stop it
 UNIGNORE = "import os,signal,sys;signal.signal(signal.SIGINT,signal.SIG_DFL);os.execvp(sys.argv[1],sys.argv[1:])"
@@ -132,6 +134,66 @@ class DagsterDev:
         data = self.graphql("""query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
                  ... on Sensor { sensorState { ticks(limit: 5) { status skipReason runIds } } } } }""", {"s": selector})
         return data["sensorOrError"]["sensorState"]["ticks"]
+
+
+# the line charts of the page (Chart.js canvases): each one's series label, x labels and y values, read from the
+# props React gave the chart component (the canvas holds only pixels)
+PLOTS_JS = """
+const out = {};
+for (const canvas of document.querySelectorAll('canvas')) {
+  const key = Object.keys(canvas).find((k) => k.startsWith('__reactFiber$'));
+  for (let f = key && canvas[key]; f; f = f.return) {
+    const data = f.memoizedProps && f.memoizedProps.data;
+    if (data && data.datasets) {
+      const d = data.datasets[0];
+      out[d.label] = {x: data.labels, y: d.data.map((p) => p.y)};
+      break;
+    }
+  }
+}
+return out;
+"""
+# the realized days of tests/assets/test_realized.py's run of 2026-12-03 (a one-epoch churn model, 7-day window, 600
+# simulated customers): AUROC of the served scores and of the baselines as of each day, and the serving version's
+# hold-out; the scores of 2026-10-27 and -28 were shuffled across customers there (the drop). The entity count
+# and the fingerprint stand in for the run's (it printed the floats only)
+REALIZED_DAYS = {"2026-10-24": {"model": 0.7690, "recency": 0.7244, "frequency": 0.7141},
+                 "2026-10-25": {"model": 0.7689, "recency": 0.7410, "frequency": 0.7112},
+                 "2026-10-26": {"model": 0.7712, "recency": 0.7522, "frequency": 0.7171},
+                 "2026-10-27": {"model": 0.4679, "recency": 0.7382, "frequency": 0.7184},
+                 "2026-10-28": {"model": 0.4920, "recency": 0.7215, "frequency": 0.7098}}
+HOLDOUT, WINDOW = 0.7296, 7
+
+
+def _report_realized_days(dagster_home: Path, workspace: Path) -> dict[str, dict[str, float]]:
+    """Record REALIZED_DAYS as materializations of realized/churn in the server's instance (its SQLite storage),
+    each with the metadata the asset writes and its JSON under the workspace; returns the plotted series:
+    {metadata key: {day: value}}."""
+    import dagster as dg
+
+    from habitus.assets.realized import realized_key, realized_metadata
+    from habitus.models.evaluate.realized import best_baseline
+    from habitus.models.storage.files import write_json
+
+    instance, series = dg.DagsterInstance.from_config(str(dagster_home)), {}
+    for day, values in REALIZED_DAYS.items():
+        cutoff = date.fromisoformat(day) + timedelta(days=1)
+        report = {"metric": "auroc", "lower_is_better": False, "model": {"auroc": values["model"]},
+                  "baselines": {b: {"auroc": v} for b, v in values.items() if b != "model"},
+                  "entities": 412, "not_scored": 0, "day": day, "model_fingerprint": "3f92c41f31e7ede3",
+                  "holdout": HOLDOUT, "window": [f"{cutoff} 00:00", f"{cutoff + timedelta(days=WINDOW)} 00:00"]}
+        report["best_baseline"], report["best_baseline_value"] = best_baseline(report)
+        out = workspace / "realized" / "churn" / f"{day}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json(out, report)
+        metadata = realized_metadata(report, out)
+        instance.report_runless_asset_event(dg.AssetMaterialization(realized_key("churn"), partition=day,
+                                                                    metadata=metadata))
+        for key, value in metadata.items():
+            if isinstance(value, dg.FloatMetadataValue):
+                series.setdefault(key, {})[day] = value.value
+    assert set(series) == {"realized_auroc", "baseline_recency", "baseline_frequency", "holdout_auroc"}
+    return series
 
 
 def _append_day(warehouse: Path):
@@ -245,6 +307,22 @@ def test_the_ui_shows_every_stage_and_runs_a_materialization_and_a_backfill(dags
     assert not browser.find_elements(By.CSS_SELECTOR, ".bp5-dialog, .bp4-dialog, [role='dialog']")
     browser.save_screenshot(str(tmp_path / "asset_graph.png"))
 
+    # realized/churn's plots: five realized days recorded in the server's instance with the metadata the asset
+    # writes (realized_metadata); the asset's Metadata section, switched to Plots, draws each number over the
+    # partitions (the x axis holds every partition; a day without a materialization has no point)
+    plotted = _report_realized_days(tmp_path / "dagster_home", tmp_path / "ws")
+    browser.get(f"{dagster_dev.url}/assets/realized/churn")
+    _click(browser, "//button[normalize-space()='Plots']")
+    plots = _wait("the realized plots", lambda: (lambda p: p if set(plotted) <= set(p) else None)(
+        browser.execute_script(PLOTS_JS)), timeout=60, every=0.5)
+    for label, points in plotted.items():  # each series: a point on each realized day (the x axis holds every
+        drawn = {x: y for x, y in zip(plots[label]["x"], plots[label]["y"]) if y is not None}  # partition)
+        assert drawn == pytest.approx(points), (label, drawn)
+    grid = browser.find_element(By.XPATH, "//*[normalize-space()='realized_auroc']/ancestor::div[contains("
+                                          "@style, 'grid')][1]")
+    browser.execute_script("arguments[0].scrollIntoView()", grid)
+    grid.screenshot(str(tmp_path / "realized_plots.png"))
+
     # materialize an attribute source with its Materialize button; the run succeeds with its checks
     browser.get(f"{dagster_dev.url}/assets/source/customers")
     _click(browser, "//button[normalize-space()='Materialize']")
@@ -329,7 +407,7 @@ def test_the_ui_shows_every_stage_and_runs_a_materialization_and_a_backfill(dags
     one, other = runs[running[0]], runs[waiting]
     assert other["startTime"] >= one["endTime"], (one, other)  # one after the other, never both at once
 
-    shots = ["asset_graph.png", "materialized.png", "sensor_run.png"] + (
+    shots = ["asset_graph.png", "realized_plots.png", "materialized.png", "sensor_run.png"] + (
         ["run_queue.png"] if (tmp_path / "run_queue.png").exists() else [])
     for shot in shots:
         assert (tmp_path / shot).stat().st_size > 20_000
