@@ -10,7 +10,11 @@ newest cache completes. It writes <workspace>/realized/<name>/<D>.json and float
 plots over the partitions: realized_<metric>, baseline_<name>, holdout_<metric>.
 
 Label and ranking scenarios (multilabel, multiclass, recommendation) write top-k lists, not a score of
-every label, so only scenarios with one score per entity (binary, regression) get this asset.
+every label: their written lists are scored against the labels the window realized, by the task's list
+metrics (models/tasks: NDCG@k and HR@k of next items, precision@k of propensity labels, accuracy of the
+next category's top class), next to the hold-out's history baselines as top-k lists as of the day. The
+hold-out value is the serving version's of the same metric (none for precision@k: the hold-out of a
+multilabel scenario measures macro AUROC, and holds_holdout_realized then passes, saying so).
 
 Checks (WARN / ERROR, never blocking; settings `realized:`):
     beats_baselines_realized   the realized metric is worse than the best baseline's on
@@ -43,13 +47,15 @@ def realized_key(name: str) -> dg.AssetKey:
     return dg.AssetKey(["realized", name])
 
 
-def realizable(project, name: str) -> bool:
-    """Whether scenario `name`'s predictions hold one score per entity (its task has no label outputs)."""
-    return not task_of(project.scenarios[name].task).label_outputs
-
-
 def realized_scenarios(project) -> list[str]:
-    return [n for n in project.prediction_scenarios if realizable(project, n)]
+    return list(project.prediction_scenarios)
+
+
+def holdout_value(cfg: dict, key: str) -> float:
+    """The serving version's hold-out value of metric `key` (its headline: as the checks compare it)."""
+    if key == cfg["headline"]:
+        return baseline_margin(cfg)["model"]
+    return float(cfg["metrics"]["model"].get(key, float("nan")))
 
 
 def slug(name: str) -> str:
@@ -82,7 +88,8 @@ def realized_metadata(report: dict, path: Path) -> dict:
         f"realized_{key}": dg.MetadataValue.float(float(report["model"].get(key, float("nan")))),
         **{f"baseline_{slug(b)}": dg.MetadataValue.float(float(m.get(key, float("nan"))))
            for b, m in report["baselines"].items()},
-        f"holdout_{key}": dg.MetadataValue.float(float(report["holdout"])),
+        **({f"holdout_{key}": dg.MetadataValue.float(float(report["holdout"]))} if report["holdout"] == report[
+            "holdout"] else {}),
         "best_baseline": str(report["best_baseline"]),
         "model_fingerprint": report["model_fingerprint"],
         "entities": dg.MetadataValue.int(report["entities"]),
@@ -119,21 +126,23 @@ def build_realized_asset(project, name: str, partitions_def) -> dg.AssetsDefinit
         protocol = cfg["protocol"]
         lightgbm = ([seconds(c) for c in protocol["train_cutoffs"]], seconds(protocol["val_cutoff"])) \
             if settings.lightgbm and protocol.get("train_cutoffs") else None
+        t = task_of(task)
+        names = t.label_names(cache, task, cfg.get("label_values") or None)  # (label tasks: their lists)
         report = realized(cache, features, task, cutoff, table.column(project.entity).combine_chunks(),
-                          table.column("score").combine_chunks(),
-                          constant=cfg.get("training", {}).get("val_target_mean"), lightgbm=lightgbm)
+                          table.column("score" if names is None else "labels").combine_chunks(),
+                          constant=cfg.get("training", {}).get("val_target_mean"), lightgbm=lightgbm, names=names)
         key = report["metric"]
-        holdout = baseline_margin(cfg)
+        holdout = holdout_value(cfg, key)
         best, best_value = best_baseline(report)
         report.update(day=day, model_fingerprint=fingerprint, cutoff=_iso(cutoff),
-                      window=[_iso(cutoff), _iso(window_end(cutoff, window))], holdout=holdout["model"],
+                      window=[_iso(cutoff), _iso(window_end(cutoff, window))], holdout=holdout,
                       best_baseline=best, best_baseline_value=best_value, cache_fingerprint=cache.fingerprint)
         out = workspace.realized(name) / f"{day}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json(out, report)
         value = report["model"].get(key, float("nan"))
         context.log.info(f"realized/{name} {day}: {key} {value:.4f} on {report['entities']:,} entities (hold-out "
-                         f"{holdout['model']:.4f}; best baseline {best}: {best_value:.4f})")
+                         f"{holdout:.4f}; best baseline {best}: {best_value:.4f})")
         yield dg.MaterializeResult(metadata=realized_metadata(report, out))
 
     return _realized
@@ -193,6 +202,11 @@ def realized_checks(project, name: str) -> list[dg.AssetChecksDefinition]:
         mine, holdout = r["model"].get(key, float("nan")), r["holdout"]
         gap = shortfall(mine, holdout, lower)
         fired = gap == gap and gap > s.max_holdout_shortfall
+        if holdout != holdout:  # (precision@k of a multilabel scenario: its hold-out measured macro AUROC)
+            return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.ERROR,
+                                       description=f"{r['day']}: realized {key} {mine:.4f}; the hold-out of version "
+                                                   f"{r['model_fingerprint']} has no {key} to compare it with",
+                                       metadata={f"realized_{key}": dg.MetadataValue.float(float(mine))})
         return dg.AssetCheckResult(
             passed=not fired, severity=dg.AssetCheckSeverity.ERROR,
             description=(f"{r['day']}: realized {key} {mine:.4f} against the hold-out's {holdout:.4f} of version "

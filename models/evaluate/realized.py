@@ -7,6 +7,8 @@ through the task's `labels`), on the same eligible entities, scored by the task'
 to the task's baselines as of C (its history heuristics, the training mean, and LightGBM fitted on
 the serving version's training and validation cut-offs, scored at C). Entities the day's file does
 not score (scored from an older cache, or without history then) are left out of every figure.
+A label task's file holds top-k lists (realized_lists): they are scored by the task's list metrics
+against the realized labels, next to its history baselines cut to their top k (models/tasks).
 """
 
 from datetime import datetime
@@ -52,15 +54,74 @@ def scores_of(entity_ids: pa.Array, predicted_ids: pa.Array, predicted: pa.Array
     return values, has
 
 
+def written_lists(entity_ids: pa.Array, predicted_ids: pa.Array, predicted: pa.Array, names, k: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(the first k labels each of `entity_ids` was written, as label positions in `names` [entities, k],
+    whether it has a list): `predicted` is the day's `labels` column; a label not in `names`, or a list
+    shorter than k, is padded with len(names) (a position no label has)."""
+    at = pc.index_in(entity_ids, value_set=predicted_ids)
+    has = at.is_valid().to_numpy(zero_copy_only=False)
+    top = np.full((len(entity_ids), k), len(names), np.int64)
+    if not has.any():
+        return top, has
+    lists = predicted.take(at.filter(at.is_valid()))
+    lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.index_in(pc.cast(pc.list_flatten(lists), pa.string()), value_set=pa.array([str(n) for n in names]))
+    flat = flat.fill_null(len(names)).to_numpy(zero_copy_only=False).astype(np.int64)
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    rows = np.flatnonzero(has)
+    for j in range(k):
+        inside = lengths > j
+        top[rows[inside], j] = flat[starts[inside] + j]
+    has[rows[lengths == 0]] = False  # a row without history (no list) counts as not scored
+    return top, has
+
+
+def realized_lists(cache: Cache, features: FeatureSpec, task: TaskSpec, cutoff: int, predicted_ids: pa.Array,
+                   predicted: pa.Array, names) -> dict:
+    """A label task's written top-k lists (`predicted`, the day's `labels` column, named by `names` in label
+    order) against the labels realized after `cutoff`, next to the task's history baselines as top-k lists
+    as of `cutoff` (Task.list_baselines: the hold-out's baselines, without the model), on the same
+    entities; scored by Task.list_metrics."""
+    t = task_of(task)
+    k = t.list_k(task)
+    lists_of = t.list_baselines(task, cache, cutoff)
+    ids, rel_rows, rel_cols, base, n = [], [], [], {}, 0
+    for chunk, keep, _, h, y in holdout_chunks(cache, features, task, cutoff):
+        rows, cols = t.relevant(y)
+        rel_rows.append(np.asarray(rows, np.int64) + n)
+        rel_cols.append(np.asarray(cols, np.int64))
+        ids.append(chunk.entities[keep])
+        for name, top in lists_of(h[keep], k, features.habitual_channel).items():
+            base.setdefault(name, []).append(top)
+        n += int(keep.sum())
+    entities = cache.entity_ids(np.concatenate(ids)) if ids else pa.array([], predicted_ids.type)
+    model, scored = written_lists(entities, predicted_ids, predicted, names, k)
+    rows, cols = (np.concatenate(rel_rows), np.concatenate(rel_cols)) if ids else (np.zeros(0, np.int64),) * 2
+    index = np.cumsum(scored) - 1  # a scored row's position among the scored rows
+    kept = scored[rows]
+    rows, cols = index[rows[kept]], cols[kept]
+    key = t.list_headline(task)
+    return {"metric": key, "lower_is_better": key in t.lower_is_better, "k": k,
+            "model": t.list_metrics(task, model[scored], rows, cols),
+            "baselines": {name: t.list_metrics(task, np.concatenate(v)[scored], rows, cols)
+                          for name, v in base.items()},
+            "entities": int(scored.sum()), "not_scored": int((~scored).sum()),
+            "with_labels": int(len(np.unique(rows)))}
+
+
 def realized(cache: Cache, features: FeatureSpec, task: TaskSpec, cutoff: int, predicted_ids: pa.Array,
              predicted: pa.Array, *, constant: float | None = None,
-             lightgbm: tuple[list[int], int] | None = None) -> dict:
+             lightgbm: tuple[list[int], int] | None = None, names=None) -> dict:
     """The served scores `predicted` of entities `predicted_ids` (one score per entity: what the day's
     predictions file holds) against the realized targets after `cutoff`, next to the baselines as of
     `cutoff`: {"model", "baselines", "entities", "not_scored", "metric", "lower_is_better", ...the task's
     summary}. `constant`: the training mean (the fixed baseline); `lightgbm`: (training cut-offs,
-    validation cut-off) of the serving version, to fit the LightGBM baseline again and score it at `cutoff`."""
+    validation cut-off) of the serving version, to fit the LightGBM baseline again and score it at `cutoff`.
+    A label task (top-k lists in `predicted`, the `labels` column, named by `names`): realized_lists."""
     t = task_of(task)
+    if t.label_outputs:
+        return realized_lists(cache, features, task, cutoff, predicted_ids, predicted, names)
     ys, ids, base = [], [], {}
     for chunk, keep, _, h, y in holdout_chunks(cache, features, task, cutoff):
         ys.append(np.asarray(y))

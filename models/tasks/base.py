@@ -19,6 +19,7 @@ from habitus.models.data.labels import history_rows, top_values
 from habitus.models.data.target_functions import function_labels, resolve
 from habitus.models.data.targets import TargetSpec
 from habitus.models.nn.network import Model, NetConfig
+from habitus.models.tasks.metrics import list_metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +222,33 @@ class Task:
 
     def summary(self, y: np.ndarray) -> dict:
         return {"positive_rate": float(np.mean(y)) if len(y) else float("nan")}
+
+    # ------------------------------------------------------------------ realized top-k lists (label tasks)
+    # A label task's predictions hold each entity's top-k labels, not a score of every label: its realized
+    # performance (models/evaluate/realized.py) scores those lists against the labels the window realized.
+
+    def list_k(self, spec) -> int:
+        """k of the metrics of written top-k lists."""
+        return spec.k
+
+    def list_headline(self, spec) -> str:
+        """The metric of written top-k lists that decides."""
+        raise NotImplementedError(self.name)
+
+    def relevant(self, y) -> tuple[np.ndarray, np.ndarray]:
+        """The realized labels of the kept rows `y` (labels()) as (rows, label positions)."""
+        if isinstance(y, SparseRows):
+            return y.rows, y.cols
+        return np.nonzero(np.asarray(y) != 0)
+
+    def list_metrics(self, spec, top: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> dict[str, float]:
+        """Metrics of top-k label positions `top` [entities, k] against the realized pairs (rows, cols)."""
+        return list_metrics(top, rows, cols, self.list_k(spec))
+
+    def list_baselines(self, spec, cache, cutoff: int) -> Callable:
+        """The hold-out's history baselines as top-k lists, without the model: a function
+        (label history of some rows, k, habitual channel) -> {name: label positions [rows, k]}."""
+        raise NotImplementedError(self.name)
 
     def evaluation(self, model: Model, cache, features: FeatureSpec, spec, cutoff: int, *, constant=None,
                    extra=None, device: str = "cpu") -> "PerEntity":

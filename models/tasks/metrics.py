@@ -147,3 +147,19 @@ def ranking_metrics_at(top: np.ndarray, rel_rows: np.ndarray, rel_cols: np.ndarr
     ap = (precision_at * hits).sum(1) / np.minimum(n_rel, width)
     return {f"hr@{k}": float((hits.sum(1) > 0).mean()), f"ndcg@{k}": float(((hits * discount).sum(1) / ideal).mean()),
             f"map@{k}": float(ap.mean())}
+
+
+def list_metrics(top: np.ndarray, rel_rows: np.ndarray, rel_cols: np.ndarray, k: int) -> dict[str, float]:
+    """Metrics of written top-k lists (label positions, best first; a position past every label pads a
+    short list) against the (row, column) pairs that were relevant: ranking_metrics_at's HR@k, NDCG@k,
+    MAP@k, and precision@k (the share of the k positions that were relevant), over the rows with at
+    least one relevant column."""
+    out = ranking_metrics_at(top, rel_rows, rel_cols, k)
+    n, width = top.shape[0], min(k, top.shape[1])
+    keep = np.bincount(rel_rows, minlength=n) > 0
+    if not keep.any() or width == 0:
+        return {**out, f"precision@{k}": float("nan")}
+    span = int(max(top.max(initial=0), rel_cols.max(initial=0))) + 1
+    hits = np.isin(np.arange(n, dtype=np.int64)[:, None] * span + top[:, :width],
+                   np.asarray(rel_rows, np.int64) * span + rel_cols)[keep]
+    return {**out, f"precision@{k}": float(hits.sum(1).mean() / k)}

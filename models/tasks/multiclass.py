@@ -15,7 +15,9 @@ from habitus.models.data.labels import recent_popularity, top_values
 from habitus.models.data.targets import TargetSpec, future_rows, label_positions
 from habitus.models.tasks.base import (PerEntity, Task, ValueLabels, categorical_column, function_label_lists,
                                function_label_target)
+from habitus.models.tasks.metrics import list_metrics, top_k
 
+LIST_K = 3  # realized: the hit rate of the 3 best written classes, next to the top class's accuracy
 HABITUAL_SKIP = 1.0  # the head starts leaning to the classes the entity bought, habitually
 EPS = 1e-7
 
@@ -83,8 +85,26 @@ class Multiclass(ValueLabels, Task):
         return {"majority_share": float(np.bincount(y).max() / len(y)) if len(y) else float("nan")}
 
     def evaluation(self, model, cache, features, spec, cutoff, *, constant=None, extra=None, device="cpu"):
-        prior = recent_popularity(cache, spec.target, cutoff).astype(np.float64)
-        return WithPrior(self, model, spec, features, prior / max(prior.sum(), 1.0), extra, device)
+        return WithPrior(self, model, spec, features, class_shares(cache, spec, cutoff), extra, device)
+
+    # realized: the written classes, best first; accuracy is the hold-out's (the top class is its argmax)
+    def list_k(self, spec):
+        return min(LIST_K, len(spec.target.labels))
+
+    def list_headline(self, spec):
+        return "accuracy"
+
+    def relevant(self, y):
+        return np.arange(len(y)), np.asarray(y, np.int64)
+
+    def list_metrics(self, spec, top, rows, cols):
+        k = self.list_k(spec)
+        return {"accuracy": list_metrics(top[:, :1], rows, cols, 1)["hr@1"],
+                f"hr@{k}": list_metrics(top, rows, cols, k)[f"hr@{k}"]}
+
+    def list_baselines(self, spec, cache, cutoff):
+        prior = class_shares(cache, spec, cutoff)
+        return lambda h, k, channel: {name: top_k(p, k) for name, p in class_baselines(h, prior, channel).items()}
 
     def lightgbm(self, lgb, params, spec, dataset, seed):
         (x_train, y_train), (x_val, y_val), (x_test, _) = dataset("train"), dataset("val"), dataset("test")
@@ -108,11 +128,23 @@ class WithPrior(PerEntity):
 
     def add(self, chunk, keep, x, h, y) -> None:
         super().add(chunk, keep, x, h, y)
-        n = int(keep.sum())
-        past = h[keep].dense(self.features.habitual_channel).astype(np.float64)
-        past = past + 1e-3 * self.prior  # (the shares: ties and no history)
-        self.base.setdefault("majority class", []).append(np.broadcast_to(self.prior, (n, len(self.prior))))
-        self.base.setdefault("past frequency", []).append(past / past.sum(1, keepdims=True))
+        for name, p in class_baselines(h[keep], self.prior, self.features.habitual_channel).items():
+            self.base.setdefault(name, []).append(p)
+
+
+def class_baselines(h, prior: np.ndarray, channel: int) -> dict[str, np.ndarray]:
+    """The hold-out's baselines of rows with label history `h`, as class probabilities: the majority class
+    (the classes' shares `prior` for everyone) and past frequency (the row's own habitual counts; the
+    shares break ties and stand in for rows without any)."""
+    past = h.dense(channel).astype(np.float64) + 1e-3 * prior  # (the shares: ties and no history)
+    return {"majority class": np.broadcast_to(prior, (len(past), len(prior))),
+            "past frequency": past / past.sum(1, keepdims=True)}
+
+
+def class_shares(cache, spec, cutoff: int) -> np.ndarray:
+    """Each class's share of everyone's events of the last 30 days before `cutoff`."""
+    prior = recent_popularity(cache, spec.target, cutoff).astype(np.float64)
+    return prior / max(prior.sum(), 1.0)
 
 
 def multiclass_metrics(y: np.ndarray, p: np.ndarray) -> dict[str, float]:

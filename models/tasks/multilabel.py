@@ -18,6 +18,7 @@ HABITUAL_SKIP = 5.0  # the head starts at "what they bought, habitually" (the ha
 VAL_OUTPUTS = 1 << 23  # outputs per validation batch of a wide head (32 MB of float32 logits)
 COLUMN_MULTIPLE = 256
 AUROC_CRITERION_LABELS = 2048  # heads up to this wide pick their epochs by validation macro AUROC, not the loss
+LABEL_BLOCK = 1_024  # rows scored over every label at a time: 1,024 x 16,000 labels = 66 MB of logits
 VAL_CRITERION_VALUES = 1 << 25  # scores that criterion reads at most (128 MB of float32; rows = this / labels)
 
 
@@ -108,6 +109,16 @@ class Multilabel(ValueLabels, Task):
     def metrics(self, y, score):
         return {"macro_auroc": macro_auroc(y, score)}
 
+    def list_k(self, spec):  # (a head narrower than k: every label)
+        return min(spec.k, len(spec.target.labels))
+
+    def list_headline(self, spec):
+        return f"precision@{self.list_k(spec)}"
+
+    def list_baselines(self, spec, cache, cutoff):
+        popularity = recent_popularity(cache, spec.target, cutoff)
+        return lambda h, k, channel: history_lists(_sparse(h), popularity, k, channel)
+
     def evaluation(self, model, cache, features, spec, cutoff, *, constant=None, extra=None, device="cpu"):
         return Blockwise(model, recent_popularity(cache, spec.target, cutoff), extra or {},
                          features.habitual_channel, device)
@@ -169,8 +180,7 @@ class Blockwise:
         if chosen is not None:
             assert len(chosen.scores) == n, f"the chosen head: {len(chosen.scores)} scores for {n} entities"
             model_scores = _overridden(network, chosen)
-        scorers = {"model": model_scores, "past frequency": lambda cols: hist.dense(self.channel, cols),
-                   "popularity": lambda cols: np.broadcast_to(self.popularity[cols], (n, len(cols)))}
+        scorers = {"model": model_scores, **history_baselines(hist, self.popularity, self.channel)}
         if chosen is not None:
             scorers["network"] = network
         subsets = {}
@@ -194,6 +204,30 @@ class Blockwise:
             report["baselines"][f"{name} (top {len(sub.labels)} labels)"] = {
                 "macro_auroc": pair[name], "model_macro_auroc": pair["model"], "labels_measured": k}
         return report
+
+
+def history_baselines(hist: SparseRows, popularity: np.ndarray, channel: int) -> dict:
+    """The hold-out's baselines as blockwise scorers (label columns -> [rows, columns] scores): past
+    frequency (each row's own habitual count of the label) and popularity (the label's recent count)."""
+    n = len(hist)
+    return {"past frequency": lambda cols: hist.dense(channel, cols),
+            "popularity": lambda cols: np.broadcast_to(popularity[cols], (n, len(cols)))}
+
+
+def history_lists(hist: SparseRows, popularity: np.ndarray, k: int, channel: int,
+                  block: int = LABEL_BLOCK) -> dict[str, np.ndarray]:
+    """The k best label positions of each row under each of history_baselines, best first, a block of
+    rows at a time; equal scores go to the more popular label (a stable sort of the labels in order of
+    popularity)."""
+    order = np.argsort(-popularity, kind="stable")
+    every = np.arange(len(popularity))
+    out = {name: [np.zeros((0, min(k, len(order))), np.int64)] for name in history_baselines(hist, popularity, channel)}
+    for i in range(0, len(hist), block):
+        for name, scorer in history_baselines(hist[np.arange(i, min(i + block, len(hist)))], popularity,
+                                              channel).items():
+            scores = np.asarray(scorer(every), np.float32)[:, order]
+            out[name].append(order[np.argsort(-scores, axis=1, kind="stable")[:, :k]])
+    return {name: np.concatenate(parts) for name, parts in out.items()}
 
 
 def _overridden(scorer, chosen):
@@ -269,9 +303,6 @@ def sampled_multilabel_loss(model: Model, xb: torch.Tensor, history, y: SparseRo
     picked = out[t(y.rows), t(np.searchsorted(cols, y.cols))]
     per_column = nn.functional.softplus(out).sum(0)
     return ((per_column * t(weight)).sum() - (picked * t(y.values[:, 0])).sum()) / (len(y) * n_labels)
-
-
-LABEL_BLOCK = 1_024  # rows scored over every label at a time: 1,024 x 16,000 labels = 66 MB of logits
 
 
 @torch.no_grad()

@@ -101,6 +101,13 @@ class Recommendation(Task):
     def report_metrics(self, spec):
         return [f"hr@{spec.k}", f"ndcg@{spec.k}"]
 
+    def list_headline(self, spec):  # the hold-out's headline: realized and hold-out values compare
+        return f"ndcg@{spec.k}"
+
+    def list_baselines(self, spec, cache, cutoff):
+        popularity = recent_popularity(cache, spec.target, cutoff)
+        return lambda h, k, channel: baseline_rankings(h, popularity, k, channel)
+
     def evaluation(self, model, cache, features, spec, cutoff, *, constant=None, extra=None, device="cpu"):
         return Rankings(model, spec, recent_popularity(cache, spec.target, cutoff),
                         item_popularity(cache, spec.target, cutoff), features.habitual_channel, device)
@@ -130,14 +137,19 @@ class Rankings:
 
 def item_rankings(model: Model, x: np.ndarray, hist: SparseRows, popularity: np.ndarray, item_pop: np.ndarray,
                   k: int, device: str, channel: int = 1) -> dict[str, np.ndarray]:
-    """Top-k item positions per entity for the model and the two baselines: popularity (the same
-    list for everyone) and past frequency (what the entity bought, habitually; popularity breaks ties)."""
-    n, n_items = len(x), len(popularity)
-    pop = torch.from_numpy(popularity.astype(np.float32))
-    tie = pop * (1e-3 / max(float(popularity.max()), 1e-9))
-    past = SparseRows(hist.indptr, hist.cols, hist.values[:, channel:channel + 1], hist.n_cols)  # habitual count
+    """Top-k item positions per entity for the model and the two baselines (baseline_rankings)."""
     return {"model": rank_items(model, x, hist, item_pop, k, device=device)[0],
-            "popularity": top_k_items(n, n_items, k, lambda r0, r1, i0, i1: pop[i0:i1].expand(r1 - r0, -1))[0],
+            **baseline_rankings(hist, popularity, k, channel)}
+
+
+def baseline_rankings(hist: SparseRows, popularity: np.ndarray, k: int, channel: int = 1) -> dict[str, np.ndarray]:
+    """Top-k item positions per entity of the two baselines, from history alone: popularity (the same
+    list for everyone) and past frequency (what the entity bought, habitually; popularity breaks ties)."""
+    n, n_items = len(hist), len(popularity)
+    pop = torch.from_numpy(popularity.astype(np.float32))
+    tie = pop * (1e-3 / max(float(popularity.max(initial=0)), 1e-9))
+    past = SparseRows(hist.indptr, hist.cols, hist.values[:, channel:channel + 1], hist.n_cols)  # habitual count
+    return {"popularity": top_k_items(n, n_items, k, lambda r0, r1, i0, i1: pop[i0:i1].expand(r1 - r0, -1))[0],
             "past frequency": top_k_items(n, n_items, k, lambda r0, r1, i0, i1: tie[i0:i1].expand(r1 - r0, -1),
                                           past)[0]}
 

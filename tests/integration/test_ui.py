@@ -38,7 +38,8 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 STAGES = {"source/purchases", "source/customers", "source/products", "source/stores", "cache", "foundation_model",
           *(f"{stage}/{name}" for stage in ("scenario", "predictions")
             for name in ("churn", "brand_propensity", "spend", "next_products", "next_category")),
-          "embeddings", "explanations/churn", "realized/churn", "realized/spend"}
+          "embeddings", "explanations/churn",
+          *(f"realized/{name}" for name in ("churn", "brand_propensity", "spend", "next_products", "next_category"))}
 DATA_START, DATA_END = "2026-09-01", "2026-10-31"  # two months of data: the backfill is two runs of 31 days
 # dagster dev ignores SIGTERM when started from a script; restoring SIGINT's default lets SIGTERM stop it
 UNIGNORE = "import os,signal,sys;signal.signal(signal.SIGINT,signal.SIG_DFL);os.execvp(sys.argv[1],sys.argv[1:])"

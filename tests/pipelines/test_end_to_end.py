@@ -58,7 +58,7 @@ def test_definitions_hold_every_stage(tmp_path, small_project):
     assert keys == {"source/purchases", "source/customers", "source/products", "cache", "foundation_model",
                     "scenario/churn", "scenario/brands", "scenario/spend", "scenario/next",
                     "predictions/churn", "predictions/brands", "predictions/spend", "predictions/next",
-                    "embeddings", "realized/churn", "realized/spend"}  # realized: one score per entity only
+                    "embeddings", "realized/churn", "realized/brands", "realized/spend", "realized/next"}
 
 
 def test_asset_checks_run_with_each_stage(run):
