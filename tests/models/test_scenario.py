@@ -138,9 +138,10 @@ def test_the_quality_bench_reports_what_the_recipe_measured(world, monkeypatch):
         spec.loader.exec_module(quality)
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    runs = []
+    runs, configs = [], []
 
     def spy(*args, **kwargs):
+        configs.append((args[3], kwargs.get("stack")))
         runs.append(recipe.train_scenario(*args, **{**kwargs, "device": "cpu"}))
         return runs[-1]
 
@@ -148,8 +149,13 @@ def test_the_quality_bench_reports_what_the_recipe_measured(world, monkeypatch):
     monkeypatch.setattr(quality, "finetune_config", lambda row: FINETUNE)
     plan = protocol(cfg.test_cutoff, HORIZON, 3, cache.time_range[0])
     rows = quality.score_task(cache, state, info, CHURN, plan, "churn")
-    tuned, scratch = runs
+    tuned, scratch, bare = runs
     assert not tuned.trained.info.get("lora_rank") and scratch.head is None
+    # the served recipe without the foundation: a random trunk, and trees that read no representation
+    (bare_cfg, bare_stack) = configs[2]
+    assert bare_cfg.from_scratch and bare_cfg.head == configs[0][0].head and bare_stack.components == 0
+    if bare.head is not None:
+        assert bare.head.stack.reduction.matrix.shape[1] == 0
     assert rows and rows[0]["metric"] == "auroc"
     for row in rows:
         metric = row["metric"]
@@ -157,3 +163,4 @@ def test_the_quality_bench_reports_what_the_recipe_measured(world, monkeypatch):
         assert row["baselines"]["lightgbm"] == tuned.report["baselines"]["lightgbm"][metric]
         assert row["baselines"]["habitus (network alone)"] == tuned.report["network"][metric]
         assert row["baselines"]["habitus (no pretraining)"] == scratch.report["model"][metric]
+        assert row["baselines"]["served head, no foundation"] == bare.report["model"][metric]
