@@ -38,7 +38,7 @@ def scenario_config(name: str, scenario, cache, cutoff: int, spill_dir: str | No
     return ScenarioConfig(name, TaskSpec(scenario.task, target, scenario.top_k), plan.train_cutoffs, plan.val_cutoff,
                           plan.test_cutoff, scenario.finetune_config(spill_dir=spill_dir),
                           lora=LoraConfig(**scenario.lora.model_dump()) if scenario.lora else None,
-                          save_every_steps=scenario.save_every_steps, head=scenario.head)
+                          save_every_steps=scenario.save_every_steps, head=scenario.head, refit=scenario.refit)
 
 
 def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = None) -> dg.AssetsDefinition:
@@ -89,6 +89,8 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
             "serving": serving_note(workspace, name), "holdout_entities": dg.MetadataValue.int(report["entities"]),
             "test_cutoff": run.checkpoint["protocol"]["test_cutoff"], "best_epoch": dg.MetadataValue.int(info["best_epoch"]),
             "head_start": info.get("head_start", "baseline"), "seconds": dg.MetadataValue.float(info["seconds"]),
+            # refit: the served weights were trained again through the test cut-off; the figures are the measured model's
+            "refit": dg.MetadataValue.bool(run.refit is not None),
             "path": dg.MetadataValue.path(str(path))})
 
     return _scenario

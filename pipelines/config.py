@@ -17,7 +17,8 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag, ValidationError
 
 from habitus.models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
 from habitus.models.serve.defaults import DEFAULT_SELECT, DEFAULT_SHARE, DEFAULT_STEPS, DEFAULT_TOP, SELECT, TOP_K
-from habitus.models.train.config import SAVE_EVERY_STEPS, TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig, LoraConfig
+from habitus.models.train.config import (REFIT, SAVE_EVERY_STEPS, TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig,
+                                         LoraConfig)
 from habitus.models.tasks import RANKING_K, TASKS
 from habitus.pipelines.config_base import Strict
 from habitus.pipelines.config_operations import (KubernetesSettings, RealizedSettings, RetrySettings,
@@ -212,6 +213,8 @@ class Scenario(Strict):
     learning_rate: float = Field(_FINETUNE.learning_rate, gt=0, description="fine-tuning learning rate")
     train_cutoffs: int = Field(TRAIN_CUTOFFS, ge=1, description="training cut-offs before the validation cut-off")
     top_k: int = Field(RANKING_K, ge=1, description="k of the ranking metrics (recommendation)")
+    refit: bool = Field(REFIT, description="serve the chosen recipe trained again on cut-offs through the test cut-off "
+                        "(the hold-out figures stay the measured model's: docs/models.md, \"Refit\")")
     save_every_steps: int = Field(SAVE_EVERY_STEPS, ge=1, description="optimizer steps between two saves of the "
                                   "resumable training state (a killed run continues from the last)")
 

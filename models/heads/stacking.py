@@ -285,6 +285,39 @@ def fit_stack(task: str, train: Rows, val: Rows, cfg: StackConfig | None = None,
     return stack
 
 
+def refit_stack(stack: Stack, train: Rows) -> Stack:
+    """The trees of `stack` trained again on `train` (later cut-offs: the refit, models/train/refit.py)
+    with the same settings, labels, rounds (each measured booster's, no early stopping: nothing is
+    read beyond `train`) and the same weight; the reduction is fitted again on `train`. The choice and
+    its validation figures are the measured stack's."""
+    import lightgbm as lgb
+
+    cfg, rule = stack.config, stacking(stack.task)
+    reduction = Reduction.fit(train.embedding, cfg)
+    if rule.per_label:
+        train = train.take(np.sort(np.random.default_rng(cfg.seed).permutation(len(train))[:cfg.multilabel_rows]))
+    x = np.concatenate([train.hand, reduction.apply(train.embedding)], 1)
+    y = train.y if rule.per_label else train.y[:, None]
+    params = (_params(cfg, rule.objective, cfg.label_learning_rate, cfg.label_num_leaves) if rule.per_label
+              else _params(cfg, rule.objective, cfg.learning_rate, cfg.num_leaves))
+    data = _data(x, np.ascontiguousarray(y[:, 0]))
+    boosters, constants = [], []
+    for fold in stack.boosters:
+        out, constants = [], []
+        for j, measured in enumerate(fold):
+            column = y[:, j]
+            if measured is None or column.min() == column.max():
+                out.append(None)
+                constants.append(float(column.mean()) if len(column) else 0.0)
+                continue
+            data.set_label(np.ascontiguousarray(column))
+            out.append(lgb.train(params, data, max(1, measured.num_trees())))
+            constants.append(0.0)
+        boosters.append(out)
+    info = {**stack.info, "refit_train_rows": int(len(train))}
+    return Stack(stack.task, cfg, reduction, boosters, constants, stack.labels, stack.weight, stack.validation, info)
+
+
 def _one_se(task: str, picked: Rows, gbt: np.ndarray, grid: dict, best_w: float, cfg: StackConfig):
     """(weight, {weight: standard error of its gap to the best}): the weight nearest 0.5 among those
     within one standard error of the best. The error of each gap is read from `cfg.se_blocks`

@@ -15,6 +15,9 @@ if TYPE_CHECKING:  # (the task's module imports torch; the settings are read wit
     from habitus.models.tasks.spec import TaskSpec
 
 SAVE_EVERY_STEPS = 200  # optimizer steps between two saves of a resumable training state (models/train/resume.py)
+# serve the recipe trained again on cut-offs through the test cut-off (models/train/refit.py); off:
+# serve the measured model (bench/refit_backtest.py, docs/results/quality.md)
+REFIT = False
 TRAIN_CUTOFFS = 4  # a scenario's training cut-offs before its validation cut-off (models/evaluate/holdout.protocol)
 
 
@@ -121,6 +124,9 @@ class ScenarioConfig:
     # whichever scores best on validation (tasks with a stack); network: the network alone
     head: Literal["chosen", "network"] = "chosen"
     from_scratch: bool = False  # a random trunk (the foundation's input scaling kept): what pretraining is worth
+    # after the hold-out, train the chosen recipe again on cut-offs through test_cutoff and serve that
+    # (models/train/refit.py); the hold-out stays the measured model's
+    refit: bool = REFIT
 
 
 def config_dict(cfg) -> dict:

@@ -2,6 +2,7 @@
 training cut-offs, the epochs chosen (and averaged: a greedy soup) on the validation cut-off."""
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -32,14 +33,16 @@ from habitus.models.tasks import task as task_of
 def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation_info: dict, task: TaskSpec,
              train_cutoffs: list[int], val_cutoff: int, cfg: FinetuneConfig, *, device: str = "auto",
              log: Log = print, from_scratch: bool = False, adapters: LoraConfig | None = None,
-             resume: Resumer | None = None, dist: Dist | None = None) -> TrainResult:
+             resume: Resumer | None = None, dist: Dist | None = None, fixed: "Fixed | None" = None) -> TrainResult:
     """A scenario model: the foundation trunk (its weights as the start) + a fresh head, trained on
     labels at `train_cutoffs`; the epoch with the best loss at `val_cutoff` is kept.
     `from_scratch` keeps only the foundation's input scaling and starts the trunk at random: the
     comparison that shows what pretraining is worth. `adapters`: LoRA adapters on a frozen trunk
     (models/nn/lora.py); only they and the head learn (merge_lora folds them in for scoring).
     Under torchrun (`dist`, by default read from its variables) each rank trains on its share of the
-    entity chunks with DDP in lockstep; validation runs on all of it on every rank; only rank 0 logs."""
+    entity chunks with DDP in lockstep; validation runs on all of it on every rank; only rank 0 logs.
+    `fixed`: a recipe already chosen (the refit, models/train/refit.py): its start, its epochs and the
+    soup of its epochs, nothing chosen or scored at `val_cutoff` (there only the head's base rates)."""
     started = time.time()
     dist, dev, log = processes(dist, device, log, resume)
     order, rng = seeded(cfg.seed, dist)  # (before the model: its fresh weights are drawn from torch's seed)
@@ -50,6 +53,9 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
         task_of(task).init_head(model, task, spec, data.val, data.y_mean, data.n_val, data.extras[val_cutoff])
     validation = Validation.of(task, cfg, data, dev)
     opt = optimizer(model, cfg, dev)
+    if fixed is not None:
+        return fixed_recipe(model, opt, task, spec, cfg, data, validation, train_cutoffs, foundation_state, fixed,
+                            order, rng, dist, log, started)
     best, start = choose_start(model, task, spec, data, validation, train_cutoffs, foundation_state,
                                use_forecast=cfg.foundation_start and not from_scratch, log=log)
     curves, rows, best, snapshots = train_epochs(model, opt, task, cfg, data, validation, train_cutoffs, best, order,
@@ -74,6 +80,46 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     if adapters is not None:
         info.update(lora_rank=adapters.rank, lora_alpha=adapters.alpha,
                     trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad))
+    return TrainResult(model, curves, info)
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A recipe chosen on validation already (the refit, models/train/refit.py): the start ("baseline",
+    or "foundation (calibrated)": finetune's head_start) and the epochs averaged (finetune's soup_epochs:
+    1-based, 0 the start); the epochs trained are the last of them."""
+    start: str
+    soup: tuple[int, ...]
+
+
+def fixed_recipe(model: Model, opt, task: TaskSpec, spec: FeatureSpec, cfg: FinetuneConfig, data: "Features",
+                 validation: "Validation", train_cutoffs, foundation_state: dict, fixed: Fixed, order, rng, dist: Dist,
+                 log: Log, started: float) -> TrainResult:
+    """finetune with `fixed`: the recorded start, max(soup) epochs, the recorded epochs' weights averaged;
+    nothing scored on a validation cut-off."""
+    if fixed.start != "baseline":
+        forecast = foundation_forecast(foundation_state, spec, task.target, task.outputs)
+        if forecast is None:
+            raise ValueError(f"the recipe starts at the foundation's forecast ({fixed.start}); this foundation has none")
+        calibration = (data.kept.get((s, lo, hi, c)) for c in reversed(train_cutoffs) for s, lo, hi in data.plan)
+        with torch.no_grad():
+            start_at_forecast(model, forecast, calibration, validation.dev,
+                              spec.channels if task_of(task).uses_label_history else 0)
+    first = (math.nan, state_copy(model), -1)
+    epochs = max(fixed.soup)
+    curves, rows, _, snapshots = train_epochs(model, opt, task, dataclasses.replace(cfg, epochs=epochs), data,
+                                              validation, train_cutoffs, first, order, rng, dist, None, log,
+                                              scored=False)
+    weights = {epoch + 1: state for _, state, epoch in [first, *snapshots]}
+    chosen = [weights[e] for e in fixed.soup]
+    model.load_state_dict({k: sum(w[k] for w in chosen) / len(chosen) if v.is_floating_point() else v
+                           for k, v in chosen[0].items()})
+    model.eval()
+    data.kept.close()
+    info = {"epochs": epochs, "soup_epochs": list(fixed.soup), "head_start": fixed.start,
+            "seconds": round(time.time() - started, 2), "rows_seen": int(rows),
+            "train_cutoffs": [iso(c) for c in train_cutoffs],
+            "val_target_mean": float(np.mean(data.y_mean)) if data.n_val else 0.0, "device": str(validation.dev)}
     return TrainResult(model, curves, info)
 
 
@@ -217,11 +263,12 @@ def choose_start(model: Model, task: TaskSpec, spec: FeatureSpec, data: Features
 
 def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: Features, validation: Validation,
                  train_cutoffs, best: tuple, order: np.random.Generator, rng: np.random.Generator, dist: Dist,
-                 resume: Resumer | None, log: Log) -> tuple[dict, int, tuple, list]:
+                 resume: Resumer | None, log: Log, scored: bool = True) -> tuple[dict, int, tuple, list]:
     """The epochs: each a shuffled pass over every (chunk, training cut-off), then scored on validation.
     Returns the loss curves, the rows seen, the best (criterion, weights, epoch) and every epoch's
     (criterion, weights, epoch) for the soup. With `resume`: continues a killed run from its last
-    saved state and saves between chunks every N steps (models/train/resume.py)."""
+    saved state and saves between chunks every N steps (models/train/resume.py). `scored` False: no
+    validation after the epochs (a fixed recipe: every epoch's weights kept, none chosen)."""
     t, dev = task_of(task), validation.dev
     curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
     rows = 0
@@ -261,6 +308,10 @@ def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: F
             loss = batch_loss(net, task, last[0], last[1], dev, rng, validation.train_negatives) * 0.0
             step(model, opt, loss)
         curves["train_loss"].append(epoch_loss(losses, dist))
+        if not scored:
+            log(f"{task.task} epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}")
+            snapshots.append((math.nan, state_copy(model), epoch))
+            continue
         curves["val_loss"].append(validation.loss(model, task))
         log(f"{task.task} epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}, "
             f"validation loss {curves['val_loss'][-1]:.4f}")

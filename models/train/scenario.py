@@ -26,6 +26,7 @@ from habitus.models.train.config import ScenarioConfig, config_dict
 from habitus.models.train.distributed import autocast
 from habitus.models.train.finetune import finetune
 from habitus.models.train.loop import Log, TrainResult, iso, resolve_device
+from habitus.models.train.refit import Refit, refit, refit_skipped
 from habitus.models.train.resume import Resumer
 
 
@@ -39,6 +40,12 @@ class ScenarioRun:
     seconds: dict[str, float] = field(default_factory=dict)  # fine-tuning, head, baselines, hold-out
     checkpoint: dict | None = None  # the config.json written (None: not saved)
     digest: str | None = None  # the saved weights' SHA-256
+    refit: Refit | None = None  # cfg.refit: the served model, trained again through the test cut-off
+
+    @property
+    def served(self) -> tuple:
+        """(network, head) of the model served: the refit's, else the measured one's."""
+        return (self.trained.model, self.head) if self.refit is None else (self.refit.trained.model, self.refit.head)
 
     @property
     def report(self) -> dict:
@@ -63,7 +70,9 @@ def train_scenario(cache: Cache, foundation_state: dict, foundation_info: dict, 
     result; None: in this process. `train_cache`: the entities whose labels train the network, the
     head and the trees (default `cache`; the hold-out always scores every entity of `cache`).
     `baselines`: False leaves LightGBM out (the task's own simple baselines stay). `stack`: the candidates of the
-    head chosen on validation (models/heads/stacking.py; default StackConfig())."""
+    head chosen on validation (models/heads/stacking.py; default StackConfig()). `cfg.refit`: after the
+    hold-out, the chosen recipe is trained again on cut-offs through cfg.test_cutoff and that model is
+    saved and served (models/train/refit.py); the report stays the measured model's."""
     train = cache if train_cache is None else train_cache
     device = str(resolve_device(device))
     # a killed run continues from its last saved state (same foundation, task, config and cut-offs only)
@@ -90,7 +99,13 @@ def train_scenario(cache: Cache, foundation_state: dict, foundation_info: dict, 
     holdout = score_holdout(trained.model, cache, spec, task, cfg.test_cutoff,
                             constant=trained.info["val_target_mean"], extra=extra, device=device, head=head)
     seconds["holdout"] = clock.lap()
-    run = ScenarioRun(trained, head, holdout, {k: round(v, 2) for k, v in seconds.items()})
+    served = None
+    if cfg.refit and refit_skipped(trained.info):
+        log(f"{cfg.name}: no refit ({refit_skipped(trained.info)}): the measured model is served")
+    elif cfg.refit:  # the same recipe on cut-offs through the test cut-off; the hold-out stays the measured one's
+        served = refit(train, foundation_state, foundation_info, cfg, trained, head, device=device, log=log)
+        seconds["refit"] = clock.lap()
+    run = ScenarioRun(trained, head, holdout, {k: round(v, 2) for k, v in seconds.items()}, refit=served)
     key = headline(task)
     log(f"{cfg.name}: {key} {run.report['model'].get(key, float('nan')):.4f} on {run.report['entities']:,} entities "
         f"({head_note(run.report, key)}); baselines "
@@ -146,7 +161,8 @@ def resume_fingerprint(foundation_info: dict, cfg: ScenarioConfig) -> str:
 def save_scenario(run: ScenarioRun, cache: Cache, foundation_info: dict, cfg: ScenarioConfig, path) -> None:
     """The checkpoint folder (models/nn/checkpoint.py): the weights, the head chosen on validation and a
     config.json that says what the model is, what it was trained on and how it scored."""
-    task, head, info = cfg.task, run.head, run.trained.info
+    task, info = cfg.task, run.trained.info
+    model, head = run.served
     key = headline(task)
     config = {
         "kind": "scenario", "scenario": cfg.name, "task": task.to_dict(),
@@ -159,10 +175,12 @@ def save_scenario(run: ScenarioRun, cache: Cache, foundation_info: dict, cfg: Sc
         "metrics": run.report, "headline": key, "beats_baselines": beats_baselines(task, run.report),
         "finetune": config_dict(cfg.finetune), "lora": config_dict(cfg.lora) if cfg.lora else None,
         "curves": run.trained.curves, "training": info,
-        "head": ({"chosen": "network", "weight": 0.0} if head is None
-                 else {"chosen": head.chosen, "weight": head.weight}),
+        "head": ({"chosen": "network", "weight": 0.0} if run.head is None
+                 else {"chosen": run.head.chosen, "weight": run.head.weight}),
+        # the weights saved are the refit's: "metrics" and "head" above are the measured model's
+        **({"refit": run.refit.record()} if run.refit is not None else {}),
     }
-    run.digest = save_checkpoint(path, run.trained.model, config,
+    run.digest = save_checkpoint(path, model, config,
                                  extra=None if head is None else lambda folder: {"stack": save_head(folder, head)})
     run.checkpoint = config
 
