@@ -2,6 +2,8 @@
 
 from habitus.assets.embeddings import embedding_columns, scalar_column_names
 from habitus.models.data.features import FeatureSpec
+from habitus.models.nn.network import NetConfig, Trunk
+from habitus.models.serve.predict import embedding_width
 
 
 def _spec(numeric, visits=True, half_lives=(14.0, 60.0)) -> FeatureSpec:
@@ -26,3 +28,21 @@ def test_columns_metadata_covers_the_whole_width():
     assert list(columns)[0] == "0-255" and "trunk" in columns["0-255"]
     assert list(columns)[1:] == [str(i) for i in range(256, 256 + spec.scalar_width)]
     assert columns["256"].startswith("events, standardized")
+
+
+def positions(columns: dict[str, str]) -> list[int]:
+    """Every position the `columns` metadata names: "0-255" is a range, "256" one position."""
+    out = []
+    for key in columns:
+        lo, _, hi = key.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def test_columns_metadata_names_every_position_of_the_written_width_once():
+    for spec in (_spec(["price", "quantity"]), _spec([], visits=False)):
+        for hidden in (16, 256):
+            trunk = Trunk(NetConfig(spec.width, hidden, 1, 0.0))
+            width = embedding_width(trunk, spec)
+            assert positions(embedding_columns(spec, hidden)) == list(range(width))
+            assert width == hidden + spec.scalar_width

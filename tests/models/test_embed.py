@@ -47,3 +47,27 @@ def test_embeddings_end_with_the_standardized_rfm_scalars(sources, frame):
     ids16, plain = _rows(embed(trunk, cache, spec, cutoff, scalars=False))
     assert np.array_equal(ids16, ids) and plain.shape == (chunk.n, 32) == (chunk.n, embedding_width(trunk, spec, False))
     np.testing.assert_allclose(plain, vectors[:, :32], atol=5e-3)
+
+
+def test_the_same_day_embeds_to_the_same_bytes_and_the_documented_width(sources):
+    """Two exports of one cut-off are identical (files of one fingerprint compare), chunked
+    differently they agree to float16 rounding, and the asset's `columns` metadata names exactly the
+    positions written."""
+    from habitus.assets.embeddings import embedding_columns
+
+    cache = sources.random_purchases(3000, 150, 90)
+    spec = FeatureSpec.from_cache(cache, buckets=16)
+    torch.manual_seed(0)
+    trunk = Trunk(NetConfig(spec.width, 32, 1, 0.0)).eval()
+    cutoff = sources.at(60)
+    first, again = list(embed(trunk, cache, spec, cutoff)), list(embed(trunk, cache, spec, cutoff))
+    assert [b.equals(c) for b, c in zip(first, again)] == [True] * len(first) and len(first) == len(again)
+    ids, vectors = _rows(first)
+    small_ids, small = _rows(embed(trunk, cache, spec, cutoff, chunk_entities=64))
+    assert np.array_equal(np.sort(small_ids), np.sort(ids))
+    np.testing.assert_allclose(small[np.argsort(small_ids)], vectors[np.argsort(ids)], atol=2e-3)
+    named = []
+    for key in embedding_columns(spec, trunk.cfg.hidden):
+        lo, _, hi = key.partition("-")
+        named += list(range(int(lo), int(hi or lo) + 1))
+    assert named == list(range(vectors.shape[1]))
