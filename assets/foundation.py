@@ -5,6 +5,7 @@ import calendar
 import dagster as dg
 
 from habitus.assets.cache import CACHE_KEY, current_cache
+from habitus.assets.foundation_versions import keep_foundation_version
 from habitus.assets.plots import loss_curves
 from habitus.assets.tracking import check_installed, track_foundation
 from habitus.models.nn.checkpoint import save_checkpoint
@@ -64,10 +65,13 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
                                                                         "steps", "device")},
         })
         resume.clear()
+        # kept as a version and served (no gate: a foundation has no baseline); `habitus rollback foundation`
+        version = keep_foundation_version(workspace, project.versions.keep, project.versions.keep_served)
         track_foundation(project.mlflow, digest, read_json(workspace.foundation / "config.json"), context.log.warning)
         plot = loss_curves(result.curves, workspace.foundation.parent / "foundation_loss.png", "foundation model")
         return dg.MaterializeResult(metadata={
             "fingerprint": digest[:16],
+            "version": f"checkpoints/foundation_versions/{version} (serving)",
             "cache_fingerprint": cache.fingerprint[:16],
             "final_train_loss": dg.MetadataValue.float(result.curves["train_loss"][-1]),
             "final_validation_loss": dg.MetadataValue.float(result.curves["val_loss"][-1]),

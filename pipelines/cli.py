@@ -4,7 +4,9 @@
     habitus materialize   materialize every asset of the project ($HABITUS_CONFIG or --config)
     habitus report        print each scenario's hold-out metrics next to its baselines
     habitus versions S    list scenario S's kept versions: trained when, metric vs baseline, served when
-    habitus rollback S [--to FP]   serve another kept version of S (default: the one that served before)
+                          (S = foundation: the foundation model's versions, losses and data window)
+    habitus rollback S [--to FP]   serve another kept version of S (default: the one that served before);
+                          foundation: put that version back into checkpoints/foundation/
     habitus demo-data     write the generated retail warehouse into a DuckDB file
     habitus init          look at a connection's tables and print a suggested project config
     habitus train | score --date D | embed --date D | upload | restore
@@ -311,9 +313,19 @@ def _scenario_named(project, name: str) -> str:
 
 
 def _versions_command(args, project) -> int:
+    from habitus.assets.foundation_versions import NAME, foundation_table, foundation_versions, in_use
     from habitus.assets.serving import versions
     from habitus.resources.workspace import Workspace
 
+    if args.scenario == NAME:  # config validation keeps scenarios from taking this name
+        ws = Workspace(root=project.workspace)
+        store = foundation_versions(ws)
+        if not store.fingerprints():
+            print("foundation: no version kept yet (materialize foundation_model)")
+            return EXIT_OK
+        print(f"foundation: {len(store.fingerprints())} version(s) kept, serving {store.serving() or 'none'}")
+        print(foundation_table(store, in_use(ws)))
+        return EXIT_OK
     store = versions(Workspace(root=project.workspace), _scenario_named(project, args.scenario))
     if not store.fingerprints():
         print(f"{args.scenario}: no version kept yet (materialize scenario/{args.scenario})")
@@ -329,6 +341,17 @@ def _rollback_command(args, project) -> int:
     from habitus.resources.mlflow_tracking import MlflowMissing
     from habitus.resources.workspace import Workspace
 
+    if args.scenario == "foundation":
+        from habitus.assets.foundation_versions import rollback_foundation
+
+        try:
+            fp = rollback_foundation(Workspace(root=project.workspace), args.to, project.versions.keep,
+                                     project.versions.keep_served)
+        except VersionError as e:
+            raise ConfigError(f"foundation: {e}") from None
+        print(f"foundation: version {fp} is in checkpoints/foundation/ from now on (scenarios trained from now on "
+              f"start from it; embeddings are computed with it; served scenario versions are unchanged)")
+        return EXIT_OK
     name = _scenario_named(project, args.scenario)
     try:  # with `mlflow:` set, the registry's alias follows (a warning when the server fails)
         fp = tracked_rollback(project.mlflow, Workspace(root=project.workspace), name, args.to, project.versions.keep,
@@ -356,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         _project_args(p, scoring=scoring)
         if name in ("versions", "rollback"):
-            p.add_argument("scenario", help="a scenario of the project")
+            p.add_argument("scenario", help="a scenario of the project, or foundation (the foundation model)")
             if name == "rollback":
                 p.add_argument("--to", metavar="FINGERPRINT", help="the version to serve (a unique prefix will do; "
                                "default: the one that served before the serving one)")

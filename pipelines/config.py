@@ -354,9 +354,10 @@ class Project(Strict):
         if not self.events_sources:
             raise ValueError("at least one source needs role: events")
         for name, sc in self.scenarios.items():
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", name):  # it names folders and tables
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", name) or name == "foundation":  # folders, tables, CLI
                 raise ValueError(f"scenarios: scenario name {name!r} must be letters, digits, '_' or '-' (it names "
-                                 f"workspace folders and warehouse tables)")
+                                 f"workspace folders and warehouse tables) and not 'foundation' (`habitus versions "
+                                 f"foundation` and `habitus rollback foundation` name the foundation model's versions)")
             self._check_target(name, sc)
         for name in self.predictions.scenarios:
             if name not in self.scenarios:

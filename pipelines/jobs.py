@@ -4,7 +4,8 @@
     train              cache, foundation model and every scenario (the foundation schedule's target)
     train_scenarios    cache and the scenarios (the scenarios schedule's target; a run selects the stale ones)
     score              predictions and embeddings of one day (the predictions schedule's target)
-    rollback           serve another kept version of a scenario (config: scenario, to), as `habitus rollback`
+    rollback           serve another kept version of a scenario, or of the foundation (scenario: foundation),
+                       (config: scenario, to), as `habitus rollback`
 
 Asset checks of the selected assets run with them, so a blocking check stops what follows it.
 Each job tags its runs with habitus/kind (extraction, training, scoring): dagster.yaml's run queue
@@ -51,13 +52,13 @@ def build_jobs(project) -> dict:
     jobs["score"] = dg.define_asset_job(
         "score", selection=dg.AssetSelection.groups("predictions"), tags=SCORING,
         description="Predictions of every scenario and the entity embeddings for one day")
-    if scenarios:
-        jobs["rollback"] = rollback_job(project)
+    jobs["rollback"] = rollback_job(project)  # the foundation's versions, with or without scenarios
     return jobs
 
 
 class RollbackConfig(dg.Config):
-    scenario: str = Field(description="the scenario whose serving version moves")
+    scenario: str = Field(description="the scenario whose serving version moves, or foundation: the foundation "
+                                      "model's (that version is put back into checkpoints/foundation/)")
     to: str = Field("", description="a kept version's fingerprint (or its unique prefix); empty: the version "
                                     "that served before the serving one")
 
@@ -70,6 +71,17 @@ def rollback_job(project) -> dg.JobDefinition:
         from habitus.models.storage.versions import VersionError
         from habitus.resources.mlflow_tracking import MlflowMissing
 
+        if config.scenario == "foundation":  # config validation keeps scenarios from taking this name
+            from habitus.assets.foundation_versions import rollback_foundation
+
+            try:
+                fp = rollback_foundation(context.resources.workspace, config.to or None, project.versions.keep,
+                                         project.versions.keep_served)
+            except VersionError as e:
+                raise dg.Failure(f"foundation: {e}") from e
+            context.log.info(f"foundation: version {fp} is in checkpoints/foundation/ from now on")
+            context.add_output_metadata({"scenario": "foundation", "serving": fp})
+            return fp
         if config.scenario not in project.scenarios:
             raise dg.Failure(f"no scenario {config.scenario!r} in the project (scenarios: {', '.join(project.scenarios)})")
         try:
@@ -81,8 +93,9 @@ def rollback_job(project) -> dg.JobDefinition:
         context.add_output_metadata({"scenario": config.scenario, "serving": fp})
         return fp
 
-    @dg.job(name="rollback", description="Serve another kept version of a scenario (config: scenario, and to: a "
-                                         "fingerprint, or empty for the version that served before)")
+    @dg.job(name="rollback", description="Serve another kept version of a scenario, or of the foundation model "
+                                         "(config: scenario, or foundation, and to: a fingerprint, or empty for the "
+                                         "version that served before)")
     def rollback_scenario():
         move_serving_pointer()
 

@@ -1,7 +1,8 @@
 """SIGKILL a process that keeps new scenario versions, prunes and rolls back, over and over, at random
 moments: after every kill the pointer names a whole version (its config, weights and version.json all
 there, the weights the ones its fingerprint says), every version listed is whole, and the next process
-carries on with no clean-up by hand."""
+carries on with no clean-up by hand. The same for the foundation's versions, whose rollback also puts the
+chosen version back into checkpoints/foundation/: that folder holds one whole checkpoint after every kill."""
 
 import hashlib
 import json
@@ -13,6 +14,7 @@ import time
 
 import pytest
 
+from habitus.assets.foundation_versions import foundation_versions, rollback_foundation
 from habitus.assets.serving import serving_checkpoint, versions
 from habitus.models.storage.versions import INFO
 from habitus.resources.workspace import Workspace
@@ -88,3 +90,63 @@ def test_a_killed_rollback_or_prune_leaves_a_whole_serving_version(tmp_path):
           f"served after a kill")
     store.prune(keep=2)  # the next prune clears what the killed ones left
     assert not [e.name for e in store.folder.iterdir() if e.name.startswith(".")]
+
+
+FOUNDATION_CHILD = r"""
+import hashlib, itertools, json, sys, time
+from habitus.assets.foundation_versions import keep_foundation_version, rollback_foundation
+from habitus.models.storage.files import atomic_path
+from habitus.models.storage.versions import VersionError
+from habitus.resources.workspace import Workspace
+
+ws = Workspace(root=sys.argv[1])
+print("ready", flush=True)
+for n in itertools.count(time.time_ns()):
+    weights = n.to_bytes(8, "big") * (int(sys.argv[2]) // 8)
+    with atomic_path(ws.foundation) as tmp:  # training writes its checkpoint whole
+        tmp.mkdir()
+        (tmp / "model.safetensors").write_bytes(weights)
+        (tmp / "config.json").write_text(json.dumps({"kind": "foundation",
+                                                     "weights_sha256": hashlib.sha256(weights).hexdigest()}))
+    keep_foundation_version(ws, keep=2, keep_served=n % 2 == 0)
+    try:  # a rollback after every training: the kills land in the copy back into checkpoints/foundation/ too
+        rollback_foundation(ws, keep=2, keep_served=False)
+    except VersionError:  # the one that served before was pruned (keep_served off)
+        pass
+"""
+
+
+def whole_checkpoint(folder) -> bool:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        weights = (folder / "model.safetensors").read_bytes()
+    except (OSError, ValueError):
+        return False
+    return config["weights_sha256"] == hashlib.sha256(weights).hexdigest()
+
+
+def test_a_killed_foundation_rollback_leaves_a_whole_foundation(tmp_path):
+    ws = Workspace(root=str(tmp_path / "ws"))
+    store = foundation_versions(ws)
+    rng = random.Random(20261204)
+    mid_copy = 0
+    for kill in range(KILLS):
+        child = subprocess.Popen([sys.executable, "-c", FOUNDATION_CHILD, ws.root, str(WEIGHT_BYTES)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        time.sleep(rng.uniform(0.2, 2.5))
+        assert child.poll() is None, child.stderr.read()
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        checkpoints = ws.foundation.parent
+        mid_copy += checkpoints.is_dir() and any(e.name.startswith(".foundation.") for e in checkpoints.iterdir())
+        ws.recover_stage("foundation")  # what the stage's lock holder does first (an old folder put back)
+        if ws.foundation.exists():
+            assert whole_checkpoint(ws.foundation), f"kill {kill}: checkpoints/foundation/ is not whole"
+        fps = store.fingerprints()
+        assert all(whole(store, fp) for fp in fps), f"kill {kill}: a listed version is not whole: {fps}"
+        fp = store.serving()
+        assert fp is None or whole(store, fp), f"kill {kill}: serving {fp} is not whole"
+    print(f"{KILLS} kills, {mid_copy} in the middle of writing checkpoints/foundation/ (a training's or a rollback's)")
+    rollback_foundation(ws, to=store.serving())  # the next process carries on: the pointer's version in place
+    assert json.loads((ws.foundation / "config.json").read_text())["weights_sha256"][:16] == store.serving()
