@@ -65,7 +65,8 @@ class RollbackConfig(dg.Config):
 
 def rollback_job(project) -> dg.JobDefinition:
     """The UI's `habitus rollback`: the next predictions of the scenario are scored by the chosen version."""
-    @dg.op(required_resource_keys={"workspace"}, description="Move a scenario's serving pointer to a kept version")
+    @dg.op(required_resource_keys={"workspace"}, description="Move a scenario's (or the foundation's) serving pointer "
+                                                        "to a kept version")
     def move_serving_pointer(context: dg.OpExecutionContext, config: RollbackConfig) -> str:
         from habitus.assets.tracking import tracked_rollback
         from habitus.models.storage.versions import VersionError

@@ -3,6 +3,7 @@
     <root>/sources/<name>/<partition>.parquet
     <root>/cache/<fingerprint16>/...          (see habitus.models.cache)   + cache/current.json
     <root>/checkpoints/foundation/             model.safetensors + config.json
+    <root>/checkpoints/foundation_versions/    every trained foundation, kept (assets/foundation_versions.py)
     <root>/checkpoints/scenarios/<name>/
     <root>/predictions/<name>/<day>.parquet
     <root>/embeddings/<day>.parquet            the foundation model's entity representations
