@@ -46,7 +46,7 @@ def scenario(s: Setup, task, test_cutoff: int, epochs: int, trees_weight: float 
     plan = protocol(test_cutoff, task.target.window_days, TRAIN_CUTOFFS, s.cache.time_range[0])
     head = "chosen" if stacked or trees_weight is not None else "network"
     cfg = ScenarioConfig("bench", task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff,
-                         FinetuneConfig(epochs=epochs), head=head)
+                         FinetuneConfig(epochs=epochs), head=head, refit=False)
     stack = None if trees_weight is None else StackConfig(weights=(float(trees_weight),))
     run = train_scenario(s.cache, s.foundation.model.state_dict(), s.foundation.info, cfg, log=lambda _: None,
                          baselines=False, stack=stack)

@@ -199,7 +199,8 @@ def score_task(cache: Cache, state: dict, foundation_info: dict, task: TaskSpec,
     (default: the whole cache; an EntitySubset for the few-labels rows), all scored at the test
     cut-off on every eligible entity of `cache`."""
     quiet = lambda msg: print(f"  {name}: {msg}", file=sys.stderr) if " start" in msg or "re-ranking" in msg else None  # noqa: E731
-    cfg = ScenarioConfig(name, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff, finetune_config(name))
+    cfg = ScenarioConfig(name, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff, finetune_config(name),
+                         refit=False)  # (the hold-out is the measured model's either way)
     # LightGBM of the few-labels rows: fitted on the labeled entities, scored on all of them
     with lightgbm_trained_on(train_cache, plan.test_cutoff) if train_cache is not None else contextlib.nullcontext():
         run = train_scenario(cache, state, foundation_info, cfg, log=quiet, train_cache=train_cache)

@@ -15,9 +15,10 @@ if TYPE_CHECKING:  # (the task's module imports torch; the settings are read wit
     from habitus.models.tasks.spec import TaskSpec
 
 SAVE_EVERY_STEPS = 200  # optimizer steps between two saves of a resumable training state (models/train/resume.py)
-# serve the recipe trained again on cut-offs through the test cut-off (models/train/refit.py); off:
-# serve the measured model (bench/refit_backtest.py, docs/results/quality.md)
-REFIT = False
+# serve the recipe trained again on cut-offs through the test cut-off (models/train/refit.py), not the
+# measured model: better on the next window for propensity (three datasets) and spend (two), churn level
+# (bench/refit_backtest.py; docs/results/quality.md, "Refit or not")
+REFIT = True
 TRAIN_CUTOFFS = 4  # a scenario's training cut-offs before its validation cut-off (models/evaluate/holdout.protocol)
 
 

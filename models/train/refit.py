@@ -55,10 +55,13 @@ def data_end(cache: Cache) -> int:
     return day_floor(cache.time_range[1]) + DAY
 
 
-def refit_skipped(info: dict) -> str | None:
-    """Why a measured run cannot be trained again without choosing on validation (None: it can)."""
+def refit_skipped(cache: Cache, cfg: ScenarioConfig, info: dict) -> str | None:
+    """Why a measured run is not trained again (None: it is): a second stage chosen on validation, or a
+    test window (a `test_cutoff:` of the config's) that ends after the data's newest complete day."""
     if info.get("second_stage"):
         return "its second stage (re-ranking trees) is chosen on validation"
+    if cfg.test_cutoff + cfg.task.target.window_days * DAY > data_end(cache):
+        return "the test window ends after the data's newest complete day"
     return None
 
 

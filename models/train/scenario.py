@@ -100,8 +100,8 @@ def train_scenario(cache: Cache, foundation_state: dict, foundation_info: dict, 
                             constant=trained.info["val_target_mean"], extra=extra, device=device, head=head)
     seconds["holdout"] = clock.lap()
     served = None
-    if cfg.refit and refit_skipped(trained.info):
-        log(f"{cfg.name}: no refit ({refit_skipped(trained.info)}): the measured model is served")
+    if cfg.refit and refit_skipped(train, cfg, trained.info):
+        log(f"{cfg.name}: no refit ({refit_skipped(train, cfg, trained.info)}): the measured model is served")
     elif cfg.refit:  # the same recipe on cut-offs through the test cut-off; the hold-out stays the measured one's
         served = refit(train, foundation_state, foundation_info, cfg, trained, head, device=device, log=log)
         seconds["refit"] = clock.lap()

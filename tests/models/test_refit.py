@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def world(churn_foundation):
     cache, test_cutoff, state, info = churn_foundation
     plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
-    cfg = ScenarioConfig("churn", CHURN, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff, FINETUNE)
+    cfg = ScenarioConfig("churn", CHURN, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff, FINETUNE, refit=False)
     return cache, state, info, cfg
 
 
@@ -82,6 +82,9 @@ def test_refit_trains_on_cutoffs_through_the_test_cutoff_and_reads_nothing_past_
     late = dataclasses.replace(cfg, refit=True, test_cutoff=cfg.test_cutoff + DAY)
     with pytest.raises(ValueError, match="after the data's newest complete day"):
         refit_module.refit(cache, world[1], world[2], late, on.trained, None, device="cpu", log=lambda _: None)
+    # ... and the recipe serves the measured model there (a config's own test cut-off too late for a refit)
+    assert "after the data's newest complete day" in refit_module.refit_skipped(cache, late, on.trained.info)
+    assert refit_module.refit_skipped(cache, cfg, on.trained.info) is None
 
 
 def test_the_holdout_is_the_measured_models_and_the_served_checkpoint_is_the_refit(runs):

@@ -36,7 +36,8 @@ def world(churn_foundation):
     """(cache, foundation state, foundation info with its weights' fingerprint, the churn scenario's config)."""
     cache, test_cutoff, state, info = churn_foundation
     plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
-    cfg = ScenarioConfig("churn", CHURN, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff, FINETUNE)
+    cfg = ScenarioConfig("churn", CHURN, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff, FINETUNE,
+                         refit=False)  # (the measured model saved: tests/models/test_refit.py has the refit)
     return cache, state, info, cfg
 
 

@@ -77,7 +77,7 @@ def world(registered, churn_foundation, tmp_path_factory):
     cache, test_cutoff, state, info = churn_foundation
     plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
     cfg = ScenarioConfig("twice", registered, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff,
-                         FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=64))
+                         FinetuneConfig(epochs=2, learning_rate=3e-3, batch_size=32, chunk_entities=64), refit=False)
     path = tmp_path_factory.mktemp("scenario") / "twice"
     run = train_scenario(cache, state, info, cfg, path=path, device="cpu", log=lambda _: None)
     return cache, run, path, cfg
