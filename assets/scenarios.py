@@ -66,7 +66,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         run = train_scenario(cache, state, foundation, cfg, path=path, device=device, log=context.log.info,
                              precision=executor.precision, resume_dir=spill, launch=launch)
         report, key, better = run.report, headline(cfg.task), run.checkpoint["beats_baselines"]
-        fp, _ = keep_version(workspace, name, run.holdout.scores, project.versions.keep, project.versions.keep_served)
+        fp, _ = keep_version(workspace, name, run.served_scores, project.versions.keep, project.versions.keep_served)
         track_scenario(project.mlflow, workspace, name, scenario.model_dump(mode="json"), fp, context.log.warning)
         if not better:  # kept as a version; the serving one stays (habitus.assets.serving)
             context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions keep "

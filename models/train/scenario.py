@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from habitus.models.cache import Cache
 from habitus.models.data.features import FeatureSpec
 from habitus.models.evaluate.baselines import lightgbm_scores
@@ -41,6 +43,9 @@ class ScenarioRun:
     checkpoint: dict | None = None  # the config.json written (None: not saved)
     digest: str | None = None  # the saved weights' SHA-256
     refit: Refit | None = None  # cfg.refit: the served model, trained again through the test cut-off
+    # the served model's scores of the hold-out's entities (the refit's where there is one): what the
+    # score drift check compares each day's scores with (not a measure of quality: the refit saw them)
+    served_scores: np.ndarray | None = None
 
     @property
     def served(self) -> tuple:
@@ -105,7 +110,11 @@ def train_scenario(cache: Cache, foundation_state: dict, foundation_info: dict, 
     elif cfg.refit:  # the same recipe on cut-offs through the test cut-off; the hold-out stays the measured one's
         served = refit(train, foundation_state, foundation_info, cfg, trained, head, device=device, log=log)
         seconds["refit"] = clock.lap()
-    run = ScenarioRun(trained, head, holdout, {k: round(v, 2) for k, v in seconds.items()}, refit=served)
+    served_scores = holdout.scores if served is None else score_holdout(
+        served.trained.model, cache, spec, task, cfg.test_cutoff, constant=trained.info["val_target_mean"],
+        device=device, head=served.head).scores
+    run = ScenarioRun(trained, head, holdout, {k: round(v, 2) for k, v in seconds.items()}, refit=served,
+                      served_scores=served_scores)
     key = headline(task)
     log(f"{cfg.name}: {key} {run.report['model'].get(key, float('nan')):.4f} on {run.report['entities']:,} entities "
         f"({head_note(run.report, key)}); baselines "
