@@ -259,9 +259,9 @@ class QualitySettings(Strict):
 
 
 class VersionSettings(Strict):
-    """Which scenario versions are kept (assets/serving.py, docs/guide/operations.md)."""
+    """Which model versions are kept (assets/serving.py, assets/foundation_versions.py, docs/guide/operations.md)."""
 
-    keep: int = Field(5, ge=1, description="the newest versions of each scenario kept; older ones are deleted")
+    keep: int = Field(5, ge=1, description="the newest versions of each model (scenario, foundation) kept; the rest go")
     keep_served: bool = Field(True, description="also keep every version that ever served, however old (the "
                                                 "serving one is never deleted)")
 
