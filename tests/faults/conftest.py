@@ -29,7 +29,8 @@ from habitus.models.storage.files import file_sha256
 ROOT = Path(__file__).resolve().parents[2]
 
 # values that differ between two clean runs by design: wall-clock times and durations
-VOLATILE_KEYS = {"build_seconds", "seconds", "at", "added"}  # "added": when a model version was kept
+# "added": when a model version was kept; "from" / "to": when a version started and stopped serving
+VOLATILE_KEYS = {"build_seconds", "seconds", "at", "added", "from", "to"}
 
 
 def fault_project_config(small_project) -> dict:
