@@ -393,7 +393,12 @@ def test_sensor_backfill_and_a_manual_training_run_collide_through_the_daemon(st
             habitus(folder, env)
             train_first = cache_built_before_the_last_month(ws)
             reference = serial_run(warehouse, tmp_path / "serial", train_first)
-            assert Harness.differences(Harness.outputs(ws), reference) == [], train_first
+            # the foundation's kept versions are the history of its trainings, the one on months 1-2 included,
+            # trained here in the daemon's run process and there in this one (other threads, other last bits);
+            # the foundation that serves (checkpoints/foundation) is compared
+            final = lambda outputs: {k: v for k, v in outputs.items()  # noqa: E731
+                                     if not k.startswith("checkpoints/foundation_versions/")}
+            assert Harness.differences(final(Harness.outputs(ws)), final(reference)) == [], train_first
         print(f"\n{storage}: {len(runs)} runs ({', '.join(f'{j}: {len(rs)}' for j, rs in sorted(by_job.items()))}), "
               f"train {train.status.value}, {len(waits)} lock waits logged, drained in {drained_s:.0f}s, rows lost "
               f"{lost}" + (f", train before month 3: {train_first}" if train_first is not None else ""))
