@@ -1,10 +1,12 @@
 """embeddings: the foundation model's profile of every entity as of the end of a day, written like
 predictions (Parquet, fixed width) so other teams can train their own models on it.
 
-Each vector is the trunk's representation (`hidden` floats) followed by the entity's recency /
-frequency / monetary / visit scalars (`FeatureSpec.scalar_width` floats, named by
-`scalar_column_names`), standardized by the foundation's own input scaling: a linear reader gets
-both the learned profile and the plain RFM figures (docs/quality.md, "Embeddings for other teams")."""
+Each vector is the trunk's leading principal components (at most 32, unit variance), followed, where
+the population carries them, by the entity's recency / frequency / monetary / visit scalars
+(`FeatureSpec.scalar_width` floats, named by `scalar_column_names`) standardized by the foundation's
+own input scaling: a default linear reader gets both the learned profile and the plain RFM figures
+without over-fitting a wide vector (habitus.models.nn.profile chooses the width). The asset's
+`columns` metadata names every position."""
 
 import time
 from datetime import datetime, timezone
@@ -18,6 +20,7 @@ from habitus.assets.predictions import CHUNK_ENTITIES, as_of_time, parts_of_day,
 from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.data.features import WINDOWS, FeatureSpec
 from habitus.models.nn.network import load_trunk
+from habitus.models.nn.profile import Profile
 from habitus.models.serve.parts import Scorer
 from habitus.models.serve.predict import embed, embedding_width
 from habitus.models.nn.quantize import for_inference
@@ -42,11 +45,17 @@ def scalar_column_names(spec: FeatureSpec) -> list[str]:
     return names
 
 
-def embedding_columns(spec: FeatureSpec, hidden: int) -> dict[str, str]:
+def embedding_columns(spec: FeatureSpec, hidden: int, profile: Profile | None = None) -> dict[str, str]:
     """What each range of an embedding's positions holds: the asset's `columns` metadata."""
-    out = {f"0-{hidden - 1}": "the foundation trunk's representation (layer-normalized)"}
+    profile = profile or Profile.whole()
+    k = profile.trunk_width(hidden)
+    out = ({f"0-{k - 1}": "the foundation trunk's representation (layer-normalized)"} if profile.components is None else
+           {f"0-{k - 1}": f"the foundation trunk's {k} leading principal components (unit variance on the rows "
+                          f"they were fitted on, the trunk's output at the foundation's last training cut-off)"})
+    if not profile.scalars:
+        return out
     scaled = "standardized as the trunk reads it: (value - in_mean) / in_std, fitted on the foundation's training rows"
-    for i, name in enumerate(scalar_column_names(spec), hidden):
+    for i, name in enumerate(scalar_column_names(spec), k):
         out[str(i)] = f"{name}, {scaled}"
     return out
 
@@ -71,7 +80,8 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
         spec = FeatureSpec.from_dict(config["feature_spec"])
         params = {"cache": str(cache.path), "cache_fingerprint": cache.fingerprint,
                   "checkpoint": str(workspace.foundation), "weights_sha256": config["weights_sha256"],
-                  "precision": executor.inference_precision, "chunk_entities": CHUNK_ENTITIES, "scalars": True}
+                  "precision": executor.inference_precision, "chunk_entities": CHUNK_ENTITIES}
+        profile = Profile.of(config)
         rows, files = 0, []
         with scoring_pool(context, executor, device, Scorer("habitus.models.serve.predict:embedding_scorer", params),
                           cache) as pool:
@@ -85,7 +95,7 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
                 parts = None
                 if pool is None:
                     batches = embed(trunk, cache, spec, cutoff, dtype=np.float16, device=device,
-                                    chunk_entities=CHUNK_ENTITIES)
+                                    chunk_entities=CHUNK_ENTITIES, profile=profile)
                 else:  # several processes, a part each, read back in chunk order
                     parts = parts_of_day(context, pool, workspace.embeddings, day,
                                          combine("embeddings", params, cutoff), cache, cutoff)
@@ -100,9 +110,9 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
                 files.append(path)
         seconds = time.time() - started
         return dg.MaterializeResult(metadata={
-            "rows": dg.MetadataValue.int(rows), "width": dg.MetadataValue.int(embedding_width(trunk, spec)),
-            "trunk_width": dg.MetadataValue.int(config["net"]["hidden"]),
-            "columns": dg.MetadataValue.json(embedding_columns(spec, config["net"]["hidden"])),
+            "rows": dg.MetadataValue.int(rows), "width": dg.MetadataValue.int(embedding_width(trunk, spec, profile)),
+            "trunk_width": dg.MetadataValue.int(profile.trunk_width(config["net"]["hidden"])),
+            "columns": dg.MetadataValue.json(embedding_columns(spec, config["net"]["hidden"], profile)),
             "dtype": "float16", "as_of": as_of.isoformat(),
             "bytes": dg.MetadataValue.int(sum(f.stat().st_size for f in files)),
             "entities_per_second": dg.MetadataValue.float(round(rows / max(seconds, 1e-9), 1)),

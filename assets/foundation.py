@@ -59,6 +59,7 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
             "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,
             "cache_lineage": cache.lineage,
             "feature_spec": info["feature_spec"], "net": info["net"], "targets_width": info["targets_width"],
+            "profile": info["profile"],  # the embeddings' projection (habitus.models.nn.profile)
             "data_window": {"first_cutoff": info["cutoffs"][0], "last_cutoff": info["cutoffs"][-1],
                             "last_target_time": info["last_target_time"]},
             "curves": result.curves, "training": {k: info[k] for k in ("events_seen", "entities_seen", "seconds",

@@ -57,7 +57,8 @@ def run_once(what: str, processes: int, cache_path: str, checkpoint: str, out: s
     cutoff = int(cache.time_range[1])
     params = {"cache": str(cache.path), "cache_fingerprint": cache.fingerprint, "checkpoint": checkpoint,
               "weights_sha256": config["weights_sha256"], "precision": "fp32", "chunk_entities": 8192}
-    params.update({"k": 20, "label_names": None} if what == "predict" else {"scalars": True})
+    if what == "predict":
+        params.update({"k": 20, "label_names": None})
     scorer = Scorer(BUILD[what], params)
     plan = chunk_plan(cache, SCORING_CHUNK_ENTITIES)
     as_of = datetime.fromtimestamp(cutoff, timezone.utc)

@@ -2,14 +2,14 @@
 
 A 5-fold cross-validated logistic regression (sklearn, standardized inputs, L2) predicts churn at
 the test cut-off among the entities the churn scenario scores, once from the embeddings
-(habitus.models.serve.predict.embed, the function the asset calls, in float16 as the asset writes them), once
-from their first `hidden` columns only (the trunk's representation: what the asset wrote before
-the scalars were appended), and once from the plain recency / frequency / monetary / visit scalars
+(habitus.models.serve.predict.embed, the function the asset calls, in float16 as the asset writes them, with
+the foundation's profile: habitus.models.nn.profile), once from what the asset wrote before that
+profile (the trunk's 256 floats + the scalars), and once from the plain recency / frequency / monetary / visit scalars
 (habitus.models.data.features.scalar_features + visit_features, the leading columns of the network's input).
 Out-of-fold scores, one AUROC each. Two readers: the headline one chooses its L2 strength C
 within each training fold (LogisticRegressionCV, C in 0.001-1, inner 3-fold AUROC), as a
 practitioner would; the other keeps sklearn's default C = 1, which a wide input on few entities
-(MovieLens: 277 columns, 377 training rows per fold) overfits.
+(MovieLens: 277 columns, 377 training rows per fold) over-fits.
 """
 
 import warnings
@@ -20,6 +20,7 @@ from habitus.models.cache import Cache
 from habitus.models.data.features import FeatureSpec, chunk_at, scalar_features, visit_features
 from habitus.models.tasks.metrics import auroc
 from habitus.models.nn.network import Trunk
+from habitus.models.nn.profile import Profile
 from habitus.models.serve.predict import embed
 from habitus.models.data.targets import TargetSpec, compute_target, eligible
 from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
@@ -64,20 +65,29 @@ def cross_validated_auroc(x: np.ndarray, y: np.ndarray, tuned: bool = True, seed
     return float(auroc(y, out))
 
 
-def embedding_probe(trunk: Trunk, cache: Cache, spec: FeatureSpec, target: TargetSpec, cutoff: int) -> dict:
-    """Churn AUROC of the probe on the embeddings, on their trunk part and on the RFM scalars."""
-    ents, rfm, y = rfm_scalars(cache, spec, target, cutoff)
+def _vectors(trunk: Trunk, cache: Cache, spec: FeatureSpec, cutoff: int, ents: np.ndarray,
+             profile: Profile) -> np.ndarray:
+    """The embeddings of `ents` as the asset writes them (float16), in that order."""
     index, vectors = [], []
-    for batch in embed(trunk, cache, spec, cutoff, dtype=np.float16):
+    for batch in embed(trunk, cache, spec, cutoff, dtype=np.float16, profile=profile):
         index.append(batch.column("entity_index").to_numpy())
         vectors.append(batch.column("embedding").flatten().to_numpy(zero_copy_only=False)
                        .reshape(batch.num_rows, -1))
     index, vectors = np.concatenate(index), np.concatenate(vectors).astype(np.float32)
     position = np.full(max(index.max(initial=0), ents.max(initial=0)) + 1, -1, np.int64)
     position[index] = np.arange(len(index))
-    emb = vectors[position[ents]]  # every eligible entity has history, so an embedding
+    return vectors[position[ents]]  # every eligible entity has history, so an embedding
+
+
+def embedding_probe(trunk: Trunk, cache: Cache, spec: FeatureSpec, target: TargetSpec, cutoff: int,
+                    profile: Profile) -> dict:
+    """Churn AUROC of the probe on the embeddings (`profile`: the foundation's, habitus.models.nn.profile),
+    on what they were before the profile (the whole trunk + the scalars) and on the RFM scalars."""
+    ents, rfm, y = rfm_scalars(cache, spec, target, cutoff)
+    emb = _vectors(trunk, cache, spec, cutoff, ents, profile)
     y = y.astype(np.int64)
-    sets = {"embeddings": emb, "trunk only": emb[:, :trunk.cfg.hidden], "rfm scalars": rfm}
+    sets = {"embeddings": emb, "whole trunk + scalars (before)": _vectors(trunk, cache, spec, cutoff, ents,
+                                                                          Profile.whole()), "rfm scalars": rfm}
     out = {"entities": int(len(y)), "churn_rate": round(float(y.mean()), 4), "width": int(emb.shape[1]),
            "rfm width": int(rfm.shape[1])}
     out.update({name: cross_validated_auroc(x, y) for name, x in sets.items()})

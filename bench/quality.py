@@ -40,6 +40,7 @@ from probe import embedding_probe  # noqa: E402
 from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache  # noqa: E402
 from habitus.models.evaluate.holdout import protocol  # noqa: E402
 from habitus.models.data.features import DAY, FeatureSpec  # noqa: E402
+from habitus.models.nn.profile import Profile  # noqa: E402
 from habitus.models.nn.quantize import for_inference  # noqa: E402
 from habitus.models.data.targets import TargetSpec  # noqa: E402
 from habitus.models.train.foundation import train_foundation  # noqa: E402
@@ -174,13 +175,16 @@ def run(dataset: str, customers: int, log=print, only: tuple[str, ...] | None = 
             # the trunk as the embeddings asset reads it: the foundation's trunk, copied for inference
             trunk = for_inference(foundation.model.trunk, "fp32")
             t0 = time.time()
-            probe = embedding_probe(trunk, cache, fspec, tasks(cache, test_cutoff, params)["churn"].target, test_cutoff)
+            probe = embedding_probe(trunk, cache, fspec, tasks(cache, test_cutoff, params)["churn"].target, test_cutoff,
+                                    Profile.of(foundation.info))
+            before = "whole trunk + scalars (before)"
             rows.append({"task": "embedding_probe", "metric": "auroc", "habitus": probe["embeddings"],
-                         "baselines": {"trunk only (before)": probe["trunk only"], "rfm scalars": probe["rfm scalars"]},
+                         "baselines": {before: probe[before], "rfm scalars": probe["rfm scalars"]},
                          "entities": probe["entities"], "churn_rate": probe["churn_rate"], "width": probe["width"],
                          "rfm_width": probe["rfm width"], "c=1": probe["c=1"], "probe_s": round(time.time() - t0, 1)})
-            log(f"embedding_probe: embeddings {probe['embeddings']:.4f} (width {probe['width']}), trunk only "
-                f"{probe['trunk only']:.4f}, rfm scalars {probe['rfm scalars']:.4f} ({probe['rfm width']})")
+            log(f"embedding_probe: embeddings {probe['embeddings']:.4f} (width {probe['width']}), before "
+                f"{probe[before]:.4f}, rfm scalars {probe['rfm scalars']:.4f} ({probe['rfm width']}); C = 1: "
+                + ", ".join(f"{k} {v:.4f}" for k, v in probe["c=1"].items()))
     return {"dataset": dataset, "foundation_settings": foundation_settings or {}, "test_cutoff": dt.datetime.fromtimestamp(test_cutoff, dt.timezone.utc).isoformat(),
             "label_share": label_share, "foundation_s": round(foundation_s, 1),
             "total_s": round(time.time() - t_run, 1),

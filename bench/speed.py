@@ -379,6 +379,7 @@ def stage_embed(st: Stage) -> dict:
     from habitus.models.nn.checkpoint import load_checkpoint
     from habitus.models.data.features import FeatureSpec
     from habitus.models.nn.network import load_trunk
+    from habitus.models.nn.profile import Profile
     from habitus.models.serve.predict import embed
 
     cache = st.cache
@@ -387,7 +388,7 @@ def stage_embed(st: Stage) -> dict:
     cutoff = st.cutoff(cache)
     rows, seconds = _timed(lambda: write_entity_file(
         cache, embed(trunk, cache, FeatureSpec.from_dict(config["feature_spec"]), cutoff, dtype=np.float16,
-                     device=st.device), st.workspace.embeddings / "bench.parquet", st.project.entity, "bench",
+                     device=st.device, profile=Profile.of(config)), st.workspace.embeddings / "bench.parquet", st.project.entity, "bench",
         datetime.fromtimestamp(cutoff, timezone.utc)))
     return {"seconds": seconds, "rows": rows, "entities_per_s": rows / seconds,
             "events_per_s": cache.manifest["n_events"] / seconds}

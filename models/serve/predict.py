@@ -14,6 +14,7 @@ from habitus.models.data.labels import task_inputs
 from habitus.models.heads.stacked_head import load_head
 from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.nn.network import Model, NetConfig, load_trunk
+from habitus.models.nn.profile import Profile
 from habitus.models.nn.quantize import for_inference
 from habitus.models.tasks import task as task_of
 from habitus.models.tasks.scoring import build_model
@@ -91,14 +92,14 @@ def scenario_scorer(p: dict):
 
 def embedding_scorer(p: dict):
     """habitus.models.serve.parts' Scorer of the foundation's embeddings: `p` = {cache, cache_fingerprint, checkpoint,
-    weights_sha256, precision, device, chunk_entities, scalars}."""
+    weights_sha256, precision, device, chunk_entities}."""
     cache = _cache(p)
     state, config = _checkpoint(p)
     trunk = for_inference(load_trunk(state, config["net"]), p["precision"]).to(p["device"])
     spec = FeatureSpec.from_dict(config["feature_spec"])
     return lambda cutoff, chunks: embed_chunks(trunk, cache, spec, cutoff, chunks, dtype=np.float16,
                                                chunk_entities=p.get("chunk_entities", SCORING_CHUNK_ENTITIES), device=p["device"],
-                                               scalars=p.get("scalars", True))
+                                               profile=Profile.of(config))
 
 
 def _cache(p: dict) -> Cache:
@@ -118,31 +119,32 @@ def _checkpoint(p: dict) -> tuple[dict, dict]:
 
 
 def embed(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, *, dtype=np.float16, chunk_entities: int = SCORING_CHUNK_ENTITIES,
-          device: str = "cpu", scalars: bool = True) -> Iterator[pa.RecordBatch]:
+          device: str = "cpu", profile: Profile | None = None) -> Iterator[pa.RecordBatch]:
     """The foundation model's profile of every entity with history at `cutoff`: record batches of
-    (entity index, fixed-size list of `embedding_width(trunk, spec)` floats). The first `hidden` are
-    the trunk's representation; with `scalars`, then the entity's `spec.scalar_width` recency /
-    frequency / monetary / visit scalars (the network's leading inputs, habitus.models.data.features) standardized
-    by the foundation's own input scaling, so a linear reader gets them without the trunk's
-    nonlinearity in between (a logistic regression read less churn from the trunk part alone than
-    from 15 RFM scalars: docs/quality.md, "Embeddings for other teams")."""
+    (entity index, fixed-size list of `embedding_width(trunk, spec, profile)` floats). `profile`
+    (habitus.models.nn.profile, saved with the checkpoint; the whole trunk if None) chooses the columns:
+    the trunk's leading principal components, then, where the population carries them, the entity's
+    `spec.scalar_width` recency / frequency / monetary / visit scalars (the network's leading inputs,
+    habitus.models.data.features) standardized by the foundation's own input scaling, so a linear reader
+    gets them without the trunk's nonlinearity in between."""
     plan = chunk_plan(cache, chunk_entities)
     for _, batch in embed_chunks(trunk, cache, spec, cutoff, range(len(plan)), dtype=dtype,
-                                 chunk_entities=chunk_entities, device=device, scalars=scalars):
+                                 chunk_entities=chunk_entities, device=device, profile=profile):
         yield batch
 
 
 @torch.no_grad()
 def embed_chunks(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, chunks: Iterable[int], *, dtype=np.float16,
-                 chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu", scalars: bool = True
+                 chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu", profile: Profile | None = None
                  ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """`embed` over the chunks `chunks` (positions in chunk_plan(cache, chunk_entities)): (chunk,
     batch) for each chunk with history."""
+    profile = profile or Profile.whole()
     plan = chunk_plan(cache, chunk_entities)
     entity_table = cache.entity_table()
     dev = torch.device(device)
     arrow_type = pa.float16() if dtype == np.float16 else pa.float32()
-    w = spec.scalar_width if scalars else 0
+    w = spec.scalar_width if profile.scalars else 0
     mean, std = trunk.in_mean[:w].float().cpu().numpy(), trunk.in_std[:w].float().cpu().numpy()
     for i in chunks:
         s, lo, hi = plan[i]
@@ -151,12 +153,12 @@ def embed_chunks(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, chunks: It
             continue
         x = featurize(chunk, spec, entity_table)
         h = trunk(torch.from_numpy(x).to(dev)).float().cpu().numpy()
-        h = np.concatenate([h, (x[:, :w] - mean) / std], axis=1).astype(dtype)
+        h = profile.apply(h, (x[:, :w] - mean) / std).astype(dtype)
         values = pa.array(h.ravel(), arrow_type)
         yield i, pa.record_batch({"entity_index": pa.array(chunk.entities.astype(np.int64)),
                                   "embedding": pa.FixedSizeListArray.from_arrays(values, h.shape[1])})
 
 
-def embedding_width(trunk, spec: FeatureSpec, scalars: bool = True) -> int:
-    """How many floats `embed` writes per entity: the trunk's `hidden`, plus the scalars."""
-    return trunk.cfg.hidden + (spec.scalar_width if scalars else 0)
+def embedding_width(trunk, spec: FeatureSpec, profile: Profile | None = None) -> int:
+    """How many floats `embed` writes per entity."""
+    return (profile or Profile.whole()).width(trunk.cfg.hidden, spec.scalar_width)

@@ -16,6 +16,7 @@ from habitus.models.data.features import DAY, FeatureSpec, chunk_at, featurize
 from habitus.models.train.loop import (Log, TrainResult, batches, by_shard, chunk_plan, cutoff_grid, days, epoch_loss, iso, processes,
                          processes_info, seeded, step)
 from habitus.models.nn.network import Model, NetConfig
+from habitus.models.nn.profile import Profile
 from habitus.models.nn.sequence import MaskedEvents
 from habitus.models.train.resume import Resumer
 from habitus.models.train.config import FoundationConfig
@@ -145,14 +146,26 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
         log(f"foundation epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}, "
             f"validation loss {curves['val_loss'][-1]:.4f} ({time.time() - started:.0f}s)")
     model.eval()
+    profile = _profile(model, probe, len(plan), spec.scalar_width, dev)
     if dist.enabled:  # what every rank saw
         events_seen, entities_seen = (int(v) for v in sum_over_ranks([events_seen, entities_seen], dist))
     seconds = time.time() - started
     info = {"cutoffs": [iso(c) for c in cutoffs], "last_target_time": iso(last_cutoff + cfg.horizon_days * DAY),
             "events_seen": events_seen, "entities_seen": entities_seen, "seconds": round(seconds, 2),
             "steps": steps, "feature_spec": spec.to_dict(), "net": model.trunk.cfg.to_dict(),
-            "targets_width": targets_width, "device": str(dev), **processes_info(dist)}
+            "targets_width": targets_width, "profile": profile.to_dict(), "device": str(dev), **processes_info(dist)}
     return TrainResult(model, curves, info)
+
+
+@torch.no_grad()
+def _profile(model, probe, plan_chunks: int, scalar_width: int, dev) -> Profile:
+    """The embeddings' projection (habitus.models.nn.profile), fitted on the trunk's output at the last
+    cut-off (the probe's chunks: every rank holds the same); the population is estimated from them."""
+    xs = [x[i:i + 8192] for _, x, _ in probe for i in range(0, len(x), 8192)]
+    if sum(len(x) for x in xs) < 2:
+        return Profile.whole()
+    h = np.concatenate([model.trunk(torch.from_numpy(x).to(dev)).float().cpu().numpy() for x in xs])
+    return Profile.fit(h, len(h) * plan_chunks / len(probe), scalar_width)
 
 
 @torch.no_grad()

@@ -1,8 +1,11 @@
 """The `embeddings` asset's description of its columns matches what habitus.models.serve.predict.embed writes."""
 
+import numpy as np
+
 from habitus.assets.embeddings import embedding_columns, scalar_column_names
 from habitus.models.data.features import FeatureSpec
 from habitus.models.nn.network import NetConfig, Trunk
+from habitus.models.nn.profile import Profile
 from habitus.models.serve.predict import embedding_width
 
 
@@ -40,9 +43,16 @@ def positions(columns: dict[str, str]) -> list[int]:
 
 
 def test_columns_metadata_names_every_position_of_the_written_width_once():
+    rng = np.random.default_rng(0)
     for spec in (_spec(["price", "quantity"]), _spec([], visits=False)):
         for hidden in (16, 256):
             trunk = Trunk(NetConfig(spec.width, hidden, 1, 0.0))
             width = embedding_width(trunk, spec)
             assert positions(embedding_columns(spec, hidden)) == list(range(width))
             assert width == hidden + spec.scalar_width
+            for entities in (500, 100_000):  # a profile: its components, then the scalars where kept
+                profile = Profile.fit(rng.normal(size=(300, hidden)), entities, spec.scalar_width)
+                columns = embedding_columns(spec, hidden, profile)
+                assert positions(columns) == list(range(embedding_width(trunk, spec, profile)))
+                assert "principal components" in next(iter(columns.values()))
+                assert (len(columns) > 1) == profile.scalars

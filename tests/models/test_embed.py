@@ -1,11 +1,13 @@
 """habitus.models.serve.predict.embed: what the `embeddings` asset writes for every entity, the trunk's
-representation followed by the entity's recency / frequency / monetary / visit scalars."""
+leading principal components (the whole trunk for a checkpoint saved without them) followed by the
+entity's recency / frequency / monetary / visit scalars."""
 
 import numpy as np
 import torch
 
 from habitus.models.data.features import FeatureSpec, chunk_at, featurize, scalar_features, visit_features
 from habitus.models.nn.network import NetConfig, Trunk
+from habitus.models.nn.profile import Profile
 from habitus.models.serve.predict import embed, embedding_width
 from habitus.models.data.chunks import chunk_plan
 
@@ -43,10 +45,20 @@ def test_embeddings_end_with_the_standardized_rfm_scalars(sources, frame):
     np.testing.assert_allclose(vectors[:, 32] * std[0] + mean[0], np.log1p(counts[ids]), atol=1e-4)
     assert np.abs(vectors[:, 32:].mean(0)).max() < 1e-3  # centred on the rows the scaling was fitted on
 
-    # without the scalars: the trunk's representation alone, as before (float16 by default)
-    ids16, plain = _rows(embed(trunk, cache, spec, cutoff, scalars=False))
-    assert np.array_equal(ids16, ids) and plain.shape == (chunk.n, 32) == (chunk.n, embedding_width(trunk, spec, False))
-    np.testing.assert_allclose(plain, vectors[:, :32], atol=5e-3)
+    # a profile fitted on these rows: its components of the trunk's output, then the same scalars
+    # (float16 by default); a small population has no scalars
+    with torch.no_grad():
+        h = trunk(torch.from_numpy(x)).numpy()
+    for entities, scalars in ((20_000, True), (1_000, False)):
+        profile = Profile.fit(h, entities, spec.scalar_width)
+        ids16, compact = _rows(embed(trunk, cache, spec, cutoff, profile=profile))
+        k = len(profile.components)
+        assert profile.scalars == scalars and np.array_equal(ids16, ids)
+        assert compact.shape == (chunk.n, k + spec.scalar_width * scalars) == (chunk.n, embedding_width(trunk, spec, profile))
+        np.testing.assert_allclose(compact[:, :k], (h - profile.mean) @ profile.components.T, atol=2e-2)
+        np.testing.assert_allclose(compact[:, :k].std(0), 1, atol=2e-2)  # fitted on these very rows
+        if scalars:
+            np.testing.assert_allclose(compact[:, k:], vectors[:, 32:], atol=5e-3)
 
 
 def test_the_same_day_embeds_to_the_same_bytes_and_the_documented_width(sources):

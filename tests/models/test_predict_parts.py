@@ -74,7 +74,7 @@ def _params(world, what: str, **extra) -> dict:
     p = {"cache": str(cache.path), "cache_fingerprint": cache.fingerprint, "checkpoint": str(path),
          "weights_sha256": load_checkpoint(path)[1]["weights_sha256"], "precision": "fp32", "chunk_entities": CHUNK,
          "what": what}
-    return {**p, "k": 20, "label_names": None} if what == "predict" else {**p, "scalars": True}
+    return {**p, "k": 20, "label_names": None} if what == "predict" else p
 
 
 def paced_scorer(p: dict):

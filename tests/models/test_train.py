@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from habitus.models.evaluate.holdout import evaluate, protocol
-from habitus.models.data.features import DAY, FeatureSpec
+from habitus.models.data.chunks import chunk_plan
+from habitus.models.data.features import DAY, FeatureSpec, chunk_at
+from habitus.models.nn.profile import Profile, profile_shape
 from habitus.models.serve.predict import predict
 from habitus.models.data.targets import TargetSpec
 from habitus.models.train.finetune import finetune
@@ -137,6 +139,20 @@ def test_finetune_and_holdout_report(world, foundation, scenario):
     again = evaluate(result.model, cache, spec, CHURN, plan.test_cutoff, chunk_entities=1000)
     assert again["entities"] == report["entities"]
     assert again["model"]["auroc"] == pytest.approx(report["model"]["auroc"], abs=1e-6)
+
+
+def test_the_foundation_saves_the_embeddings_profile_fitted_at_its_last_cutoff(world, foundation):
+    """The projection the embeddings asset writes (habitus.models.nn.profile) comes with the training
+    info (saved in config.json), sized for the entities with history at the last cut-off."""
+    cache, test_cutoff, _ = world
+    profile = Profile.of(foundation.info)
+    spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
+    assert profile.components is not None and profile.components.shape[1] == FOUNDATION.hidden
+    with_history = sum(chunk_at(cache.shard(s), lo, hi, test_cutoff - HORIZON * DAY).n
+                       for s, lo, hi in chunk_plan(cache, FOUNDATION.chunk_entities))
+    assert profile.entities == pytest.approx(with_history, rel=0.3)  # estimated from a quarter of the chunks
+    k, scalars = profile_shape(profile.entities, FOUNDATION.hidden, spec.scalar_width)
+    assert profile.scalars == scalars and len(profile.components) <= k
 
 
 def test_same_seed_same_weights(world, foundation):

@@ -81,7 +81,7 @@ def test_materialize_report_predict_and_embed_a_day(project):
     vectors = project.embeddings("2026-10-15")
     assert vectors.equals(pq.read_table(project.workspace.embeddings / "2026-10-15.parquet"))
     assert set(vectors.column("customer_id").to_pylist()) >= set(scores.column("customer_id").to_pylist())
-    assert len(vectors.column("embedding")[0]) > 16  # the trunk's 16 values and the scalars after them
+    assert len(vectors.column("embedding")[0]) >= 4  # the trunk's leading components (a small population)
 
     # named assets and a day, as the UI materializes a partition
     summary = project.materialize(["cache", "predictions/churn", "embeddings"], days=["2026-10-20"])

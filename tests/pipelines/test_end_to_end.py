@@ -14,6 +14,7 @@ import pytest
 
 from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.data.features import FeatureSpec
+from habitus.models.nn.profile import Profile, profile_shape
 from habitus.pipelines.cli import materialize_all
 from habitus.pipelines.report import report
 from habitus.pipelines.config import load_project
@@ -154,15 +155,14 @@ def test_embeddings_have_fixed_width_for_every_entity_with_history(run):
     table = pq.read_table(root / "ws" / "embeddings" / f"{day}.parquet")
     assert table.num_rows == buyers
     emb_type = table.schema.field("embedding").type
-    state, config = load_checkpoint(root / "ws" / "checkpoints" / "foundation")
+    _, config = load_checkpoint(root / "ws" / "checkpoints" / "foundation")
     spec = FeatureSpec.from_dict(config["feature_spec"])
-    # the trunk's 32 floats, then the 24 recency / frequency / monetary / visit scalars
-    assert emb_type.list_size == 32 + spec.scalar_width == 32 + 24 and emb_type.value_type == pa.float16()
+    # the trunk's leading principal components, sized for the population (a few hundred customers:
+    # about 100 per column, too few to carry the 24 recency / frequency / monetary / visit scalars too)
+    profile = Profile.of(config)
+    k = len(profile.components)
+    assert (k, profile.scalars) == profile_shape(profile.entities, 32, spec.scalar_width) == (k, False)
+    assert emb_type.list_size == k and 4 <= k < 32 and emb_type.value_type == pa.float16()
     values = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     vectors = values.reshape(table.num_rows, -1).astype(np.float64)
-    assert vectors[:, :32].std() > 0.1  # not a constant vector
-    # the first scalar, un-standardized: log(1 + the customer's purchases up to as_of), from the warehouse
-    events = dict(_sql(root, f"SELECT customer_id, count(*) FROM purchases WHERE ts <= TIMESTAMP '{as_of}' GROUP BY 1"))
-    expected = np.log1p([events[c] for c in table.column("customer_id").to_pylist()])
-    mean, std = float(state["trunk.in_mean"][0]), float(state["trunk.in_std"][0])
-    np.testing.assert_allclose(vectors[:, 32] * std + mean, expected, atol=0.02)  # (float16)
+    assert 0.5 < vectors[:, 0].std() < 2  # unit variance on the rows fitted (the customers of an earlier day)
