@@ -57,7 +57,8 @@ def world(segment_foundation, tmp_path_factory):
                     extra=lambda f: {"stack": save_head(f, head)})
     found = root / "foundation"
     save_checkpoint(found, foundation.model, {"kind": "foundation", "net": foundation.info["net"],
-                                              "feature_spec": foundation.info["feature_spec"]})
+                                              "feature_spec": foundation.info["feature_spec"],
+                                              "profile": foundation.info["profile"]})
     assert len(chunk_plan(cache, CHUNK)) >= 6
     return cache, test_cutoff, scenario, found
 
@@ -119,7 +120,11 @@ def _one_process(world, what: str, path: Path, cutoff: int) -> int:
     else:
         from habitus.models.data.features import FeatureSpec
 
-        batches = embed(load_trunk(state, config["net"]), cache, FeatureSpec.from_dict(config["feature_spec"]), cutoff, chunk_entities=CHUNK)
+        from habitus.models.nn.profile import Profile
+
+        assert Profile.of(config).components is not None  # the embeddings' projection, as the asset writes them
+        batches = embed(load_trunk(state, config["net"]), cache, FeatureSpec.from_dict(config["feature_spec"]), cutoff,
+                        chunk_entities=CHUNK, profile=Profile.of(config))
     return write_entity_file(cache, batches, path, "customer_id", "f" * 16, as_of_time(DAY))
 
 
