@@ -20,7 +20,7 @@ from habitus.assets.predictions import CHUNK_ENTITIES, as_of_time, parts_of_day,
 from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.data.features import WINDOWS, FeatureSpec
 from habitus.models.nn.network import load_trunk
-from habitus.models.nn.profile import Profile
+from habitus.models.nn.profile import WHOLE, Profile
 from habitus.models.serve.parts import Scorer
 from habitus.models.serve.predict import embed, embedding_width
 from habitus.models.nn.quantize import for_inference
@@ -45,9 +45,8 @@ def scalar_column_names(spec: FeatureSpec) -> list[str]:
     return names
 
 
-def embedding_columns(spec: FeatureSpec, hidden: int, profile: Profile | None = None) -> dict[str, str]:
+def embedding_columns(spec: FeatureSpec, hidden: int, profile: Profile = WHOLE) -> dict[str, str]:
     """What each range of an embedding's positions holds: the asset's `columns` metadata."""
-    profile = profile or Profile.whole()
     k = profile.trunk_width(hidden)
     out = ({f"0-{k - 1}": "the foundation trunk's representation (layer-normalized)"} if profile.components is None else
            {f"0-{k - 1}": f"the foundation trunk's {k} leading principal components (unit variance on the rows "

@@ -44,6 +44,7 @@ import numpy as np
 
 from habitus.models.evaluate.baselines import MULTILABEL_ROWS
 from habitus.models.heads.stacked_rows import Rows, choice_fold
+from habitus.models.nn.profile import principal_axes
 from habitus.models.tasks import task as task_of
 from habitus.models.tasks.base import Stacking
 
@@ -102,11 +103,7 @@ class Reduction:
     @classmethod
     def fit(cls, emb: np.ndarray, cfg: StackConfig) -> "Reduction":
         rng = np.random.default_rng(cfg.seed)
-        sample = rng.permutation(len(emb))[:100_000]
-        e = emb[sample].astype(np.float64)
-        mean = e.mean(0)
-        e -= mean
-        _, _, vt = np.linalg.svd(e, full_matrices=False)
+        mean, _, vt = principal_axes(emb[rng.permutation(len(emb))[:100_000]])
         return cls(mean.astype(np.float32), vt[:cfg.components].T.astype(np.float32))
 
     def apply(self, emb: np.ndarray) -> np.ndarray:

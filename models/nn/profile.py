@@ -21,6 +21,15 @@ MIN_COMPONENTS = 4
 MIN_COMPONENTS_WITH_SCALARS = 8
 
 
+def principal_axes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean, singular values, right singular vectors) of `x` [rows, width], centred, in float64: the
+    PCA this profile and the stacked head's tree inputs (habitus.models.heads.stacking.Reduction) read."""
+    x = np.asarray(x, np.float64)
+    mean = x.mean(0)
+    _, s, vt = np.linalg.svd(x - mean, full_matrices=False)
+    return mean, s, vt
+
+
 def profile_shape(entities: float, hidden: int, scalar_width: int) -> tuple[int, bool]:
     """(trunk components, whether the scalars follow) for a population of `entities` with history."""
     budget = int(entities // ROWS_PER_COLUMN)
@@ -42,13 +51,12 @@ class Profile:
     def fit(cls, h: np.ndarray, entities: float, scalar_width: int) -> "Profile":
         """PCA of the trunk's output `h` [rows, hidden]; `entities`: how many have history (>= rows
         when `h` is a sample)."""
-        h = np.asarray(h, np.float64)
         k, scalars = profile_shape(entities, h.shape[1], scalar_width)
-        mean = h.mean(0)
-        _, s, vt = np.linalg.svd(h - mean, full_matrices=False)
+        mean, s, vt = principal_axes(h)
         # no direction without variance (a layer-normalized trunk of width 16 spans at most 15): its
         # unit-variance scores would be rounding noise
-        k = max(1, min(k, int((s > s[0] * 1e-4).sum()) if len(s) and s[0] > 0 else 1))
+        rank = int((s > s[0] * 1e-4).sum()) if s.size and s[0] > 0 else 1
+        k = max(1, min(k, rank))
         vt = vt[:k]
         vt = vt * np.sign(vt[np.arange(k), np.abs(vt).argmax(1)])[:, None]  # a fixed sign: largest loading > 0
         std = np.maximum(s[:k] / np.sqrt(max(len(h) - 1, 1)), 1e-6)
@@ -83,3 +91,6 @@ class Profile:
         """[the trunk's part, then the standardized scalars if kept] for the trunk's output `h`."""
         part = h if self.components is None else (h - self.mean) @ self.components.T
         return np.concatenate([part, scaled_scalars], axis=1) if self.scalars else part
+
+
+WHOLE = Profile.whole()  # what a foundation checkpoint saved without a profile exports

@@ -14,7 +14,7 @@ from habitus.models.data.labels import task_inputs
 from habitus.models.heads.stacked_head import load_head
 from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.nn.network import Model, NetConfig, load_trunk
-from habitus.models.nn.profile import Profile
+from habitus.models.nn.profile import WHOLE, Profile
 from habitus.models.nn.quantize import for_inference
 from habitus.models.tasks import task as task_of
 from habitus.models.tasks.scoring import build_model
@@ -119,10 +119,10 @@ def _checkpoint(p: dict) -> tuple[dict, dict]:
 
 
 def embed(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, *, dtype=np.float16, chunk_entities: int = SCORING_CHUNK_ENTITIES,
-          device: str = "cpu", profile: Profile | None = None) -> Iterator[pa.RecordBatch]:
+          device: str = "cpu", profile: Profile = WHOLE) -> Iterator[pa.RecordBatch]:
     """The foundation model's profile of every entity with history at `cutoff`: record batches of
     (entity index, fixed-size list of `embedding_width(trunk, spec, profile)` floats). `profile`
-    (habitus.models.nn.profile, saved with the checkpoint; the whole trunk if None) chooses the columns:
+    (habitus.models.nn.profile, saved with the checkpoint; by default the whole trunk) chooses the columns:
     the trunk's leading principal components, then, where the population carries them, the entity's
     `spec.scalar_width` recency / frequency / monetary / visit scalars (the network's leading inputs,
     habitus.models.data.features) standardized by the foundation's own input scaling, so a linear reader
@@ -135,11 +135,10 @@ def embed(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, *, dtype=np.float
 
 @torch.no_grad()
 def embed_chunks(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, chunks: Iterable[int], *, dtype=np.float16,
-                 chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu", profile: Profile | None = None
+                 chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu", profile: Profile = WHOLE
                  ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """`embed` over the chunks `chunks` (positions in chunk_plan(cache, chunk_entities)): (chunk,
     batch) for each chunk with history."""
-    profile = profile or Profile.whole()
     plan = chunk_plan(cache, chunk_entities)
     entity_table = cache.entity_table()
     dev = torch.device(device)
@@ -159,6 +158,6 @@ def embed_chunks(trunk, cache: Cache, spec: FeatureSpec, cutoff: int, chunks: It
                                   "embedding": pa.FixedSizeListArray.from_arrays(values, h.shape[1])})
 
 
-def embedding_width(trunk, spec: FeatureSpec, profile: Profile | None = None) -> int:
+def embedding_width(trunk, spec: FeatureSpec, profile: Profile = WHOLE) -> int:
     """How many floats `embed` writes per entity."""
-    return (profile or Profile.whole()).width(trunk.cfg.hidden, spec.scalar_width)
+    return profile.width(trunk.cfg.hidden, spec.scalar_width)
