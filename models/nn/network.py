@@ -163,6 +163,7 @@ class Head(nn.Module):
         self.linear = nn.Linear(hidden, outputs)
         self.skip = nn.Linear(history_channels, 1, bias=False) if history_channels else None
         self.label_skip = nn.Parameter(torch.zeros(outputs, history_channels)) if history_channels else None
+        self.sparse_rows = False  # sampled rows' gradients sparse (Head._rows)
         # the shared pairwise scorer of the touched (entity, label) pairs (PairScorer; 0: none)
         self.pair = (PairScorer(hidden, outputs, history_channels, pair_width, pair_layers)
                      if pair_width and history_channels else None)
@@ -215,14 +216,22 @@ class Head(nn.Module):
         rows, cols, values = history
         return out.index_put_((rows, cols), self._terms(h, rows, cols, values).to(out.dtype), accumulate=True)
 
+    def _rows(self, labels: torch.Tensor) -> torch.Tensor:
+        """Rows `labels` of the linear weight. With `sparse_rows` (set by a training loop that keeps the
+        weight's dense gradient between steps: habitus.models.train.loop.step's `kept`), their gradient
+        is sparse and is added into that one, instead of a [16,000, 256] zero tensor allocated,
+        page-faulted in and filled at every step (docs/journal/speed.md); otherwise the usual dense one."""
+        sparse = self.sparse_rows and torch.is_grad_enabled() and self.linear.weight.requires_grad
+        return nn.functional.embedding(labels, self.linear.weight, sparse=sparse)
+
     def sampled(self, h: torch.Tensor, history, cols: torch.Tensor, entry_rows: torch.Tensor,
                 entry_cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Training a wide head on a few labels (habitus.models.tasks.multilabel.sampled_multilabel_loss): the logits
         of labels `cols` (sorted, unique) for every row, [rows, len(cols)], and of the (row, label)
         `entries` (a batch's positives), [entries]. Only those rows of `linear` are read, so the cost
         grows with len(cols) + entries, never rows x labels; `history` is sparse (row, label, values)."""
-        out = nn.functional.linear(h, self.linear.weight[cols], self.linear.bias[cols])
-        z = (h[entry_rows] * self.linear.weight[entry_cols]).sum(-1) + self.linear.bias[entry_cols]
+        out = nn.functional.linear(h, self._rows(cols), self.linear.bias[cols])
+        z = (h[entry_rows] * self._rows(entry_cols)).sum(-1) + self.linear.bias[entry_cols]
         if self.skip is None or history is None:
             return out, z
         rows, hcols, values = history  # (with no entries the skip still takes part, as in forward)

@@ -280,6 +280,9 @@ def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: F
     # one process: the model itself and the whole plan; several: DDP, this rank's entity chunks
     net = wrap(model, dist, find_unused=t.find_unused_parameters)
     mine, lock = set(shard(data.plan, dist)), Lockstep(dist)
+    kept = (model.head.linear.weight,) if validation.train_negatives else ()  # a wide head: sparse row gradients
+    if kept:
+        model.head.sparse_rows = True
     last = (data.first, np.arange(min(len(data.first[0]), cfg.batch_size)))  # a batch for padding steps (loss x 0)
     for epoch in range(at["epoch"] if at else 0, cfg.epochs):
         net.train()
@@ -298,7 +301,7 @@ def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: F
                 with validation.mixed():
                     loss = batch_loss(net, task, arrays, b, dev, rng, validation.train_negatives)
                 last = (arrays, b) if dist.enabled else last
-                step(model, opt, loss)
+                step(model, opt, loss, kept)
                 losses.append(loss.item())
             if resume is not None:
                 resume.after_chunk(math.ceil(len(arrays[0]) / cfg.batch_size), modules, rng, lambda: {
@@ -306,7 +309,7 @@ def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: F
                     "rows": rows, "best": list(best), "snapshots": [list(snap) for snap in snapshots]})
         for _ in lock.padding():  # several processes: this rank's share is spent, the others' is not
             loss = batch_loss(net, task, last[0], last[1], dev, rng, validation.train_negatives) * 0.0
-            step(model, opt, loss)
+            step(model, opt, loss, kept)
         curves["train_loss"].append(epoch_loss(losses, dist))
         if not scored:
             log(f"{task.task} epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}")

@@ -71,9 +71,14 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-    """One optimizer step on `loss`, gradients clipped to norm 1."""
+def step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, kept: tuple = ()) -> None:
+    """One optimizer step on `loss`, gradients clipped to norm 1. `kept`: parameters whose dense
+    gradient stays allocated and is zeroed in place, so the sparse gradient of the rows a step
+    touched (network._rows) is added into it; every other gradient is freed and made anew."""
+    grads = [p.grad for p in kept]
     opt.zero_grad(set_to_none=True)
+    for p, g in zip(kept, grads):
+        p.grad = torch.zeros_like(p) if g is None else g.zero_()
     loss.backward()
     nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()

@@ -434,3 +434,28 @@ def test_sampled_heads_pick_epochs_on_a_spread_subset_of_validation(world):
     assert small["val_chunk_stride"] == -(-small["val_rows"] // 40) > 1
     assert infos[(6, 1 << 20)]["val_chunk_stride"] == 1
     assert infos[(1000, 40)]["val_chunk_stride"] == 1 and "sampled_negatives" not in infos[(1000, 40)]
+
+
+def test_sparse_row_gradients_train_the_same_wide_head_as_dense_ones():
+    """A wide head's sampled rows with sparse gradients, added into the weight's kept dense gradient
+    (loop.step's `kept`, Head.sparse_rows), give the same AdamW steps, bit for bit, as the dense
+    gradient made anew at every step; and no sparse gradient is ever left for the optimizer."""
+    from habitus.models.train.loop import step
+    x, h, y = _wide_problem(64, 300)
+    runs = []
+    for sparse in (False, True):
+        torch.manual_seed(0)
+        model = Model(NetConfig(20, 16, 1, 0.0), 300, 3)
+        model.head.sparse_rows = sparse
+        kept = (model.head.linear.weight,) if sparse else ()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        rng = np.random.default_rng(0)
+        for b in batches(len(x), 16, np.random.default_rng(1)):
+            loss = multilabel.sampled_multilabel_loss(model, torch.from_numpy(x[b]), batch_history(h[b], "cpu"),
+                                                      y[b], 30, rng, "cpu")
+            step(model, opt, loss, kept)
+            assert not model.head.linear.weight.grad.is_sparse
+        runs.append({k: v.clone() for k, v in model.state_dict().items()})
+    assert runs[0].keys() == runs[1].keys()
+    for k in runs[0]:
+        assert torch.equal(runs[0][k], runs[1][k]), k
