@@ -74,7 +74,7 @@ def resolve_device(name: str = "auto") -> torch.device:
 def step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, kept: tuple = ()) -> None:
     """One optimizer step on `loss`, gradients clipped to norm 1. `kept`: parameters whose dense
     gradient stays allocated and is zeroed in place, so the sparse gradient of the rows a step
-    touched (network._rows) is added into it; every other gradient is freed and made anew."""
+    touched (network.Head._rows) is added into it; every other gradient is freed and made anew."""
     grads = [p.grad for p in kept]
     opt.zero_grad(set_to_none=True)
     for p, g in zip(kept, grads):
