@@ -231,7 +231,10 @@ class Head(nn.Module):
         `entries` (a batch's positives), [entries]. Only those rows of `linear` are read, so the cost
         grows with len(cols) + entries, never rows x labels; `history` is sparse (row, label, values)."""
         out = nn.functional.linear(h, self._rows(cols), self.linear.bias[cols])
-        z = (h[entry_rows] * self._rows(entry_cols)).sum(-1) + self.linear.bias[entry_cols]
+        if len(entry_rows):
+            z = (h[entry_rows] * self._rows(entry_cols)).sum(-1) + self.linear.bias[entry_cols]
+        else:  # (training's sampled loss: no entries, and no empty gradients to add into the weight's)
+            z = out.new_zeros(0)
         if self.skip is None or history is None:
             return out, z
         rows, hcols, values = history  # (with no entries the skip still takes part, as in forward)

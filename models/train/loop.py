@@ -80,8 +80,18 @@ def step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, kept:
     for p, g in zip(kept, grads):
         p.grad = torch.zeros_like(p) if g is None else g.zero_()
     loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    clip(model, 1.0)
     opt.step()
+
+
+def clip(model: nn.Module, max_norm: float) -> None:
+    """nn.utils.clip_grad_norm_, without its multiply when the factor is exactly 1 (a norm within
+    the bound): the same gradients bit for bit, one pass over them fewer. Fine-tuning's losses are means
+    over rows x labels, so their gradients' norms stay far below 1 (at most about 1e-3 in the
+    16,000-label fine-tuning at 10m)."""
+    norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    if torch.clamp(max_norm / (norm + 1e-6), max=1.0) != 1.0:  # (as clip_grad_norm_ computes it; NaN too)
+        nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
 
 
 def processes(dist: Dist | None, device: str, log: Log, resume) -> tuple[Dist, torch.device, Log]:

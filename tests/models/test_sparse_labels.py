@@ -459,3 +459,48 @@ def test_sparse_row_gradients_train_the_same_wide_head_as_dense_ones():
     assert runs[0].keys() == runs[1].keys()
     for k in runs[0]:
         assert torch.equal(runs[0][k], runs[1][k]), k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_sampled_loss_gives_autograds_value_and_gradient_bit_for_bit(dtype):
+    """multilabel._ColumnLoss (the sampled loss over a batch's label columns, its backward written out)
+    against autograd on the same expression, from float32 logits and from bfloat16 ones (autocast's)."""
+    rng = np.random.default_rng(0)
+    rows_n, cols_n = 64, 300
+    key = np.unique(rng.integers(0, rows_n, 400) * cols_n + rng.integers(0, cols_n, 400))
+    rows, cols = torch.from_numpy(key // cols_n), torch.from_numpy(key % cols_n)
+    values = torch.from_numpy(rng.uniform(0.5, 1.0, len(key)).astype(np.float32))
+    weight = torch.from_numpy(np.where(rng.random(cols_n) < 0.5, 1.0, 12.5).astype(np.float32))
+    logits = torch.from_numpy(rng.normal(-4, 6, (rows_n, cols_n)).astype(np.float32)).to(dtype)  # some above 20
+    n = rows_n * 5_000
+    grads = []
+    for fused in (False, True):
+        out = logits.clone().requires_grad_()
+        if fused:
+            loss = multilabel._ColumnLoss.apply(out, weight, rows, cols, values, n)
+        else:
+            z = out.float()
+            loss = ((torch.nn.functional.softplus(z).sum(0) * weight).sum() - (z[rows, cols] * values).sum()) / n
+        loss.backward()
+        grads.append((loss.detach(), out.grad))
+    assert grads[1][1].dtype == dtype
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+@pytest.mark.parametrize("scale", [1e-3, 10.0, float("inf")], ids=["within the bound", "beyond", "not finite"])
+def test_clip_gives_clip_grad_norms_gradients_bit_for_bit(scale):
+    """loop.clip skips clip_grad_norm_'s multiply by exactly 1 (a norm within the bound), and only that:
+    beyond the bound, and with a gradient that is not finite, it scales as clip_grad_norm_ does."""
+    from habitus.models.train.loop import clip
+    torch.manual_seed(0)
+    x = torch.randn(8, 50)
+    models = [torch.nn.Sequential(torch.nn.Linear(50, 40), torch.nn.Linear(40, 3)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    for m in models:
+        (m(x).square().sum() * scale).backward()
+    torch.nn.utils.clip_grad_norm_(models[0].parameters(), 1.0)
+    clip(models[1], 1.0)
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(p.grad.nan_to_num(), q.grad.nan_to_num()) and torch.equal(p.grad.isnan(), q.grad.isnan())
+    norm = torch.nn.utils.get_total_norm([p.grad for p in models[1].parameters()])
+    assert norm <= 1.0 + 1e-5 if math.isfinite(scale) else not torch.isfinite(norm)
