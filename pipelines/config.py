@@ -436,7 +436,7 @@ def load_project(path: str | os.PathLike | None = None) -> Project:
     try:
         project = Project.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(format_errors(path, e)) from None
+        raise ConfigError(format_errors(path, e, Project)) from None
     base = path.resolve().parent
     update: dict = {"workspace": resolve_path(base, project.workspace)}
     if project.output and "://" not in project.output:

@@ -98,13 +98,18 @@ def readable_loc(loc: tuple) -> str:
     return text.lstrip(".")
 
 
-def format_errors(path: Path, err: ValidationError) -> str:
+def format_errors(path: Path, err: ValidationError, model=None) -> str:
+    """One line per problem, naming the key; an unknown key of `model`'s schema gets the nearest allowed one."""
+    from habitus.pipelines.config_keys import nearest_key
+
     lines = [f"{path}: invalid project config ({err.error_count()} problem(s)):"]
     for e in err.errors():
         loc = readable_loc(e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check its spelling; every key: docs/reference/config.md)"
+            near = nearest_key(model, tuple(e["loc"])) if model is not None else None
+            msg = (f"unknown key; did you mean `{near}`? (every key: docs/reference/config.md)" if near else
+                   "unknown key (check its spelling; every key: docs/reference/config.md)")
         elif e["type"] == "missing":
             msg = "required key is missing"
         lines.append(f"  - {loc}: {msg}")

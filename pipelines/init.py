@@ -43,54 +43,16 @@ def _hide_secrets(name: str, conn: dict) -> dict:
 
 
 def _list_tables(kind: str, conn: dict, warehouse=None) -> list[str]:
+    """The tables of a DuckDB file, a Parquet folder or an s3:// prefix, through the connector's `tables()`."""
     from habitus.pipelines.config import ConfigError
+    from habitus.resources.errors import WarehouseError
 
-    if kind == "duckdb":
-        import duckdb
-
-        from pathlib import Path
-
-        if not Path(conn["path"]).exists():
-            raise ConfigError(f"--duckdb {conn['path']}: no such file")
-        try:
-            con = duckdb.connect(conn["path"], read_only=True)
-        except duckdb.Error as e:
-            raise ConfigError(f"--duckdb {conn['path']}: {str(e).splitlines()[0]}") from None
-        try:
-            rows = con.execute("SELECT table_schema, table_name FROM information_schema.tables "
-                               "WHERE table_catalog = current_database() ORDER BY 1, 2").fetchall()
-        finally:
-            con.close()
-        return [t if s == "main" else f"{s}.{t}" for s, t in rows]
-    if kind == "parquet" and "://" not in conn["path"]:
-        from pathlib import Path
-
-        base = Path(conn["path"])
-        if not base.is_dir():
-            raise ConfigError(f"--parquet {base}: no such folder")
-        return sorted(p.stem if p.suffix == ".parquet" else p.name for p in base.iterdir()
-                      if p.suffix == ".parquet" or p.is_dir())
-    if kind == "parquet" and conn["path"].startswith("s3://") and warehouse is not None:
-        return _list_s3_tables(warehouse)
-    raise ValueError(f"a {kind} connection: name the tables with --tables")
-
-
-def _list_s3_tables(warehouse) -> list[str]:
-    """The tables under an s3:// prefix, as the parquet connection reads them: `<name>.parquet` objects and
-    `<name>/` folders directly under it."""
-    from pyarrow.fs import FileSelector, FileType
-
-    from habitus.pipelines.config import ConfigError
-
-    fs, base, where = warehouse._s3()
+    if kind not in ("duckdb", "parquet") or warehouse is None:
+        raise ValueError(f"a {kind} connection: name the tables with --tables")
     try:
-        infos = fs.get_file_info(FileSelector(base, recursive=False))
-    except OSError as e:
-        raise ConfigError(f"--parquet s3://{base}: cannot list the prefix (endpoint {where}): "
-                          f"{str(e).splitlines()[0]}") from None
-    names = [i.base_name.removesuffix(".parquet") for i in infos
-             if i.type == FileType.Directory or (i.type == FileType.File and i.base_name.endswith(".parquet"))]
-    return sorted(set(names))
+        return warehouse.tables()
+    except WarehouseError as e:
+        raise ConfigError(f"--{kind} {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
