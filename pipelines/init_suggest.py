@@ -183,10 +183,9 @@ def volume_warnings(v: EventsVolume, table: str, entity: str | None = None) -> l
     out = []
     ents = f"{'at least ' if v.capped else ''}{v.entities:,}"
     if v.entities < MIN_ENTITIES:
-        named = f" (distinct {entity})" if entity else ""
-        out.append(f"volume: {ents} entities{named} in {table} (guideline: at least {MIN_ENTITIES:,}; below it the "
-                   f"models are unreliable" + (f"; if {entity} is not what you score, name the entity with --entity"
-                                                if entity else "") + ")")
+        out.append(f"volume: {ents} entities in {table} (guideline: at least {MIN_ENTITIES:,}; below it the "
+                   f"models are unreliable" + (f"; the entity is {entity}: if that is not what you score, name it "
+                                                f"with --entity" if entity else "") + ")")
     if v.per_month_mean < MIN_EVENTS_PER_MONTH:
         out.append(f"volume: {v.per_month_mean:,.0f} events a month in {table} on average ({v.rows:,} over "
                    f"{v.days:.0f} days; guideline: at least {MIN_EVENTS_PER_MONTH:,})")
