@@ -302,5 +302,5 @@ def test_the_image_serves_the_code_location_on_a_configurable_host_documented_as
     docker = (ROOT / "Dockerfile").read_text()
     cmd = re.search(r"^CMD (.+)$", docker, re.M).group(1)
     assert '-h \\"$HABITUS_GRPC_HOST\\"' in cmd and "ENV HABITUS_GRPC_HOST=" in docker
-    doc = (ROOT / "docs" / "docker.md").read_text()
+    doc = (ROOT / "docs" / "guide" / "deploying.md").read_text()
     assert "## The code server" in doc and "127.0.0.1:4000:4000" in doc and "network-policy.yaml" in doc
