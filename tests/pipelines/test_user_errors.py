@@ -19,8 +19,8 @@ def warehouse(tmp_path_factory):
 
 def _project(folder, small_project, warehouse, **keys):
     shutil.copy(warehouse, folder / "warehouse.duckdb")
-    config = small_project.config(scenarios={"churn": small_project.churn()}, **keys)
-    config["sources"][0]["start"] = "2026-09-01"
+    config = small_project.config(scenarios={"churn": small_project.churn()},
+                                  events={"start": "2026-09-01", "end": "2026-11-01"}, **keys)
     return small_project.write(folder, config)
 
 
