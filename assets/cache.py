@@ -9,7 +9,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.parquet as pq
 
-from habitus.assets.sources import events_partitions, source_key
+from habitus.assets.sources import events_partitions, source_key, stale_partitions
 from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache, infer_column_type
 from habitus.models.storage.files import folder_bytes, read_json, write_json
 from habitus.resources.workspace import Workspace, locked
@@ -36,6 +36,11 @@ def table_input(project, source, workspace: Workspace) -> TableInput:
     if not files:
         raise dg.Failure(f"source/{source.name} has no extracted partitions in {workspace.sources(source.name)}; "
                          f"materialize it first")
+    stale = sorted(set(stale_partitions(source, workspace.sources(source.name))) & {Path(f).stem for f in files})
+    if stale:
+        raise dg.Failure(f"source/{source.name}: partition(s) {stale[:6]}{' ...' if len(stale) > 6 else ''} were "
+                         f"extracted with another table, `columns:` or `where:` than the config's now; extract them "
+                         f"again (`habitus train` does, or a backfill of source/{source.name})")
     schema = pq.read_schema(files[0])
     skip = {project.entity, source.timestamp, source.key}
     cols = [c for c in (source.columns or schema.names) if c not in skip]

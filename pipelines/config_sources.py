@@ -54,6 +54,9 @@ class Source(Strict):
     key: str | None = Field(None, description="join key of an `attributes` table (a column of the events)")
     columns: list[str] = Field(default_factory=list, description="columns to use; empty = all")
     types: dict[str, ColumnType] = Field(default_factory=dict, description="override inferred column types")
+    where: str | None = Field(None, description="a row filter run in the warehouse (Parquet: in the scan), e.g. "
+                              "`country = 'PL' AND NOT is_test`: comparisons, AND/OR/NOT, IN (values), IS [NOT] NULL, "
+                              "BETWEEN, LIKE, LOWER/UPPER of a column; a change extracts the source again")
     partition: Literal["monthly", "daily"] = Field("monthly", description="an events source's partitions: "
                                                    "one extraction per month or per day")
     start: date | None = Field(None, description="first partition of an events source")
@@ -67,6 +70,13 @@ class Source(Strict):
             raise ValueError("an events source needs `timestamp` (its time column) and `start` (first partition date)")
         if self.role == "attributes" and self.key is None:
             raise ValueError("an attributes source needs `key`: the event column it joins on")
+        if self.where is not None:
+            from habitus.resources import row_filter
+
+            try:
+                row_filter.parse(self.where)
+            except row_filter.FilterError as e:
+                raise ValueError(f"source {self.name!r}: `where: {self.where}` {e}") from None
         if len(set(self.columns)) != len(self.columns):
             dup = sorted({c for c in self.columns if self.columns.count(c) > 1})
             raise ValueError(f"columns named more than once: {dup}")

@@ -111,13 +111,14 @@ class Runner:
         return next(a for a in self.assets if a.key == source_key(source.name)).partitions_def
 
     def extract(self, upto: str | None = None) -> None:
-        """Every events partition missing from the workspace (all on a fresh disk) up to the one holding
-        `upto` (default: the last), that one extracted again (its day may have grown), and the attribute
-        tables, which are small and extracted whole."""
+        """Every events partition missing from the workspace (all on a fresh disk) or extracted with other
+        settings (assets/sources.py `stale_partitions`: another `where:`, `columns:` or table) up to the one
+        holding `upto` (default: the last), that one extracted again (its day may have grown), and the
+        attribute tables, which are small and extracted whole."""
         # private: dg.materialize takes one partition_key, and the range tags of a one-run range have no public name
         from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-        from habitus.assets.sources import source_key
+        from habitus.assets.sources import source_key, stale_partitions
 
         ws = self.resources["workspace"]
         for s in self.project.events_sources:
@@ -128,7 +129,8 @@ class Runner:
             if not keys:
                 raise RuntimeError(f"source/{s.name}: no partition starts on or before {upto} (its first is "
                                    f"{pdef.get_first_partition_key()})")
-            missing = [k for k in keys if not (ws.sources(s.name) / f"{k}.parquet").exists()]
+            stale = set(stale_partitions(s, ws.sources(s.name)))
+            missing = [k for k in keys if k in stale or not (ws.sources(s.name) / f"{k}.parquet").exists()]
             first = missing[0] if missing else keys[-1]
             span = keys[keys.index(first):]
             self.run([source_key(s.name)], f"source/{s.name} ({len(span)} partitions, {span[0]} .. {span[-1]})",

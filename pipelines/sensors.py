@@ -26,7 +26,7 @@ import dagster as dg
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from habitus.assets.cache import CACHE_KEY
-from habitus.assets.sources import connection_key, source_key
+from habitus.assets.sources import connection_key, extraction_fingerprint, source_key
 from habitus.pipelines.jobs import extract_job_name
 from habitus.pipelines.schedules import cache_in_use, predictions_request
 
@@ -55,9 +55,11 @@ def plan_runs(changed: list[str], order: list[str], per_run: int) -> list[list[s
     return runs
 
 
-def run_request(source_name: str, keys: list[str], stamps: dict) -> dg.RunRequest:
-    """One run for consecutive partitions; its run_key changes whenever their numbers change."""
-    digest = hashlib.sha256(json.dumps([[k, stamps.get(k)] for k in keys]).encode()).hexdigest()[:12]
+def run_request(source_name: str, keys: list[str], stamps: dict, extraction: str | None = None) -> dg.RunRequest:
+    """One run for consecutive partitions; its run_key changes whenever their numbers change, or what
+    they are extracted with (`extraction`: the source's fingerprint, a new `where:`)."""
+    parts = [[k, stamps.get(k)] for k in keys] + ([extraction] if extraction else [])
+    digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
     run_key = f"{source_name}:{keys[0]}..{keys[-1]}:{digest}"
     if len(keys) == 1:
         return dg.RunRequest(run_key=run_key, partition_key=keys[0])
@@ -84,6 +86,10 @@ def build_new_data_sensor(project, source, asset_def: dg.AssetsDefinition, job) 
                                                f"data landed (freshness, partition_counts); extract new partitions "
                                                f"with a backfill of source/{source.name}")
         state = json.loads(context.cursor) if context.cursor else None
+        extraction = extraction_fingerprint(source)[:16]
+        # a cursor of before the fingerprint was kept: its partitions were extracted without a row filter
+        if state is not None and state.get("extraction", extraction_fingerprint(source, None)[:16]) != extraction:
+            state = {**state, "table": None, "partitions": {}}  # another `where:` or `columns:`: extract all again
         keys = partitions_def.get_partition_keys()
         table = _stamp(*warehouse.freshness(source.table, source.timestamp))
         last_key = keys[-1] if keys else None
@@ -104,7 +110,8 @@ def build_new_data_sensor(project, source, asset_def: dg.AssetsDefinition, job) 
         else:
             known = state["partitions"]
         changed = [k for k in keys if current.get(k) != known.get(k)]
-        cursor = json.dumps({"table": table, "last_key": last_key, "partitions": current}, sort_keys=True)
+        cursor = json.dumps({"table": table, "last_key": last_key, "partitions": current, "extraction": extraction},
+                            sort_keys=True)
         note = f"; {waiting:,} rows of the {grain} in progress wait until it ends" if waiting else ""
         if not changed:
             return dg.SensorResult(skip_reason=f"no new or changed complete {grain} in {source.table!r}{note}",
@@ -112,7 +119,7 @@ def build_new_data_sensor(project, source, asset_def: dg.AssetsDefinition, job) 
         runs = plan_runs(changed, keys, per_run)
         context.log.info(f"{source.table}: {len(changed)} new or changed {grain}(s) "
                          f"({', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''}) in {len(runs)} run(s){note}")
-        return dg.SensorResult(run_requests=[run_request(source.name, r, current) for r in runs], cursor=cursor)
+        return dg.SensorResult(run_requests=[run_request(source.name, r, current, extraction) for r in runs], cursor=cursor)
 
     return _sensor
 

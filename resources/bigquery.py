@@ -228,7 +228,7 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
             sql = partition_counts_sql(DIALECT, self._qualified(table), time_column, grain)
             return period_counts(tuple(r.values()) for r in client.query(sql).result())
 
-    def _chunks(self, table, columns, time_column, start, end, batch_rows) -> Iterator:
+    def _chunks(self, table, columns, time_column, start, end, batch_rows, where=None) -> Iterator:
         """The source of `Batches`: the described schema, then the result's Arrow batches."""
         with self._session(table) as client:
             bq_table = self._table(client, table)
@@ -236,6 +236,10 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
             yield schema
             typ = self._describe(bq_table, table, [time_column]).field(0).type if time_column else None
             cond = window(time_column, typ, start, end) if time_column else None
+            if where:
+                from habitus.resources import row_filter
+
+                cond = exp.and_(exp.paren(row_filter.parse(where), copy=False), *([cond] if cond is not None else []))
             if self.storage_api and bq_table.table_type == "TABLE":
                 chunks = self._read_storage(bq_table, schema.names, cond)
             else:
@@ -243,7 +247,7 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
                     table_expr(self._qualified(table)))
                 if cond is not None:
                     query = query.where(cond)
-                rows = client.query(query.sql(dialect=DIALECT)).result(page_size=batch_rows)
+                rows = client.query(query.sql(dialect=DIALECT, comments=False)).result(page_size=batch_rows)
                 chunks = rows.to_arrow_iterable()
             yield from chunks
 
@@ -252,7 +256,7 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
 
         storage = self._storage()
         options = types.ReadSession.TableReadOptions(
-            selected_fields=names, row_restriction=cond.sql(dialect=DIALECT) if cond is not None else "")
+            selected_fields=names, row_restriction=cond.sql(dialect=DIALECT, comments=False) if cond is not None else "")
         session = storage.create_read_session(
             parent=f"projects/{bq_table.project}",
             read_session=types.ReadSession(table=f"projects/{bq_table.project}/datasets/{bq_table.dataset_id}/"

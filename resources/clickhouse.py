@@ -200,14 +200,14 @@ class ClickHouseWarehouse(ChunkReads, dg.ConfigurableResource):
         with self._session(table) as client:
             return period_counts(client.query(partition_counts_sql(DIALECT, table, time_column, grain)).result_rows)
 
-    def _chunks(self, table, columns, time_column, start, end, batch_rows) -> Iterator:
+    def _chunks(self, table, columns, time_column, start, end, batch_rows, where=None) -> Iterator:
         """The source of `Batches`: the described schema, then the ArrowStream result block by block
         (`max_block_size` = batch_rows)."""
         with self._session(table) as client:
             schema, client_types = self._describe(client, table, columns, with_types=True)
             yield schema
             sql = _precise_times(select_expr(table, [_projection(client_types[f.name], f.name) for f in schema],
-                                             time_column, start, end)).sql(dialect=DIALECT)
+                                             time_column, start, end, where)).sql(dialect=DIALECT, comments=False)
             settings = {"max_block_size": batch_rows, "preferred_block_size_bytes": 64 << 20}
             with client.query_arrow_stream(sql, settings=settings, use_strings=True) as stream:
                 yield from (b for part in stream for b in (part.to_batches() if isinstance(part, pa.Table) else [part]))

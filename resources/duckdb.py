@@ -86,9 +86,12 @@ class DuckDBWarehouse(dg.ConfigurableResource):
 
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,
-             batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
+             batch_rows: int = 1 << 17, where: str | None = None) -> Iterator[pa.RecordBatch]:
+        """`columns` of the rows of `table` in [start, end) of `time_column` that pass the row filter
+        `where` (resources/row_filter.py), all pushed into DuckDB's query."""
         with self._session(table) as con:
-            yield from con.sql(select_sql("duckdb", table, columns, time_column, start, end)).to_arrow_reader(batch_rows)
+            sql = select_sql("duckdb", table, columns, time_column, start, end, where)
+            yield from con.sql(sql).to_arrow_reader(batch_rows)
 
     def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
               replace: tuple[str, object] | None = None) -> int:

@@ -161,14 +161,24 @@ class ParquetWarehouse(dg.ConfigurableResource):
 
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,
-             batch_rows: int = 1 << 17) -> Iterator[pa.RecordBatch]:
+             batch_rows: int = 1 << 17, where: str | None = None) -> Iterator[pa.RecordBatch]:
+        """`columns` of the rows in [start, end) of `time_column` that pass the row filter `where`
+        (resources/row_filter.py as a pyarrow expression): both pushed into the dataset scan."""
         data = self._dataset(table)
         flt = None
+        if where:
+            from habitus.resources import row_filter
+
+            try:
+                flt = row_filter.arrow_filter(where, data.schema)
+            except row_filter.FilterError as e:
+                raise WarehouseError(f"table {table!r}: the row filter `where: {where}`: {e}") from None
         if time_column is not None:
             field = ds.field(time_column)
             typ = data.schema.field(time_column).type
             if start is not None:
-                flt = field >= pa.scalar(start, pa.timestamp("us")).cast(typ)
+                cond = field >= pa.scalar(start, pa.timestamp("us")).cast(typ)
+                flt = cond if flt is None else flt & cond
             if end is not None:
                 cond = field < pa.scalar(end, pa.timestamp("us")).cast(typ)
                 flt = cond if flt is None else flt & cond

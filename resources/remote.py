@@ -214,19 +214,19 @@ def _close(handle) -> None:
 
 
 class ChunkReads:
-    """`read` for a connector whose `_chunks(table, columns, time_column, start, end, batch_rows)` is a
+    """`read` for a connector whose `_chunks(table, columns, time_column, start, end, batch_rows, where)` is a
     generator holding the connection: it yields the described schema, then the driver's Arrow batches."""
 
     default_batch_rows: ClassVar[int] = 1 << 17
 
     def read(self, table: str, columns: list[str] | None = None, time_column: str | None = None,
              start: datetime | None = None, end: datetime | None = None,
-             batch_rows: int | None = None) -> Batches:
-        """The columns of `table` whose `time_column` is in [start, end), projection and filter in the
-        warehouse's SQL, as Arrow batches of the table's described schema (`default_batch_rows` rows
-        at most unless `batch_rows` says otherwise)."""
+             batch_rows: int | None = None, where: str | None = None) -> Batches:
+        """The columns of `table` whose `time_column` is in [start, end) and that pass the row filter
+        `where` (resources/row_filter.py), projection and filters in the warehouse's SQL, as Arrow batches
+        of the table's described schema (`default_batch_rows` rows at most unless `batch_rows` says otherwise)."""
         batch_rows = batch_rows or self.default_batch_rows
-        return Batches(self._chunks(table, columns, time_column, start, end, batch_rows), table, batch_rows)
+        return Batches(self._chunks(table, columns, time_column, start, end, batch_rows, where), table, batch_rows)
 
 
 class CursorQueries(ChunkReads):
@@ -314,10 +314,10 @@ class CursorQueries(ChunkReads):
             cur.execute(partition_counts_sql(self.sql_dialect, table, time_column, grain))
             return period_counts(cur.fetchall())
 
-    def _chunks(self, table, columns, time_column, start, end, batch_rows) -> Iterator:
+    def _chunks(self, table, columns, time_column, start, end, batch_rows, where=None) -> Iterator:
         """The source of `Batches`: the described schema, then the driver's batches."""
         with self._cursor(table) as cur:
             schema = self._describe(cur, table, columns)
             yield schema
-            cur.execute(select_sql(self.sql_dialect, table, columns, time_column, start, end))
+            cur.execute(select_sql(self.sql_dialect, table, columns, time_column, start, end, where))
             yield from self._fetch(cur, schema, batch_rows)

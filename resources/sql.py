@@ -17,18 +17,22 @@ def table_expr(table: str) -> exp.Table:
 
 
 def select_sql(dialect: str, table: str, columns: list[str] | None = None, time_column: str | None = None,
-               start: datetime | None = None, end: datetime | None = None) -> str:
-    """SELECT the columns of `table` whose `time_column` is in [start, end): projection and time
-    filter both pushed down to the warehouse."""
+               start: datetime | None = None, end: datetime | None = None, where: str | None = None) -> str:
+    """SELECT the columns of `table` whose `time_column` is in [start, end) and that pass the source's
+    row filter `where` (resources/row_filter.py): projection and filters pushed down to the warehouse."""
     cols = [exp.column(c, quoted=True) for c in columns] if columns else [exp.Star()]
-    return select_expr(table, cols, time_column, start, end).sql(dialect=dialect)
+    return select_expr(table, cols, time_column, start, end, where).sql(dialect=dialect, comments=False)
 
 
 def select_expr(table: str, projections: list[exp.Expression], time_column: str | None = None,
-                start: datetime | None = None, end: datetime | None = None) -> exp.Select:
+                start: datetime | None = None, end: datetime | None = None, where: str | None = None) -> exp.Select:
     """The query of `select_sql` with the projections given as expressions (a connector that must
     convert a column on the way out, e.g. a ClickHouse Enum to its label)."""
     query = exp.select(*projections).from_(table_expr(table))
+    if where:
+        from habitus.resources import row_filter
+
+        query = query.where(exp.paren(row_filter.parse(where), copy=False))
     if time_column and start is not None:
         query = query.where(exp.GTE(this=exp.column(time_column, quoted=True), expression=_ts(start)))
     if time_column and end is not None:

@@ -86,7 +86,7 @@ def test_partition_file_has_only_the_month_and_the_columns(tmp_path, warehouse):
     assert pc.min(table.column("ts")).as_py() >= MARCH
     assert pc.max(table.column("ts")).as_py() < APRIL
     # only this partition was written, and no temporary file is left behind
-    assert sorted(p.name for p in path.parent.iterdir()) == ["2026-03-01.parquet"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["2026-03-01.parquet", "extractions.json"]
 
     [materialization] = result.asset_materializations_for_node(asset.op.name)
     assert materialization.asset_key == source_key("purchases")
@@ -155,4 +155,75 @@ def test_missing_table_fails_naming_it(tmp_path, warehouse):
     _, result = _materialize(project, raise_on_error=False)
     assert not result.success
     assert "purchases_2019" in _failure_text(result)
+    assert not (tmp_path / "ws" / "sources" / "purchases" / "2026-03-01.parquet").exists()
+
+
+# --------------------------------------------------------------------------- `where:` row filters
+
+
+def _filtered_count(warehouse, start, end, condition: str) -> int:
+    con = duckdb.connect(str(warehouse), read_only=True)
+    try:
+        return con.execute(f"SELECT count(*) FROM purchases WHERE ts >= ? AND ts < ? AND ({condition})",
+                           [start, end]).fetchall()[0][0]
+    finally:
+        con.close()
+
+
+def test_where_is_pushed_down_and_only_matching_rows_are_extracted(tmp_path, warehouse):
+    where = "price >= 2 AND store_id IN ('S001', 'S002', 'S026', 'S027') AND NOT quantity > 3"
+    project = _project(tmp_path, warehouse, where=where)
+    asset, result = _materialize(project)
+    assert result.success
+    table = pq.read_table(tmp_path / "ws" / "sources" / "purchases" / "2026-03-01.parquet")
+    want = _filtered_count(warehouse, MARCH, APRIL, where)
+    assert 0 < table.num_rows == want < _warehouse_count(warehouse, MARCH, APRIL)
+    assert pc.min(table.column("price")).as_py() >= 2
+    assert table.column_names == ["customer_id", "ts", "product_id", "price"]  # filter columns are not extracted
+    [materialization] = result.asset_materializations_for_node(asset.op.name)
+    assert materialization.metadata["where"].value == where
+
+
+def test_a_changed_where_makes_the_partitions_stale_and_the_cache_refuses_them(tmp_path, warehouse):
+    from habitus.assets.cache import table_input
+    from habitus.assets.sources import extraction_fingerprint, stale_partitions
+    from habitus.resources.workspace import Workspace
+
+    project = _project(tmp_path, warehouse)
+    assert _materialize(project)[1].success
+    folder = tmp_path / "ws" / "sources" / "purchases"
+    assert stale_partitions(project.source("purchases"), folder) == []
+    filtered = _project(tmp_path, warehouse, where="price > 3")
+    source = filtered.source("purchases")
+    assert extraction_fingerprint(source) != extraction_fingerprint(project.source("purchases"))
+    # spacing and case of keywords are the same extraction
+    assert extraction_fingerprint(source) == extraction_fingerprint(
+        _project(tmp_path, warehouse, where="price>3 -- cheap ones out").source("purchases"))
+    assert stale_partitions(source, folder) == ["2026-03-01"]
+    ws = Workspace(root=str(tmp_path / "ws"))
+    with pytest.raises(dg.Failure, match=r"source/purchases: partition\(s\) \['2026-03-01'\].*`where:`"):
+        table_input(filtered, source, ws)
+    assert _materialize(filtered)[1].success  # extracted again with the filter: current
+    assert stale_partitions(source, folder) == []
+    assert table_input(filtered, source, ws).files == [str(folder / "2026-03-01.parquet")]
+    assert stale_partitions(project.source("purchases"), folder) == ["2026-03-01"]  # and back
+
+
+def test_a_file_extracted_before_the_records_counts_as_unfiltered(tmp_path, warehouse):
+    from habitus.assets.sources import stale_partitions
+
+    project = _project(tmp_path, warehouse)
+    assert _materialize(project)[1].success
+    folder = tmp_path / "ws" / "sources" / "purchases"
+    (folder / "extractions.json").unlink()
+    assert stale_partitions(project.source("purchases"), folder) == []
+    assert stale_partitions(_project(tmp_path, warehouse, where="price > 3").source("purchases"), folder) == ["2026-03-01"]
+
+
+def test_where_naming_a_missing_column_fails_naming_it_and_the_source(tmp_path, warehouse):
+    project = _project(tmp_path, warehouse, where="price > 2 AND countryy = 'PL'")
+    _, result = _materialize(project, raise_on_error=False)
+    assert not result.success
+    message = _failure_text(result)
+    assert "source 'purchases'" in message and "['countryy']" in message and "`where:`" in message
     assert not (tmp_path / "ws" / "sources" / "purchases" / "2026-03-01.parquet").exists()
