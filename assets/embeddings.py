@@ -6,17 +6,26 @@ the population carries them, by the entity's recency / frequency / monetary / vi
 (`FeatureSpec.scalar_width` floats, named by `scalar_column_names`) standardized by the foundation's
 own input scaling: a default linear reader gets both the learned profile and the plain RFM figures
 without over-fitting a wide vector (habitus.models.nn.profile chooses the width). The asset's
-`columns` metadata names every position."""
+`columns` metadata names every position.
+
+With `predictions.sink`, each day is also written to the warehouse table `<sink.table>_embeddings`,
+that day's rows replaced: the vector as one fixed-size float32 array column where the connector
+writes arrays (DuckDB FLOAT[n], Parquet), one float32 column per position elsewhere
+(`warehouse_rows`; docs/guide/outputs.md)."""
 
 import time
 from datetime import datetime, timezone
+from functools import partial
 
 import dagster as dg
 import numpy as np
+import pyarrow as pa
 
 from habitus.assets.cache import CACHE_KEY, current_cache
 from habitus.assets.foundation import FOUNDATION_KEY
-from habitus.assets.predictions import CHUNK_ENTITIES, as_of_time, parts_of_day, scoring_pool, write_entity_file
+from habitus.assets.predictions import (CHUNK_ENTITIES, as_of_time, parts_of_day, scoring_pool, write_back,
+                                        write_entity_file)
+from habitus.assets.sources import connection_key
 from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.data.features import WINDOWS, FeatureSpec
 from habitus.models.nn.network import load_trunk
@@ -59,11 +68,42 @@ def embedding_columns(spec: FeatureSpec, hidden: int, profile: Profile = WHOLE) 
     return out
 
 
+# the connectors whose `write` takes a fixed-size list column; the others get one column per position
+ARRAY_CONNECTORS = {"duckdb", "parquet"}
+
+
+def embeddings_table(sink) -> str:
+    return f"{sink.table}_embeddings"
+
+
+def warehouse_rows(table: pa.Table, layout: str) -> pa.Table:
+    """An embeddings file's rows as the warehouse table holds them: `embedding` as a fixed-size list of
+    float32 ('array'), or as float32 columns embedding_0 .. embedding_<n-1> in its place ('columns');
+    the other columns as they are. float32: no warehouse has a half-precision type."""
+    column = table.column("embedding")
+    width = column.type.list_size
+    vectors = column.cast(pa.list_(pa.float32(), width))
+    at = table.schema.get_field_index("embedding")
+    if layout == "array":
+        return table.set_column(at, "embedding", vectors)
+    flat = [c.flatten().to_numpy(zero_copy_only=False) for c in vectors.chunks]
+    matrix = (np.concatenate(flat) if flat else np.zeros(0, np.float32)).reshape(-1, width)
+    out = table.remove_column(at)
+    for i in range(width):
+        out = out.add_column(at + i, pa.field(f"embedding_{i}", pa.float32()), pa.array(matrix[:, i]))
+    return out
+
+
 def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
+    sink = project.predictions.sink
+    kind = project.connections[sink.connection].type if sink else None
+
     @dg.asset(key=EMBEDDINGS_KEY, deps=[FOUNDATION_KEY, CACHE_KEY], partitions_def=partitions_def, group_name="predictions",
-              kinds={"parquet"}, backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=31),
-              required_resource_keys={"workspace", "executor"},
-              description="Entity embeddings from the foundation model (float16, fixed width)")
+              kinds={"parquet"} | ({kind} if kind else set()),
+              backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=31),
+              required_resource_keys={"workspace", "executor"} | ({connection_key(sink.connection)} if sink else set()),
+              description="Entity embeddings from the foundation model (float16, fixed width)"
+                          + (f", also to the warehouse table {embeddings_table(sink)!r}" if sink else ""))
     @locked("embeddings")
     def embeddings(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         started = time.time()
@@ -81,7 +121,9 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
                   "checkpoint": str(workspace.foundation), "weights_sha256": config["weights_sha256"],
                   "precision": executor.inference_precision, "chunk_entities": CHUNK_ENTITIES}
         profile = Profile.of(config)
-        rows, files = 0, []
+        warehouse = getattr(context.resources, connection_key(sink.connection)) if sink else None
+        shape = partial(warehouse_rows, layout="array" if kind in ARRAY_CONNECTORS else "columns")
+        rows, written_back, files = 0, 0, []
         with scoring_pool(context, executor, device, Scorer("habitus.models.serve.predict:embedding_scorer", params),
                           cache) as pool:
             for day in context.partition_keys:  # a backfill embeds up to 31 days in one run
@@ -105,6 +147,8 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
                     raise dg.Failure(f"no entity has history before {as_of.isoformat()}: nothing to embed")
                 if parts is not None:
                     parts.remove()
+                if warehouse is not None:
+                    written_back += write_back(warehouse, embeddings_table(sink), path, as_of, shape)
                 rows += day_rows
                 files.append(path)
         seconds = time.time() - started
@@ -116,6 +160,7 @@ def build_embeddings_asset(project, partitions_def) -> dg.AssetsDefinition:
             "bytes": dg.MetadataValue.int(sum(f.stat().st_size for f in files)),
             "entities_per_second": dg.MetadataValue.float(round(rows / max(seconds, 1e-9), 1)),
             "path": dg.MetadataValue.path(str(path)),
+            **({"written_to_warehouse": dg.MetadataValue.int(written_back)} if sink else {}),
         })
 
     return embeddings

@@ -111,9 +111,17 @@ def write_day(cache, batches, path: Path, name: str, entity_column: str, fingerp
                          f"holds no history before that time")
     if warehouse is None:
         return rows, 0
+    return rows, write_back(warehouse, table, path, as_of)
+
+
+def write_back(warehouse, table: str, path: Path, as_of: datetime, shape=None) -> int:
+    """The day's file at `path` to the warehouse's `table` (the connector's `write`), the rows of that
+    `as_of` replaced: a re-run replaces, never duplicates. `shape` turns the file's Arrow table into
+    the rows written (embeddings: assets/embeddings.py `warehouse_rows`). Returns the rows written."""
     written = pq.read_table(path)
-    return rows, warehouse.write(table, written.to_batches(), written.schema,
-                                 replace=("as_of", as_of.replace(tzinfo=None)))
+    if shape is not None:
+        written = shape(written)
+    return warehouse.write(table, written.to_batches(), written.schema, replace=("as_of", as_of.replace(tzinfo=None)))
 
 
 def write_days(context, asset: str, name: str, folder: Path, batches_of, cache, entity_column: str, fingerprint: str,

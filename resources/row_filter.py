@@ -213,6 +213,15 @@ def _value(node: exp.Expression, typ=None):
             value = (date.fromisoformat(value) if pa.types.is_date(typ) else datetime.fromisoformat(value))
         if isinstance(value, date) and not isinstance(value, datetime) and pa.types.is_timestamp(typ):
             value = datetime(value.year, value.month, value.day)
-        return pa.scalar(value).cast(typ).as_py() if not pa.types.is_dictionary(typ) else value
+        if pa.types.is_dictionary(typ):
+            return value
+        if pa.types.is_decimal(typ) and isinstance(value, (int, float)):  # exact, at the column's scale
+            from decimal import Decimal
+
+            exact = Decimal(str(value))
+            if exact != exact.quantize(Decimal(1).scaleb(-typ.scale)):
+                raise ValueError(f"it has more decimals than the column's {typ.scale}")
+            return pa.scalar(exact.quantize(Decimal(1).scaleb(-typ.scale)), typ).as_py()
+        return pa.scalar(value).cast(typ).as_py()
     except (ValueError, TypeError, pa.ArrowException) as e:
         raise FilterError(f"{node.sql()} cannot be compared with a column of type {typ}: {e}") from None

@@ -265,6 +265,98 @@ class Contract:
         got = pa.Table.from_batches(list(wh.read(table, ["id"], "ts", s2, e2))).column("id").to_pylist()
         assert sorted(got) == [10, 11, 12]
 
+    # a row filter with every construct `where:` takes, and the ids it keeps, said in Python
+    WHERE = ("(NOT flag AND note IN ('n1', 'n2') AND price >= 5) OR (note IS NULL AND id < 30) "
+             "OR (LOWER(note) LIKE 'n0%' AND amount > 100) OR id BETWEEN 117 AND 200")
+
+    @staticmethod
+    def where_keeps(i: int) -> bool:
+        note, amount = None if i % 5 == 0 else f"n{i % 3}", None if i % 10 == 3 else i * 125 // 100
+        return ((i % 2 == 1 and note in ("n1", "n2") and i / 2 >= 5) or (note is None and i < 30)
+                or (note == "n0" and amount is not None and amount > 100) or 117 <= i <= 200)
+
+    @staticmethod
+    def read_where(wh, table="events"):
+        """A source's `where:` runs in the server's query (Parquet: the scan), with the time window."""
+        got = pa.Table.from_batches(list(wh.read(table, ["id", "note"], where=Contract.WHERE))).sort_by("id")
+        want = [i for i in range(N) if Contract.where_keeps(i)]
+        assert 10 < len(want) < N - 10
+        assert got.column("id").to_pylist() == want
+        start, end = datetime(2026, 3, 1), datetime(2026, 4, 1)
+        got = pa.Table.from_batches(list(wh.read(table, ["id"], "ts", start, end, where=Contract.WHERE)))
+        assert sorted(got.column("id").to_pylist()) == [i for i in expected_ids(start, end) if Contract.where_keeps(i)]
+
+    @staticmethod
+    def outputs_written_back(wh, tmp_path, layout: str, table="habitus_scores"):
+        """Embeddings (`layout`: assets/embeddings.py) and explanations written to `<table>_embeddings` and
+        `<table>_churn_explanations` as the assets write them (assets/predictions.py `write_back`), a
+        re-run of a day replacing its rows, and read back whole."""
+        from functools import partial
+
+        import numpy as np
+        import pyarrow.parquet as pq
+
+        from habitus.assets.embeddings import warehouse_rows
+        from habitus.assets.predictions import write_back
+
+        d1, d2, width = datetime(2026, 3, 1), datetime(2026, 3, 2), 5
+
+        def embeddings(day, n, offset):
+            values = (np.arange(n * width, dtype=np.float16) / 8 + offset).astype(np.float16)
+            return pa.table({"customer_id": [f"C{i}" for i in range(n)],
+                             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(values, pa.float16()), width),
+                             "model_fingerprint": ["0123456789abcdef"] * n,
+                             "as_of": pa.array([day] * n, pa.timestamp("s"))})
+
+        def explanations(day, n):
+            return pa.table({"customer_id": [f"C{i // 2}" for i in range(n)], "label": pa.array([None] * n, pa.string()),
+                             "score": pa.array([0.5 + i / 100 for i in range(n)], pa.float32()),
+                             "rank": pa.array([1 + i % 2 for i in range(n)], pa.int16()),
+                             "kind": ["value"] * n, "contribution": pa.array([i / 4 - 1 for i in range(n)], pa.float32()),
+                             "count": pa.array([None if i % 3 else i for i in range(n)], pa.int32()),
+                             "reason": [f"brand = B{i}: +{i / 4 - 1:.4g}" for i in range(n)],
+                             "model_fingerprint": ["0123456789abcdef"] * n, "as_of": pa.array([day] * n, pa.timestamp("s"))})
+
+        def day_file(t, name):
+            path = tmp_path / f"{name}.parquet"
+            pq.write_table(t, path)
+            return path
+
+        def read_back(name):
+            got = pa.Table.from_batches(list(wh.read(name)))
+            rows = []
+            for r in got.to_pylist():
+                t = r["as_of"]
+                r["as_of"] = t.astimezone(__import__("datetime").timezone.utc).replace(tzinfo=None) if t.tzinfo else t
+                rows.append(r)
+            return sorted(rows, key=lambda r: (r["as_of"], r["customer_id"], r.get("rank") or 0))
+
+        shape = partial(warehouse_rows, layout=layout)
+        emb, expl = f"{table}_embeddings", f"{table}_churn_explanations"
+        tables = {d1: embeddings(d1, 6, 0.0), d2: embeddings(d2, 3, 1.0)}
+        assert write_back(wh, emb, day_file(embeddings(d1, 9, 5.0), "e0"), d1, shape) == 9
+        for day, t in tables.items():  # d1 again: a re-run replaces the day's 9 rows with 6
+            assert write_back(wh, emb, day_file(t, f"e{day.day}"), day, shape) == t.num_rows
+        want = sorted((r for t in tables.values() for r in shape(t).to_pylist()), key=lambda r: (r["as_of"], r["customer_id"]))
+        got = read_back(emb)
+        assert len(got) == 9
+        if layout == "array":
+            assert [r["embedding"] for r in got] == [r["embedding"] for r in want]
+        else:
+            assert [[r[f"embedding_{i}"] for i in range(width)] for r in got] == [
+                [r[f"embedding_{i}"] for i in range(width)] for r in want]
+        assert [(r["customer_id"], r["model_fingerprint"], r["as_of"]) for r in got] == [
+            (r["customer_id"], r["model_fingerprint"], r["as_of"]) for r in want]
+
+        assert write_back(wh, expl, day_file(explanations(d1, 10), "x1"), d1) == 10
+        assert write_back(wh, expl, day_file(explanations(d1, 4), "x2"), d1) == 4  # a re-run
+        got = read_back(expl)
+        want = explanations(d1, 4).to_pylist()
+        assert len(got) == 4
+        for column in ("customer_id", "label", "rank", "kind", "count", "reason", "as_of"):
+            assert sorted(map(str, (r[column] for r in got))) == sorted(map(str, (r[column] for r in want))), column
+        assert sorted(r["contribution"] for r in got) == sorted(r["contribution"] for r in want)  # float32 exactly
+
     @staticmethod
     def read_all_values(wh, table="events"):
         """Every value survives: nulls, decimals, booleans, strings, timestamps."""

@@ -35,7 +35,8 @@ NOT_RUN = {
     "synapse": {"types_survive_extraction": _NOT_YET.format("Synapse pool")},
     # a hive-partitioned folder: a `month` column besides the events' own, so only the time questions
     "s3-by-month": dict.fromkeys(["schema", "types_survive_extraction", "read_all_values", "small_batches",
-                                  "missing_table", "write_replaces_partition", "failed_write_keeps_previous_rows"],
+                                  "missing_table", "write_replaces_partition", "failed_write_keeps_previous_rows",
+                                  "read_where", "outputs_written_back"],
                                  "the same files as `s3`, partitioned by month"),
 }
 
@@ -91,6 +92,23 @@ def test_read_all_values(loaded, contract):
 
 def test_small_batches(loaded, contract):
     contract.small_batches(loaded.wh, loaded.table)
+
+
+def test_read_where(loaded, contract):
+    contract.read_where(loaded.wh, loaded.table)
+
+
+def test_outputs_written_back(server, loaded, contract, tmp_path):
+    from habitus.assets.embeddings import ARRAY_CONNECTORS
+
+    kind = {"s3": "parquet", "s3-by-month": "parquet"}.get(server, server.split("-")[0])
+    with _scratch(loaded, "habitus_out") as table:
+        try:
+            contract.outputs_written_back(loaded.wh, tmp_path, "array" if kind in ARRAY_CONNECTORS else "columns", table)
+        finally:
+            if loaded.drop is not None:
+                for suffix in ("_embeddings", "_churn_explanations"):
+                    loaded.drop(table + suffix)
 
 
 def test_missing_table(loaded, contract):
