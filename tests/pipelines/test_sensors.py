@@ -36,13 +36,14 @@ def _insert(path, rows: list[tuple]) -> None:
         con.close()
 
 
-def _project(tmp_path, partition="monthly", connection=None, start="2026-03-01"):
+def _project(tmp_path, partition="monthly", connection=None, start="2026-03-01", where=None):
     cfg = {
         "workspace": "ws",
         "connections": {"warehouse": connection or {"type": "duckdb", "path": "warehouse.duckdb"}},
         "entity": "customer_id",
         "sources": [{"name": "purchases", "role": "events", "connection": "warehouse", "table": "purchases",
-                     "timestamp": "ts", "columns": ["product_id", "price"], "partition": partition, "start": start}],
+                     "timestamp": "ts", "columns": ["product_id", "price"], "partition": partition, "start": start,
+                     **({"where": where} if where else {})}],
     }
     (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg))
     return load_project(tmp_path / "project.yaml")
@@ -153,6 +154,24 @@ def test_run_keys_are_stable_for_the_same_data(tmp_path, warehouse, instance):
     keys = [r.run_key for r in t.tick().run_requests]
     t.cursor = before
     assert [r.run_key for r in t.tick().run_requests] == keys
+
+
+def test_a_changed_where_requests_every_partition_again(tmp_path, warehouse, instance):
+    t = Ticker(_project(tmp_path), instance)
+    first = t.tick().run_requests
+    assert t.tick().run_requests == []
+    filtered = Ticker(_project(tmp_path, where="price > 3"), instance)
+    filtered.cursor = t.cursor  # the same sensor, after the config changed
+    data = filtered.tick()
+    assert _ranges(data.run_requests) == [("2026-03-01", "2026-05-01")]
+    assert data.run_requests[0].run_key != first[0].run_key  # not taken for the run already launched
+    assert filtered.tick().run_requests == []  # and once only
+    old = json.loads(t.cursor)
+    old.pop("extraction")  # a cursor written before the fingerprint was kept: unfiltered
+    t.cursor = json.dumps(old)
+    assert t.tick().run_requests == []
+    filtered.cursor = json.dumps(old)
+    assert _ranges(filtered.tick().run_requests) == [("2026-03-01", "2026-05-01")]
 
 
 def test_first_tick_skips_partitions_this_instance_already_extracted(tmp_path, warehouse, instance):
