@@ -96,7 +96,10 @@ class DuckDBWarehouse(dg.ConfigurableResource):
     def write(self, table: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema,
               replace: tuple[str, object] | None = None) -> int:
         """Append `batches` to `table` (created if missing), first deleting rows where
-        replace[0] == replace[1], all in one transaction: a re-run replaces, never duplicates."""
+        replace[0] == replace[1], all in one transaction: a re-run replaces, never duplicates. DuckDB's
+        refusal (rows of another shape than the table's) names the table; nothing is written then."""
+        import duckdb
+
         con = self._connect(read_only=False)
         reader = pa.RecordBatchReader.from_batches(schema, batches)
         try:
@@ -111,6 +114,10 @@ class DuckDBWarehouse(dg.ConfigurableResource):
             after = con.sql(f"SELECT count(*) FROM {target}").fetchall()[0][0]
             con.sql("COMMIT")
             return int(after - before)
+        except duckdb.Error as e:
+            con.sql("ROLLBACK")
+            raise WarehouseError(f"writing table {table!r} of DuckDB database {self.path}: "
+                                 f"{str(e).splitlines()[0]}") from None
         except Exception:
             con.sql("ROLLBACK")
             raise

@@ -94,3 +94,19 @@ def test_explanations_land_in_duckdb_with_their_types(tmp_path):
     assert got.schema.remove(8) == day.schema.remove(8)  # every type kept; DuckDB's as_of reads back in ms
     assert pa.types.is_timestamp(got.schema.field("as_of").type)
     assert got.to_pylist() == day.slice(0, 3).to_pylist()
+
+
+@pytest.mark.parametrize("layout, width, says", [
+    ("array", 5, "Cannot cast array of size 5 to array of size 7"),
+    ("columns", 9, 'does not have a column with name "embedding_7"')])
+def test_embeddings_of_another_width_fail_naming_the_table_and_keep_its_rows(tmp_path, layout, width, says):
+    from habitus.resources.errors import WarehouseError
+
+    wh = DuckDBWarehouse(path=str(tmp_path / "wh.duckdb"))
+    shape = partial(warehouse_rows, layout=layout)
+    assert write_back(wh, "scores_embeddings", _file(tmp_path, _embeddings(D1, 4, 0.0), "a"), D1, shape) == 4
+    other = _embeddings(D1, 3, 0.0).set_column(1, "embedding", pa.FixedSizeListArray.from_arrays(
+        pa.array(np.zeros(3 * width, np.float16)), width))  # a foundation model of another width
+    with pytest.raises(WarehouseError, match=rf"writing table 'scores_embeddings' of DuckDB database .*{says}"):
+        write_back(wh, "scores_embeddings", _file(tmp_path, other, "b"), D1, shape)
+    assert len(pa.Table.from_batches(list(wh.read("scores_embeddings")))) == 4  # the day as it was
