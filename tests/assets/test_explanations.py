@@ -24,8 +24,8 @@ def run(tmp_path_factory, small_project):
         purchases=["product_id", "quantity", "price"], events={"end": "2026-09-01"}, customers=["age", "segment"],
         products=["category", "brand"], foundation={"batch_size": 256},
         scenarios={"churn": small_project.churn(epochs=1, explain={"top": 3, "steps": 32, "select": "all"}),
-                   "brands": small_project.brands(6, epochs=1, explain={"top": 4, "per_entity": 2})},
-        predictions={"top_k": 3, "start": "2026-08-25"})
+                   "brands": small_project.brands(6, epochs=1, explain={"top": 4, "per_entity": 2, "write_back": True})},
+        predictions={"top_k": 3, "start": "2026-08-25", "sink": {"connection": "warehouse", "table": "scores"}})
     project = load_project(small_project.write(root, config, customers=300, products=80, stores=4, end="2026-08-31",
                                                seed=5))
     result = materialize_all(project, log=lambda _: None)
@@ -100,3 +100,36 @@ def test_multilabel_explains_the_best_labels_of_the_highest_scored_tenth(run):
     # a brand's own history shows up as a reason "brand = <label>" with the entity's counts
     own = (df["column"] == "brand") & (df["value"] == df["label"])
     assert own.sum() > 0 and all(n > 0 for n in df["count"][own])
+
+
+def test_explanations_with_write_back_land_in_the_warehouse_and_a_rerun_replaces_them(run):
+    import dagster as dg
+    import duckdb
+
+    from habitus.pipelines.definitions import build_assets, build_resources
+
+    root, day, meta = run
+
+    def stored(table):
+        con = duckdb.connect(str(root / "warehouse.duckdb"), read_only=True)
+        try:
+            return con.sql(f"SELECT * FROM {table} ORDER BY customer_id, label, rank").to_arrow_table()
+        finally:
+            con.close()
+
+    path = root / "ws" / "explanations" / "brands" / f"{day}.parquet"
+    file = pq.read_table(path).sort_by([("customer_id", "ascending"), ("label", "ascending"), ("rank", "ascending")])
+    table = stored("scores_brands_explanations")
+    assert meta["brands"]["written_to_warehouse"].value == file.num_rows == table.num_rows > 0
+    assert table.column_names == file.column_names
+    for name in file.column_names:
+        if name != "as_of":
+            assert table.column(name).to_pylist() == file.column(name).to_pylist(), name
+    assert meta["churn"]["written_to_warehouse"].value == 0  # churn has no write_back
+    with duckdb.connect(str(root / "warehouse.duckdb"), read_only=True) as con:
+        assert "scores_churn_explanations" not in {r[0] for r in con.sql("SHOW TABLES").fetchall()}
+    project = load_project(root / "project.yaml")
+    out = dg.materialize(build_assets(project), selection=[dg.AssetKey(["explanations", "brands"])],
+                         resources=build_resources(project), partition_key=day)
+    assert out.success
+    assert stored("scores_brands_explanations").num_rows == file.num_rows  # replaced, not added

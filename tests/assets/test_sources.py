@@ -227,3 +227,24 @@ def test_where_naming_a_missing_column_fails_naming_it_and_the_source(tmp_path, 
     message = _failure_text(result)
     assert "source 'purchases'" in message and "['countryy']" in message and "`where:`" in message
     assert not (tmp_path / "ws" / "sources" / "purchases" / "2026-03-01.parquet").exists()
+
+
+def test_habitus_train_extracts_again_what_another_where_extracted(tmp_path, warehouse, monkeypatch):
+    from habitus.assets.sources import stale_partitions
+    from habitus.pipelines.managed import Runner
+
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    folder = tmp_path / "ws" / "sources" / "purchases"
+    first = Runner(_project(tmp_path, warehouse, end="2026-05-01"), log=lambda _: None)
+    first.extract()
+    months = ["2026-03-01", "2026-04-01"]
+    unfiltered = {m: pq.read_metadata(folder / f"{m}.parquet").num_rows for m in months}
+    where = "price > 3 AND product_id <> 'P000001'"
+    project = _project(tmp_path, warehouse, end="2026-05-01", where=where)
+    assert stale_partitions(project.source("purchases"), folder) == months
+    Runner(project, log=lambda _: None).extract()  # every month again, not only the last
+    assert stale_partitions(project.source("purchases"), folder) == []
+    for m, start in zip(months, (MARCH, APRIL)):
+        table = pq.read_table(folder / f"{m}.parquet")
+        end = datetime(start.year, start.month + 1, 1)
+        assert table.num_rows == _filtered_count(warehouse, start, end, where) < unfiltered[m]

@@ -166,3 +166,11 @@ def test_embeddings_have_fixed_width_for_every_entity_with_history(run):
     values = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     vectors = values.reshape(table.num_rows, -1).astype(np.float64)
     assert 0.5 < vectors[:, 0].std() < 2  # unit variance on the rows fitted (the customers of an earlier day)
+    # and, with the predictions' sink, in the warehouse: the same vectors (float32), one row per entity and day
+    stored = _sql(root, f"SELECT customer_id, embedding, model_fingerprint, as_of FROM habitus_scores_embeddings "
+                        f"WHERE as_of = TIMESTAMP '{as_of}' ORDER BY customer_id")
+    order = np.argsort(np.asarray(table.column("customer_id").to_pylist()))
+    assert [r[0] for r in stored] == [table.column("customer_id")[int(i)].as_py() for i in order]
+    assert np.array_equal(np.asarray([r[1] for r in stored], np.float32), vectors[order].astype(np.float32))
+    assert {r[2] for r in stored} == set(table.column("model_fingerprint").to_pylist())
+    assert {r[3] for r in stored} == {as_of}
