@@ -6,13 +6,15 @@ numbers, TRUE / FALSE, DATE '...' / TIMESTAMP '...'). Statements, subqueries, ot
 second statement after ';' and qualified names (t.col) are refused with the construct named; column
 names are quoted like every other identifier habitus writes, so they are never pasted as SQL."""
 
+import operator
 from datetime import date, datetime
 from functools import lru_cache
 
 from sqlglot import exp
 
-COMPARISONS = {exp.EQ: "==", exp.NEQ: "!=", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
-FLIPPED = {"==": "==", "!=": "!=", ">": "<", ">=": "<=", "<": ">", "<=": ">="}
+COMPARISONS = {exp.EQ: operator.eq, exp.NEQ: operator.ne, exp.GT: operator.gt, exp.GTE: operator.ge,
+               exp.LT: operator.lt, exp.LTE: operator.le}
+FLIPPED = {operator.gt: operator.lt, operator.ge: operator.le, operator.lt: operator.gt, operator.le: operator.ge}
 FUNCTIONS = {exp.Lower: "utf8_lower", exp.Upper: "utf8_upper"}
 CAST_TYPES = {exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP}
 ALLOWED = (exp.Column, exp.Identifier, exp.Literal, exp.Boolean, exp.Null, exp.And, exp.Or, exp.Not, exp.Paren,
@@ -48,8 +50,14 @@ def _parsed(text: str) -> exp.Expression:
             raise FilterError(f"{node.sql()}: IN takes a list of literal values")
         elif isinstance(node, exp.Column) and (node.table or node.args.get("db") or node.args.get("catalog")):
             raise FilterError(f"{node.sql()}: name the column alone, without a table")
-        elif isinstance(node, exp.Like) and not isinstance(node.expression, exp.Literal):
+        elif isinstance(node, exp.Like) and not (isinstance(node.expression, exp.Literal) and node.expression.is_string):
             raise FilterError(f"{node.sql()}: LIKE takes a string pattern")
+        elif isinstance(node, exp.Is) and not isinstance(node.expression, exp.Null):
+            raise FilterError(f"{node.sql()}: IS takes NULL (IS NULL, IS NOT NULL); compare a boolean with = TRUE")
+        elif type(node) in COMPARISONS and (isinstance(node.this, exp.Null) or isinstance(node.expression, exp.Null)):
+            raise FilterError(f"{node.sql()}: a comparison with NULL is never true; write IS NULL or IS NOT NULL")
+        elif isinstance(node, exp.Neg) and not isinstance(node.this, exp.Literal):
+            raise FilterError(f"{node.sql()}: only a number is negated")
         elif isinstance(node, exp.Func) and not isinstance(node, ALLOWED):
             raise FilterError(f"the function {node.sql_name()} is not allowed (only LOWER and UPPER of a column)")
         elif not isinstance(node, ALLOWED):
@@ -122,23 +130,14 @@ def _arrow(node: exp.Expression, schema):
         return _arrow(node.this, schema) | _arrow(node.expression, schema)
     if isinstance(node, exp.Not):
         return ~_arrow(node.this, schema)
-    if isinstance(node, exp.Column):
-        return _field(node, schema)
     if isinstance(node, exp.Boolean):
         return pc.scalar(node.this)
     if type(node) in COMPARISONS:
         op, left, right = COMPARISONS[type(node)], node.this, node.expression
-        if _is_value(left) and not _is_value(right):
-            op, left, right = FLIPPED[op], right, left
-        lhs = _operand(left, schema)
-        rhs = _operand(right, schema, _type_of(left, schema))
-        if isinstance(right, exp.Null) or isinstance(left, exp.Null):
-            raise FilterError(f"{node.sql()}: a comparison with NULL is never true; write IS NULL or IS NOT NULL")
-        return {"==": lhs.__eq__, "!=": lhs.__ne__, ">": lhs.__gt__, ">=": lhs.__ge__, "<": lhs.__lt__,
-                "<=": lhs.__le__}[op](rhs)
-    if isinstance(node, exp.Is):
-        if not isinstance(node.expression, exp.Null):
-            raise FilterError(f"{node.sql()}: IS takes NULL (IS NULL, IS NOT NULL)")
+        if _is_value(left) and not _is_value(right):  # 3 < price: price > 3, the literal cast to price's type
+            op, left, right = FLIPPED.get(op, op), right, left
+        return op(_operand(left, schema), _operand(right, schema, _type_of(left, schema)))
+    if isinstance(node, exp.Is):  # IS NULL: parse() refuses IS anything else
         return _operand(node.this, schema).is_null()
     if isinstance(node, exp.In):
         typ = _type_of(node.this, schema)
