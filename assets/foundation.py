@@ -9,11 +9,10 @@ from habitus.assets.foundation_versions import keep_foundation_version
 from habitus.assets.plots import loss_curves
 from habitus.assets.tracking import check_installed, track_foundation
 from habitus.models.nn.checkpoint import save_checkpoint
-from habitus.models.train.launch import foundation_job
+from habitus.models.train.recipe import foundation_job
 from habitus.models.train.resume import Resumer
-from habitus.models.storage.files import combine, read_json
+from habitus.models.storage.files import read_json
 from habitus.models.data.features import DAY
-from habitus.models.train.foundation import train_foundation
 from habitus.models.train.loop import day_floor
 from habitus.models.train.config import config_dict
 from habitus.resources.executor import TrainingExecutor
@@ -44,16 +43,11 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
         cfg = project.foundation.config()
         cutoff = test_cutoff(project, cache)
         last_cutoff = cutoff - cfg.horizon_days * DAY  # its targets end where the hold-out begins
-        # a killed run continues from its last saved state (same cache, config and cut-off only)
-        resume = Resumer(workspace.resume("foundation"), combine(cache.fingerprint, config_dict(cfg), last_cutoff),
-                         every_steps=project.foundation.save_every_steps, log=context.log.info)
-        if executor.distributed:  # N processes under torchrun; rank 0's result comes back here
-            context.log.info(f"training in {executor.process_count} processes under torchrun (DDP, entity chunks "
-                             f"sharded by rank); a killed run starts afresh (resumable saves need processes: 1)")
-            result = executor.train(foundation_job(cache, cfg, last_cutoff, device), device, log=context.log.info)
-        else:
-            with executor.autocast(device):  # bf16: torch.autocast around the loop, fp32 master weights
-                result = train_foundation(cache, cfg, last_cutoff, device=device, log=context.log.info, resume=resume)
+        # in this process or under torchrun (rank 0's result comes back); a killed run continues from its
+        # last saved state (same cache, config, cut-off and processes only)
+        folder = workspace.resume("foundation")
+        result = executor.train(foundation_job(cache, cfg, last_cutoff, device), device, log=context.log.info,
+                                resume=(folder, project.foundation.save_every_steps))
         info = result.info
         digest = save_checkpoint(workspace.foundation, result.model, {
             "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,
@@ -65,7 +59,7 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
             "curves": result.curves, "training": {k: info[k] for k in ("events_seen", "entities_seen", "seconds",
                                                                         "steps", "device")},
         })
-        resume.clear()
+        Resumer(folder, "").clear()
         # kept as a version and served (no gate: a foundation has no baseline); `habitus rollback foundation`
         version = keep_foundation_version(workspace, project.versions.keep, project.versions.keep_served)
         track_foundation(project.mlflow, digest, read_json(workspace.foundation / "config.json"), context.log.warning)

@@ -17,7 +17,7 @@ from habitus.models.tasks import task as task_of
 from habitus.models.tasks.base import TargetError
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.train.config import LoraConfig, ScenarioConfig
-from habitus.models.train.launch import scenario_job
+from habitus.models.train.recipe import scenario_job
 from habitus.models.train.scenario import metrics_table, train_scenario
 from habitus.resources.executor import TrainingExecutor
 from habitus.resources.workspace import Workspace, locked
@@ -59,12 +59,13 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         spill = workspace.resume("scenarios", name)
         spill.mkdir(parents=True, exist_ok=True)
         cfg = scenario_config(name, scenario, cache, test_cutoff(project, cache), str(spill))
-        launch = (lambda: executor.train(scenario_job(  # N processes under torchrun; rank 0's result comes back
-            cache, workspace.foundation, foundation["weights_sha256"], cfg.task, cfg.train_cutoffs, cfg.val_cutoff,
-            cfg.finetune, device), device, log=context.log.info)) if executor.distributed else None
+        # the measured run and the refit, each in this process or under torchrun, resumable in spill/<mode>
+        launch = lambda t: executor.train(  # noqa: E731
+            scenario_job(cache, workspace.foundation, foundation["weights_sha256"], t, device), device,
+            log=context.log.info, resume=(spill / t.mode, cfg.save_every_steps))
         path = workspace.scenario(name)
         run = train_scenario(cache, state, foundation, cfg, path=path, device=device, log=context.log.info,
-                             precision=executor.precision, resume_dir=spill, launch=launch)
+                             resume_dir=spill, launch=launch)
         report, key, better = run.report, headline(cfg.task), run.checkpoint["beats_baselines"]
         fp, _ = keep_version(workspace, name, run.served_scores, project.versions.keep, project.versions.keep_served)
         track_scenario(project.mlflow, workspace, name, scenario.model_dump(mode="json"), fp, context.log.warning)

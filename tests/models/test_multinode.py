@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from habitus.models.train.launch import foundation_job, read_result, write_job
+from habitus.models.train.launch import read_result, write_job
+from habitus.models.train.recipe import foundation_job
 from habitus.models.train.config import FoundationConfig
 from habitus.resources.executor import ExecutorError, TrainingExecutor
 

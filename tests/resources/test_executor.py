@@ -25,7 +25,6 @@ def test_cpu_device_threads_and_the_plain_precision():
     ({"inference_precision": "int4"}, "inference_precision 'int4'"),
     ({"device": "tpu"}, "device 'tpu': choose auto, cpu, cuda"),
     ({"device": "cuda:1", "processes": 2}, "names one GPU but processes is 2"),
-    ({"device": "cpu", "precision": "bf16"}, "bf16 trains on GPUs"),
 ])
 def test_settings_that_cannot_work_are_refused_with_the_fix(settings, message):
     with pytest.raises(ExecutorError, match=message):
