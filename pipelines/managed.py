@@ -1,6 +1,7 @@
 """Entry points for managed training jobs (SageMaker and similar), no Dagster instance needed.
 
     habitus train [--stage foundation|scenarios|all]   sources, cache, then the training assets
+                  [--nnodes N --node-rank R --rdzv HOST:PORT]   one of N machines training together
     habitus score --date D                              the day's predictions (sources and cache first)
     habitus embed --date D                              the day's embeddings (sources and cache first)
     habitus upload                                      every finished stage to `output:` (nothing twice)
@@ -14,6 +15,13 @@ the failure file of the managed-job layout ($HABITUS_FAILURE_FILE, else $SM_OUTP
 /opt/ml/output/failure when /opt/ml/output exists). Exit codes as `habitus materialize`: 0 done, 1 a
 blocking check failed (not beats_baselines: a losing model is not promoted, the job did not fail), 2 bad usage
 or config, 3 a stage failed. docs/managed-jobs.md shows the layout.
+
+Several machines (`nodes`): each runs `habitus train`, on its own disk: it extracts and caches the same
+data, and its trainings start torchrun as one node of N (its node rank, the first host's c10d
+rendezvous), so every training runs on all machines' processes together; every node keeps the
+result, and only the first uploads. A job with several instances (SageMaker: $SM_HOSTS and
+$SM_CURRENT_HOST, or /opt/ml/input/config/resourceconfig.json) needs no flags; elsewhere (Slurm, plain
+machines) --nnodes, --node-rank and --rdzv say it. docs/clusters.md.
 """
 
 import argparse
@@ -25,6 +33,8 @@ from datetime import date
 from pathlib import Path
 
 COMMANDS = ("train", "score", "embed", "upload", "restore")
+RESOURCE_CONFIG = Path("/opt/ml/input/config/resourceconfig.json")  # SageMaker's hosts of a training job
+RDZV_PORT = 29400  # the first host's c10d rendezvous port on a managed job ($HABITUS_RDZV_PORT)
 
 
 def add_executor_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,6 +63,38 @@ def with_executor(project, args):
         bad = "; ".join(f"--{str(x['loc'][0]).replace('_', '-')}: {x['msg']}" for x in e.errors())
         raise ConfigError(f"executor settings on the command line: {bad}") from None
     return project.model_copy(update={"executor": settings})
+
+
+def nodes(args, resource_config: Path = RESOURCE_CONFIG) -> dict | None:
+    """This machine's place among the job's (nnodes, node_rank, rdzv_endpoint, rdzv_id), from
+    --nnodes/--node-rank/--rdzv, else from the platform's host list and current host ($SM_HOSTS, a
+    JSON list, and $SM_CURRENT_HOST; or `resource_config`); None: one machine."""
+    import json
+
+    given = [getattr(args, k, None) for k in ("nnodes", "node_rank", "rdzv")]
+    run_id = os.environ.get("TRAINING_JOB_NAME") or os.environ.get("SLURM_JOB_ID") or "habitus"
+    if any(v is not None for v in given):
+        if any(v is None for v in given):
+            raise ValueError("several machines need all of --nnodes, --node-rank and --rdzv HOST:PORT (the first "
+                             "node's address and a free port, the same on every node)")
+        n, rank, rdzv = given
+        if not 0 <= rank < n:
+            raise ValueError(f"--node-rank {rank} is not one of 0..{n - 1} (--nnodes {n})")
+        return None if n == 1 else {"nnodes": n, "node_rank": rank, "rdzv_endpoint": rdzv, "rdzv_id": run_id}
+    if os.environ.get("SM_HOSTS"):
+        hosts, current, where = json.loads(os.environ["SM_HOSTS"]), os.environ.get("SM_CURRENT_HOST"), "$SM_HOSTS"
+    elif resource_config.exists():
+        config = json.loads(resource_config.read_text())
+        hosts, current, where = config.get("hosts", []), config.get("current_host"), str(resource_config)
+    else:
+        return None
+    if len(hosts) <= 1:
+        return None
+    if current not in hosts:
+        raise ValueError(f"the current host {current!r} is not one of the job's hosts {hosts} ({where})")
+    port = os.environ.get("HABITUS_RDZV_PORT", str(RDZV_PORT))
+    return {"nnodes": len(hosts), "node_rank": hosts.index(current), "rdzv_endpoint": f"{hosts[0]}:{port}",
+            "rdzv_id": run_id}
 
 
 def failure_file() -> Path | None:
@@ -153,12 +195,23 @@ def _restore_if_missing(project, log) -> None:
     ws.restore(log=log)
 
 
-def train(project, stage: str = "all", log=print, verbose: bool = False) -> dict:
+def train(project, stage: str = "all", log=print, verbose: bool = False, cluster: dict | None = None) -> dict:
+    """The training stages; `cluster` (`nodes`): this machine is one of several that train together."""
     import dagster as dg
 
     from habitus.assets.scenarios import scenario_key
 
+    if cluster is not None and cluster["node_rank"] > 0:  # the first node uploads; the others keep their copy
+        log(f"node {cluster['node_rank']} of {cluster['nnodes']}: training with the others at "
+            f"{cluster['rdzv_endpoint']}; the first node uploads")
+        project = project.model_copy(update={"output": None})
     r = Runner(project, log, verbose)
+    if cluster is not None:
+        from habitus.resources.executor import TrainingExecutor
+
+        settings = project.executor.model_dump() if project.executor else {"processes": 0 if project.kubernetes else 1}
+        r.resources["executor"] = TrainingExecutor(**settings, **cluster,
+                                                   job_dir=str(Path(project.workspace) / "jobs"))
     if stage == "scenarios":
         _restore_if_missing(project, log)
     r.extract()
@@ -235,6 +288,11 @@ def main(command: str, argv: list[str]) -> int:
         p.add_argument("--all", action="store_true", help="predictions and embeddings too, not only checkpoints")
         p.add_argument("--from", dest="source", help="where to restore from (default: `output:`), e.g. the model "
                                                      "channel of a scoring job: $SM_CHANNEL_MODEL")
+    if command == "train":
+        g = p.add_argument_group("several machines (default: $SM_HOSTS / $SM_CURRENT_HOST of a managed job, else one)")
+        g.add_argument("--nnodes", type=int, help="how many machines train together")
+        g.add_argument("--node-rank", type=int, help="this machine's place, 0..nnodes-1 (0 uploads)")
+        g.add_argument("--rdzv", help="HOST:PORT of the first machine's rendezvous, the same on every machine")
     if command in ("train", "score", "embed"):
         p.add_argument("-v", "--verbose", action="store_true", help="Dagster's DEBUG log as well")
         add_executor_arguments(p)
@@ -243,13 +301,14 @@ def main(command: str, argv: list[str]) -> int:
         os.environ["HABITUS_CONFIG"] = str(Path(args.config).resolve())
     try:
         project = with_executor(load_project(args.config), args)
-    except ConfigError as e:
+        cluster = nodes(args) if command == "train" else None
+    except (ConfigError, ValueError) as e:
         _fail(str(e), "")
         return 2
     started = time.time()
     try:
         if command == "train":
-            result = train(project, args.stage, verbose=args.verbose)
+            result = train(project, args.stage, verbose=args.verbose, cluster=cluster)
         elif command in ("score", "embed"):
             result = score(project, args.date, embeddings=command == "embed", predictions=command == "score",
                            verbose=args.verbose)

@@ -73,6 +73,9 @@ class TrainingExecutor(dg.ConfigurableResource):
     rdzv_id: str = "habitus"
     node_rank: int | None = Field(None, ge=0)  # several nodes: this one's place (None: the rendezvous gives it)
     max_restarts: int | None = Field(None, ge=0)
+    # several nodes each preparing its own inputs (`habitus train` on every node): this node's folder for the
+    # jobs; every node then keeps the result and the resumable state (its local rank 0 writes them)
+    job_dir: str | None = None
 
     def _check(self) -> None:
         if self.precision not in TRAIN_PRECISIONS:
@@ -167,17 +170,18 @@ class TrainingExecutor(dg.ConfigurableResource):
                 "--nproc_per_node", str(self.process_count), *target]
 
     def train(self, job: dict, device: str, log: Callable[[str], None] = print,
-              resume: tuple[str | os.PathLike, int] | None = None, job_dir: str | os.PathLike | None = None):
+              resume: tuple[str | os.PathLike, int] | None = None):
         """Train `job` (habitus.models.train.recipe.foundation_job / scenario_job) and return its result as a
         habitus.models.train.TrainResult, the model on `device`: in this process, or in `processes`
         processes under torchrun (rank 0's result). `resume`: (folder, steps between saves), a killed run
-        continues from its state there. Under torchrun the job and rank 0's checkpoint pass through
-        `job_dir` (default a temporary folder in $TMPDIR; several nodes: a folder every node reads); a
-        rank's failure raises with its traceback."""
+        continues from its state there. Under torchrun the job and the result pass through a temporary
+        folder ($TMPDIR), or on several nodes through `job_dir`, this node's own, where this node's first
+        process writes the result too (every node trained the same weights); a rank's failure raises with
+        its traceback."""
         import shutil
         import tempfile
 
-        from habitus.models.train.launch import rank_errors, read_result, write_job
+        from habitus.models.train.launch import child_env, rank_errors, read_result, write_job
         from habitus.models.train.recipe import run_training, with_resume
 
         job = {**job, "precision": self.precision}  # every rank trains under the same autocast
@@ -187,17 +191,16 @@ class TrainingExecutor(dg.ConfigurableResource):
             from habitus.models.train.distributed import Dist
 
             return run_training(job, Dist(device=device), log)[0]
-        if self.nnodes > 1 and job_dir is None:  # every node's torchrun must read the job: not this $TMPDIR
-            raise ExecutorError(f"executor nnodes {self.nnodes}: the job folder must be one every node reads; start "
-                                f"`habitus train --nnodes {self.nnodes} --node-rank R --rdzv HOST:PORT` on every node "
-                                f"(docs/clusters.md)")
-        # the ranks import what this process can (a scenario's target function, say)
-        paths = [os.path.abspath(p or os.getcwd()) for p in sys.path
-                 if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))]
-        env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))} if paths else {}
+        if self.nnodes > 1 and self.job_dir is None:
+            raise ExecutorError(f"executor nnodes {self.nnodes}: an asset starts the nodes through `habitus train --nnodes "
+                                f"{self.nnodes} --node-rank R --rdzv HOST:PORT` on every node, or through Kubernetes "
+                                f"(`kubernetes:` with `nnodes`); docs/clusters.md")
+        env = child_env()  # the ranks import what this process can (a scenario's target function, say)
         with tempfile.TemporaryDirectory(prefix="habitus-torchrun-") as tmp:
-            folder = Path(job_dir or tmp)
+            folder = Path(tmp) if self.job_dir is None else Path(self.job_dir, job["kind"] + (
+                f"-{job['mode']}" if "mode" in job else ""))
             folder.mkdir(parents=True, exist_ok=True)
+            job = {**job, "every_node": self.job_dir is not None}
             shutil.rmtree(folder / "result", ignore_errors=True)  # (a folder used before)
             for stale in folder.glob("error-*.txt"):
                 stale.unlink()
@@ -207,8 +210,6 @@ class TrainingExecutor(dg.ConfigurableResource):
             except ExecutorError as e:
                 errors = rank_errors(folder)
                 raise ExecutorError(f"{e}\nthe failed ranks' errors:\n{errors}" if errors else str(e)) from None
-            if not (folder / "result").exists():  # a node without rank 0: it trained, the first node keeps the result
-                return None
             return read_result(folder, device)
 
     def launch(self, target: list[str], log: Callable[[str], None] = print, env: dict | None = None) -> None:

@@ -38,10 +38,13 @@ def child_env(extra: dict | None = None) -> dict:
     """The environment of a process this one starts to run `models/` (torchrun's ranks, the scoring
     processes of models/serve/parts.py): this one's, with the repository and every folder on sys.path
     outside the interpreter's own on PYTHONPATH, so the child imports what this process can (a
-    scenario's target function, say); `extra` on top."""
+    scenario's target function, say); `extra` on top. Site folders stay out: the child's interpreter
+    adds its own, and one put ahead of them (a virtual environment layered over another's packages)
+    would load the other installation's import hooks first."""
     root = str(Path(__file__).resolve().parents[2])  # the repository, not models/
     paths = [os.path.abspath(p or os.getcwd()) for p in sys.path
-             if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))]
+             if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))
+             and Path(p or ".").name not in ("site-packages", "dist-packages")]  # (the child's site finds its own)
     env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([root, *paths, *filter(None, [env.get("PYTHONPATH")])]))
     return env
@@ -61,7 +64,7 @@ def run(job_dir) -> None:
         result, spec = run_training(job, dist, _say)
         gap = weights_gap(result.model, dist)  # lockstep keeps the ranks' weights equal: 0.0
         result.info["weights_gap"] = gap
-        if dist.is_writer:
+        if writes(job, dist):
             if gap > 0:
                 _say(f"warning: the ranks' weights differ by up to {gap:.3g} after training; rank 0's are kept")
             save_checkpoint(job_dir / RESULT, result.model, {
@@ -72,6 +75,12 @@ def run(job_dir) -> None:
     except BaseException:
         (job_dir / f"error-{rank}.txt").write_text(traceback.format_exc())
         raise
+
+
+def writes(job: dict, dist) -> bool:
+    """Whether this rank writes the result and the resumable state: rank 0, and with "every_node" (nodes
+    that each read their own job folder) the first process of every node."""
+    return dist.is_writer or bool(job.get("every_node") and dist.local_rank == 0)
 
 
 def read_result(job_dir, device: str = "cpu") -> TrainResult:

@@ -154,4 +154,7 @@ def _resumer(job: dict, fp: str, dist: Dist, log: Log) -> Resumer | None:
     r = job.get("resume")
     if r is None:
         return None
-    return Resumer(Path(r["folder"]), fp, every_steps=r["every_steps"], log=log, dist=dist)
+    from habitus.models.train.launch import writes
+
+    return Resumer(Path(r["folder"]), fp, every_steps=r["every_steps"], log=log if dist.is_writer else (lambda _: None),
+                   dist=dist, writes=writes(job, dist))

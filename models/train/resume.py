@@ -18,7 +18,8 @@ Under torchrun (`dist` with several ranks) the ranks save together, at the same 
 on every rank and rank 0 writes them once; what differs by rank (its position in its share of the
 data, its batch generator, torch's generator) is gathered to rank 0 and written beside them, one entry
 per rank, and each rank takes its own entry back. Every rank reads the same folder (on several
-machines: a shared one); ranks that find different states refuse to go on.
+machines a shared one, or each machine its own, which its first process writes: `writes`); ranks that
+find different states refuse to go on.
 """
 
 import json
@@ -41,7 +42,7 @@ class Resumer:
     """Saves and restores a training loop's state in `folder` for the run whose inputs hash to `fingerprint`."""
 
     def __init__(self, folder: str | os.PathLike, fingerprint: str, every_steps: int = SAVE_EVERY_STEPS,
-                 log: Callable[[str], None] = print, dist: Dist | None = None):
+                 log: Callable[[str], None] = print, dist: Dist | None = None, writes: bool | None = None):
         if every_steps < 1:
             raise ValueError(f"every_steps must be >= 1, got {every_steps}")
         self.folder = Path(folder)
@@ -49,6 +50,7 @@ class Resumer:
         self.every_steps = every_steps
         self.log = log
         self.dist = dist or Dist()
+        self.writes = self.dist.is_writer if writes is None else writes  # (several: rank 0, or each node's first)
         self.saves = 0
         self.step = 0  # optimizer steps done by the run, restored with the state
         self._last_saved_step = 0
@@ -78,7 +80,8 @@ class Resumer:
 
     def save(self, step: int, modules: dict, rng: np.random.Generator, loop: dict,
              own_rng: np.random.Generator | None = None, own: dict | None = None) -> None:
-        """Write the state atomically (rank 0; every rank calls it at the same step under torchrun).
+        """Write the state atomically (rank 0, or each node's first process on nodes that do not share a
+        folder; every rank calls it at the same step under torchrun).
         `modules`: name -> object with state_dict() (model, optimizer, scheduler), the same on every
         rank; `loop`: the loop's position and counters every rank shares (JSON values and tensors);
         `own`, `own_rng`: this rank's own position and generator."""
@@ -87,10 +90,10 @@ class Resumer:
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
         ranks = [mine]
         if self.dist.enabled:  # (in memory, between the ranks: pickled by torch, never written)
-            ranks = [None] * self.dist.world if self.dist.is_writer else None
-            torch.distributed.gather_object(mine, ranks, dst=0)
+            ranks = [None] * self.dist.world
+            torch.distributed.all_gather_object(ranks, mine)
         self._last_saved_step = int(step)
-        if not self.dist.is_writer:
+        if not self.writes:
             return
         tensors: dict[str, torch.Tensor] = {}
         body = {
@@ -146,7 +149,8 @@ class Resumer:
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         if int(t[0]) != -int(t[1]):
             raise RuntimeError(f"the ranks found different saved states in {self.folder} (steps {-int(t[1])} to "
-                               f"{int(t[0])}): every node must read the same resume folder (a shared filesystem)")
+                               f"{int(t[0])}): every node must read the same resume folder (a shared filesystem), or "
+                               f"each keep its own (`habitus train` on every node)")
 
     def _read(self) -> dict | None:
         state_json, state_st = self.latest / "state.json", self.latest / "state.safetensors"
