@@ -46,8 +46,13 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
         # in this process or under torchrun (rank 0's result comes back); a killed run continues from its
         # last saved state (same cache, config, cut-off and processes only)
         folder = workspace.resume("foundation")
+        group = None
+        if project.kubernetes is not None:  # several nodes: an indexed Job of pods on the workspace claim
+            from habitus.pipelines.kubernetes_nodes import group_of
+
+            group = group_of(project, "foundation", "foundation")
         result = executor.train(foundation_job(cache, cfg, last_cutoff, device), device, log=context.log.info,
-                                resume=(folder, project.foundation.save_every_steps))
+                                resume=(folder, project.foundation.save_every_steps), group=group)
         info = result.info
         digest = save_checkpoint(workspace.foundation, result.model, {
             "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,

@@ -60,9 +60,14 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         spill.mkdir(parents=True, exist_ok=True)
         cfg = scenario_config(name, scenario, cache, test_cutoff(project, cache), str(spill))
         # the measured run and the refit, each in this process or under torchrun, resumable in spill/<mode>
+        group = None
+        if project.kubernetes is not None:  # several nodes: an indexed Job of pods on the workspace claim
+            from habitus.pipelines.kubernetes_nodes import group_of
+
+            group = lambda t: group_of(project, "scenarios", f"{name}-{t.mode}")  # noqa: E731
         launch = lambda t: executor.train(  # noqa: E731
             scenario_job(cache, workspace.foundation, foundation["weights_sha256"], t, device), device,
-            log=context.log.info, resume=(spill / t.mode, cfg.save_every_steps))
+            log=context.log.info, resume=(spill / t.mode, cfg.save_every_steps), group=group and group(t))
         path = workspace.scenario(name)
         run = train_scenario(cache, state, foundation, cfg, path=path, device=device, log=context.log.info,
                              resume_dir=spill, launch=launch)

@@ -170,7 +170,8 @@ class TrainingExecutor(dg.ConfigurableResource):
                 "--nproc_per_node", str(self.process_count), *target]
 
     def train(self, job: dict, device: str, log: Callable[[str], None] = print,
-              resume: tuple[str | os.PathLike, int] | None = None):
+              resume: tuple[str | os.PathLike, int] | None = None,
+              group: tuple[Path, Callable[[Path, Callable[[str], None]], None]] | None = None):
         """Train `job` (habitus.models.train.recipe.foundation_job / scenario_job) and return its result as a
         habitus.models.train.TrainResult, the model on `device`: in this process, or in `processes`
         processes under torchrun (rank 0's result). `resume`: (folder, steps between saves), a killed run
@@ -187,6 +188,12 @@ class TrainingExecutor(dg.ConfigurableResource):
         job = {**job, "precision": self.precision}  # every rank trains under the same autocast
         if resume is not None:
             job = with_resume(job, *resume)
+        if group is not None:  # pods of a cluster, on a folder they share; rank 0 writes the result
+            folder, start = group
+            folder.mkdir(parents=True, exist_ok=True)
+            write_job(folder, job)
+            start(folder, log)
+            return read_result(folder, device)
         if not self.distributed:
             from habitus.models.train.distributed import Dist
 
