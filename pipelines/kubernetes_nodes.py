@@ -6,8 +6,7 @@ Service that gives its pods stable DNS names, rendered from the project config's
         --job-dir /data/workspace/jobs/foundation-2026-11-01 --image registry.example.com/habitus-gpu:1.0 \\
         | kubectl apply -f -
 
-Every pod runs the command an asset with `nnodes` > 1 prints (habitus.resources.executor.TrainingExecutor
-.torchrun_command): `torchrun --nnodes N --rdzv-backend c10d ... -m habitus.models.train.launch JOB_DIR`, with
+Every pod runs the command habitus.resources.executor.TrainingExecutor.torchrun_command builds for several nodes: `torchrun --nnodes N --rdzv-backend c10d ... -m habitus.models.train.launch JOB_DIR`, with
 `kubernetes.<stage>.gpus` processes per pod. The pod index (JOB_COMPLETION_INDEX, set by the Job
 controller) wires the rendezvous: pod 0 hosts the c10d store (`--rdzv-conf is_host=1`), the others
 join it at `<name>-0.<name>:<port>`, pod 0's name under the Service; the global ranks are then given
@@ -17,9 +16,9 @@ by the rendezvous, DDP and the entity sharding as on one node. JOB_DIR (job.json
 Why an indexed Job and not the Kubeflow training operator's PyTorchJob: it is batch/v1, on every
 cluster since Kubernetes 1.24, with nothing to install or upgrade (the training operator's v1 CRDs are
 being replaced by Kubeflow Trainer's TrainJob); torchrun's c10d rendezvous already does what the
-operator's MASTER_ADDR/RANK wiring does; and a restart of the group buys nothing here, since several
-processes cannot resume mid-training (models/train/resume.py is single-process): a failed pod fails the
-Job (backoffLimit 0, no pod restarts) and the whole group is run again. Required pod anti-affinity
+operator's MASTER_ADDR/RANK wiring does, and torchrun's --max-restarts restarts the processes of a pod,
+which resume from the last saved step (models/train/resume.py): a failed pod fails the Job (backoffLimit
+0, no pod restarts) and the whole group is run again, resuming too. Required pod anti-affinity
 on the node's hostname keeps it one pod per node.
 
 `run_group` is what a training asset runs with `kubernetes.<stage>.nodes` above 1 (through
