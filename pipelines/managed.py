@@ -201,6 +201,8 @@ def train(project, stage: str = "all", log=print, verbose: bool = False, cluster
 
     from habitus.assets.scenarios import scenario_key
 
+    if stage == "scenarios":  # (every node restores from `output:`, which only the first writes to)
+        _restore_if_missing(project, log)
     if cluster is not None and cluster["node_rank"] > 0:  # the first node uploads; the others keep their copy
         log(f"node {cluster['node_rank']} of {cluster['nnodes']}: training with the others at "
             f"{cluster['rdzv_endpoint']}; the first node uploads")
@@ -212,8 +214,6 @@ def train(project, stage: str = "all", log=print, verbose: bool = False, cluster
         settings = project.executor.model_dump() if project.executor else {"processes": 0 if project.kubernetes else 1}
         r.resources["executor"] = TrainingExecutor(**settings, **cluster,
                                                    job_dir=str(Path(project.workspace) / "jobs"))
-    if stage == "scenarios":
-        _restore_if_missing(project, log)
     r.extract()
     keys = [dg.AssetKey("cache")] + ([dg.AssetKey("foundation_model")] if stage in ("foundation", "all") else [])
     keys += [scenario_key(n) for n in project.scenarios] if stage in ("scenarios", "all") else []
