@@ -11,6 +11,8 @@ expectation): the ceiling the demo rows are measured against.
     demo_oracle(folder, entity_ids, cutoff, window_days, "churn")                 # [n] P(no purchase)
     demo_oracle(folder, entity_ids, cutoff, window_days, "propensity", brands)   # [n, labels] P(buys the brand)
 
+    python bench/oracle.py [--customers 20000]   # the oracle beside LightGBM on bench/quality.py's demo
+
 Both are closed forms of the simulator's process over the window (cutoff, cutoff + window_days]:
 - churn: visits on day d are Poisson(rate_d), rate_d = weekly / 7 x the calendar's day factor x the
   slowdown before the churn day (0 from the churn day on), times the share of the day's opening hours
@@ -30,6 +32,9 @@ _ProductChooser.choose and _simulate; tests/bench/test_oracle.py checks they agr
 the simulator writes (calibration) and that the oracle ranks above every model on a small demo.
 """
 
+import argparse
+import sys
+import tempfile
 from datetime import date
 from pathlib import Path
 
@@ -221,3 +226,67 @@ def _database(path: Path) -> Path:
 
 
 SCORERS = {"churn": _churn, "propensity": _propensity}
+
+
+def holdout_labels(cache, task, cutoff: int) -> tuple[np.ndarray, np.ndarray]:
+    """The entity ids and labels the hold-out scores at `cutoff`, in evaluate's order."""
+    from habitus.models.data.chunks import CHUNK_ENTITIES, chunk_plan
+    from habitus.models.data.features import chunk_at
+    from habitus.models.tasks import task as task_of
+
+    ids, ys = [], []
+    for s, lo, hi in chunk_plan(cache, CHUNK_ENTITIES):
+        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
+        if chunk.n:
+            keep, y = task_of(task).labels(chunk, task.target, cache)
+            ids.append(np.asarray(cache.entity_ids(chunk.entities[keep])).astype(str))
+            ys.append(y.dense(0) if hasattr(y, "dense") else np.asarray(y))
+    return np.concatenate(ids), np.concatenate(ys)
+
+
+def paired_interval(y: np.ndarray, a: np.ndarray, b: np.ndarray, metric, draws: int = 200, seed: int = 0):
+    """metric(y, a) - metric(y, b) and its 95% interval over an entity bootstrap (both on the same draws)."""
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for _ in range(draws):
+        i = rng.integers(0, len(y), len(y))
+        diffs.append(metric(y[i], a[i]) - metric(y[i], b[i]))
+    return metric(y, a) - metric(y, b), np.percentile(diffs, 2.5), np.percentile(diffs, 97.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--customers", type=int, default=20_000, help="demo size (bench/quality.py's --customers)")
+    parser.add_argument("--draws", type=int, default=200, help="bootstrap draws of the intervals")
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from quality import demo_spec, tasks
+
+    from habitus.models.cache import Cache, build_cache
+    from habitus.models.data.features import FeatureSpec
+    from habitus.models.evaluate.baselines import lightgbm_scores
+    from habitus.models.evaluate.holdout import headline, protocol
+    from habitus.models.tasks import task as task_of
+    from habitus.models.train.config import TRAIN_CUTOFFS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, test_cutoff, params = demo_spec(args.customers, Path(tmp))
+        cache = Cache(build_cache(spec, Path(tmp) / "cache", log=lambda _: None))
+        print(f"demo, {args.customers:,} customers, test cut-off {np.datetime64(test_cutoff, 's')}, "
+              f"window {params['window']} days; 95% intervals over {args.draws} entity bootstrap draws")
+        for name, task in list(tasks(cache, test_cutoff, params).items())[:2]:
+            plan = protocol(test_cutoff, task.target.window_days, TRAIN_CUTOFFS, cache.time_range[0])
+            ids, y = holdout_labels(cache, task, plan.test_cutoff)
+            labels = label_values(cache, params["label_column"], task.target.labels) if task.target.labels else None
+            best = demo_oracle(Path(tmp), ids, plan.test_cutoff, task.target.window_days, name, labels)
+            lgb = lightgbm_scores(cache, FeatureSpec.from_cache(cache), task, plan.train_cutoffs, plan.val_cutoff,
+                                  plan.test_cutoff)
+            key = headline(task)
+            metric = lambda y, s: task_of(task).metrics(y, s)[key]  # noqa: E731
+            diff, lo, hi = paired_interval(y, best, lgb, metric, args.draws)
+            print(f"{name:<11} {key:<12} {len(ids):>7,} entities  oracle {metric(y, best):.4f}  lightgbm "
+                  f"{metric(y, lgb):.4f}  oracle - lightgbm {diff:+.4f} [{lo:+.4f}, {hi:+.4f}]", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from habitus.models.cache import Cache, build_cache
-from habitus.models.data.chunks import CHUNK_ENTITIES, chunk_plan
-from habitus.models.data.features import DAY, chunk_at
+from habitus.models.data.features import DAY
 from habitus.models.evaluate.holdout import headline, protocol
 from habitus.models.tasks import task as task_of
 from habitus.models.train.config import TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig, ScenarioConfig
@@ -79,11 +78,13 @@ def test_the_oracle_expects_what_the_simulator_then_writes(warehouse, start, day
     assert bought[top].mean() > 4 * bought[~top].mean()
 
 
+@pytest.mark.slow
 def test_the_oracle_is_the_simulators_own_probability(warehouse):
-    """The simulator's process run again and again from one latent state (fresh generators after the
-    latent draws): how often each customer buys nothing, and each brand, inside a window that starts in
-    opening hours is what the oracle says, customer by customer, within four standard errors."""
-    oracle, sim = warehouse[0], oracle_sim(warehouse[0])
+    """The simulator's process run 300 times from one latent state (fresh generators after the latent
+    draws): how often each customer buys nothing, and each brand, inside a window that starts in opening
+    hours is what the oracle says: overall, customer by customer (chi-square) and brand by brand."""
+    oracle = warehouse[0]
+    sim = oracle.sim  # (pipelines/demo_simulation.py)
     start, n_days, reps = dt.date(2026, 3, 1), 75, 300
     (_, state, _), = sim.latent_blocks(start, n_days, 400, 300, 12, 11)
     cutoff = calendar.timegm((start + dt.timedelta(days=60)).timetuple()) + 15 * 3600
@@ -111,10 +112,6 @@ def test_the_oracle_is_the_simulators_own_probability(warehouse):
         assert (seen[expected == 0] == 0).all() and (seen[expected == 1] == reps).all()
     by_brand = (bought - reps * p).sum(axis=0) / np.sqrt((reps * p * (1 - p)).sum(axis=0))
     assert np.abs(by_brand).max() < 4, by_brand  # each brand's count over the customers (seasons move some)
-
-
-def oracle_sim(oracle):
-    return oracle.sim
 
 
 def test_the_oracle_reads_the_warehouse_it_was_drawn_for(warehouse, tmp_path):
@@ -154,7 +151,7 @@ def test_the_oracle_ranks_above_every_model_of_a_small_demo(tmp_path):
                                  FinetuneConfig(epochs=2, batch_size=64), refit=False)
             report = train_scenario(cache, foundation.model.state_dict(), foundation.info, cfg, device="cpu",
                                     log=lambda _: None).report
-            ids, y = _holdout(cache, task, plan.test_cutoff)
+            ids, y = oracle.holdout_labels(cache, task, plan.test_cutoff)
             assert len(ids) == report["entities"]
             labels = oracle.label_values(cache, params["label_column"], task.target.labels) if task.target.labels else None
             scores = oracle.demo_oracle(tmp_path, ids, plan.test_cutoff, task.target.window_days, name, labels)
@@ -166,14 +163,3 @@ def test_the_oracle_ranks_above_every_model_of_a_small_demo(tmp_path):
     finally:
         torch.set_num_threads(threads)
 
-
-def _holdout(cache, task, cutoff):
-    """The hold-out's entity ids and labels at `cutoff`, in evaluate's order."""
-    ids, ys = [], []
-    for s, lo, hi in chunk_plan(cache, CHUNK_ENTITIES):
-        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
-        if chunk.n:
-            keep, y = task_of(task).labels(chunk, task.target, cache)
-            ids.append(np.asarray(cache.entity_ids(chunk.entities[keep])).astype(str))
-            ys.append(y.dense(0) if hasattr(y, "dense") else np.asarray(y))
-    return np.concatenate(ids), np.concatenate(ys)
