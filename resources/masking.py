@@ -58,6 +58,9 @@ def value(v):
         return {k: value(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
         return type(v)(value(x) for x in v)
+    if isinstance(v, int) and hasattr(v, "env_var_name"):  # EnvVar.int (an integer field's ${VAR}), outside a run
+        text = remote.value(dg.EnvVar(v.env_var_name))
+        return int(text) if text else None
     return remote.value(v)
 
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from habitus.resources.masking import redact_text, redact_url, template_secrets, url_secrets
+from habitus.resources.masking import redact_text, redact_url, url_secrets
 
 INSTALL = "pip install 'habitus[mlflow]'"
 # a server that hangs must not hold a training's end for minutes (MLflow's defaults: 7 retries, 120 s);
@@ -79,11 +79,10 @@ class Tracker:
         return redact_url(self.settings.tracking_uri)
 
     def _redact(self, text: str) -> str:
-        """`text` (MLflow's own messages quote the URI it was given) without the URI's credentials, the
-        values of its ${VAR}s, or the client's MLFLOW_TRACKING_PASSWORD / _TOKEN."""
-        uri = self.settings.tracking_uri
+        """`text` (MLflow's own messages quote the URI it was given) without the URI's credentials, whether
+        in a URL or alone, or the client's MLFLOW_TRACKING_PASSWORD / _TOKEN."""
         env = [os.environ.get(f"MLFLOW_TRACKING_{k}") for k in ("PASSWORD", "TOKEN")]
-        return redact_text(text, [*url_secrets(uri), *template_secrets([uri]), *[v for v in env if v]])
+        return redact_text(text, [*url_secrets(self.settings.tracking_uri), *[v for v in env if v]])
 
     def client(self):
         if self._client is None:

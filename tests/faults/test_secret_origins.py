@@ -5,6 +5,7 @@ warnings, while the driver still gets every value expanded. MLflow down with a p
 warns without the password."""
 
 import json
+import os
 import socket
 
 import dagster as dg
@@ -110,14 +111,15 @@ class _DownClient:
         def fail(*args, **kwargs):
             self.params += [p.value for p in kwargs.get("params", [])]
             raise ConnectionError(f"API request to endpoint {self.uri}/api/2.0/mlflow/{name} failed with exception "
-                                  f"HTTPConnectionPool(host='127.0.0.1'): Max retries exceeded ({self.uri})")
+                                  f"HTTPConnectionPool(host='127.0.0.1'): Max retries exceeded ({self.uri}); "
+                                  f"Authorization: Bearer {os.environ.get('MLFLOW_TRACKING_TOKEN')}")
         return fail
 
 
 def test_mlflow_warnings_and_params_carry_no_credentials(monkeypatch):
     from habitus.resources.mlflow_tracking import Tracker
 
-    monkeypatch.setenv("MLFLOW_PW", SECRET)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-planted-secret-55")
     settings = type("S", (), {"tracking_uri": f"https://bob:{SECRET}@mlflow.example.com", "experiment": "e",
                               "model_prefix": "habitus-", "alias": "serving"})()
     warned, client = [], _DownClient(settings.tracking_uri)
@@ -127,8 +129,8 @@ def test_mlflow_warnings_and_params_carry_no_credentials(monkeypatch):
     assert tracker.follow_pointer("churn", "a" * 16) is None
     assert len(warned) == 2 and all(w.startswith("MLflow at https://***@mlflow.example.com: ") for w in warned)
     assert all("/api/2.0/mlflow/" in w for w in warned)  # MLflow's own text is kept, its credentials are not
-    _assert_clean(warned, {"pw": SECRET})
-    assert "bob" not in " ".join(warned)
+    _assert_clean(warned, {"pw": SECRET, "token": "tok-planted-secret-55"})
+    assert "bob" not in " ".join(warned) and "Bearer ***" in warned[0]
 
     # params: a URL with credentials in a setting is logged without them
     logged = []
@@ -200,3 +202,5 @@ def test_values_expand_at_use_and_only_templates_do(monkeypatch):
     assert value(dg.EnvVar("HABITUS_T_X")) == "a${HABITUS_T_Y}b"
     assert value({"env": "HABITUS_T_X"}) == "a${HABITUS_T_Y}b"
     assert value("${hiveconf:x}") == "${hiveconf:x}"  # not a reference the config expands: left to the server
+    monkeypatch.setenv("HABITUS_T_PORT", "10001")
+    assert value(dg.EnvVar.int("HABITUS_T_PORT")) == 10001  # an integer field's ${VAR} used outside a run
