@@ -178,6 +178,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
 
 
+def parse_yaml(text: str, where) -> object:
+    """YAML text (a file's, or a command line's) within the limits above; ConfigError naming `where`."""
+    if len(text) > MAX_BYTES:
+        raise ConfigError(f"{where}: {len(text):,} characters; a project config is a few KB")
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML: {e}") from None
+
+
 def read_yaml(path: Path) -> dict:
     """The file's mapping of keys with `${ENV}` substituted; ConfigError naming the file otherwise."""
     if not path.is_file():
@@ -186,10 +196,7 @@ def read_yaml(path: Path) -> dict:
         raise ConfigError(f"{path}: {path.stat().st_size:,} bytes; a project config is a few KB (at most "
                           f"{MAX_BYTES:,} bytes are read)")
     text = path.read_text()
-    try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    raw = parse_yaml(text, path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of keys (workspace, connections, entity, sources, ...)")
     return substitute_env(raw, path, text)

@@ -18,8 +18,6 @@ import argparse
 import re
 import sys
 
-import yaml
-
 from habitus.pipelines.init_profile import OUTPUT_COLUMNS, habitus_output, profile_table, scan_events
 from habitus.pipelines.init_suggest import check_joins, pick_events, render, suggest
 
@@ -118,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     from pydantic import TypeAdapter, ValidationError
 
     from habitus.pipelines.config import Connection, ConfigError, load_project
-    from habitus.pipelines.config_file import format_errors, substitute_env
+    from habitus.pipelines.config_file import format_errors, parse_yaml, substitute_env
     from habitus.pipelines.definitions import connection_resource
     from habitus.resources.errors import WarehouseError
     from habitus.resources.masking import redact_text, template_secrets
@@ -136,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             args.name = name
         else:
             raw = ({"type": "duckdb", "path": args.duckdb} if args.duckdb else
-                   {"type": "parquet", "path": args.parquet} if args.parquet else yaml.safe_load(args.connection))
+                   {"type": "parquet", "path": args.parquet} if args.parquet else parse_yaml(args.connection, "--connection"))
             if not isinstance(raw, dict):
                 raise ConfigError("--connection: expected a YAML mapping such as '{type: clickhouse, host: ...}'")
             shown = raw

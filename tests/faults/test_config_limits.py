@@ -36,6 +36,15 @@ def test_config_bombs_are_the_projects_error_naming_the_file(tmp_path, name):
     assert "number of" in str(e.value) or f"more than {MAX_DEPTH} levels" in str(e.value)
 
 
+def test_init_takes_a_connection_on_the_command_line_within_the_same_limits(capsys):
+    from habitus.pipelines.init import main as init_main
+
+    for text in ("{type: hive, port: " + "1" * 5000 + "}", "{type: hive, x: " + "[" * 100_000 + "]" * 100_000 + "}"):
+        assert init_main(["--connection", text]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --connection: not valid YAML") and "Traceback" not in err
+
+
 def test_an_integer_from_the_environment_is_bounded_too(tmp_path, monkeypatch):
     monkeypatch.setenv("HABITUS_T_BIG", "9" * 5000)
     path = tmp_path / "project.yaml"
