@@ -100,6 +100,43 @@ def test_mixed_and_nested_secrets_under_ten_spellings_are_masked_everywhere(tmp_
     _assert_clean(shown, values)
 
 
+def test_a_run_hands_the_driver_the_values_and_records_only_the_templates(tmp_path, monkeypatch):
+    """In a Dagster run the resource is rebuilt from its config: the templates arrive as written, the driver's
+    arguments hold the values, and the run's records (config, logs, metadata, the failure) hold none."""
+    from dagster._serdes import serialize_value
+
+    from habitus.pipelines.definitions import build_resources
+
+    path, values = _vault(tmp_path, monkeypatch)
+    vault = build_resources(load_project(path))["connection_vault"]
+
+    @dg.asset(required_resource_keys={"vault"})
+    def uses_vault(context):
+        kw = context.resources.vault.connect_kwargs()
+        assert kw["password"] == f"pw-{values['HABITUS_T_M0']}" and kw["a"] == {"b": values["HABITUS_T_M10"]}
+        context.log.info(f"connecting to {context.resources.vault._where()} as {context.resources.vault.password}")
+        return dg.MaterializeResult(metadata={"where": context.resources.vault._where(),
+                                              "options": dg.MetadataValue.json(context.resources.vault.options)})
+
+    @dg.asset(required_resource_keys={"vault"})
+    def fails(context):  # a driver error quoting every value, as the connector raises it inside a run
+        from habitus.resources.remote import connect_error
+
+        wh = context.resources.vault
+        raise connect_error("hive", "vault", wh._where(), RuntimeError(", ".join(values.values())), wh._secrets())
+
+    instance = dg.DagsterInstance.ephemeral()
+    assert dg.materialize([uses_vault], resources={"vault": vault}, instance=instance).success
+    assert not dg.materialize([fails], resources={"vault": vault}, instance=instance, raise_on_error=False).success
+    runs = instance.get_runs()  # both runs with their config, and every event of each
+    shown = [serialize_value(r) for r in runs]
+    for run in runs:
+        shown += [serialize_value(e.event_log_entry) for e in instance.get_records_for_run(run.run_id).records]
+    assert any("pw-${HABITUS_T_M0}" in text for text in shown)  # the template is what the records keep
+    assert any("cannot connect" in text and "***" in text for text in shown)  # the failure, its values cut out
+    _assert_clean(shown, values)
+
+
 class _DownClient:
     """An MLflow client whose server is down: each call fails with MLflow's kind of message, which quotes
     the URI it was given (credentials included) and the request's parameters."""
