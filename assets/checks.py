@@ -334,13 +334,14 @@ def drift_checks(project, name: str) -> list[dg.AssetChecksDefinition]:
         from habitus.models.evaluate.drift import psi
         from habitus.models.storage.versions import INFO
 
-        from habitus.assets.serving import versions
+        from habitus.assets.serving import scored_by, versions
 
         workspace, store = context.resources.workspace, versions(context.resources.workspace, name)
         days, notes, fired, values = _scored_days(context, workspace, name), {}, {}, {}
         for day in days:
-            table = pq.read_table(workspace.predictions(name) / f"{day}.parquet")
-            fp = table.column("model_fingerprint")[0].as_py()  # the version that scored the day
+            path = workspace.predictions(name) / f"{day}.parquet"
+            table = pq.read_table(path)
+            fp = scored_by(table, path)  # the version that scored the day
             kept = (store.path(fp) / INFO).exists()
             reference = store.info(fp).get("scores") if kept else None
             if reference is None or "score" not in table.column_names:

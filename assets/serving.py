@@ -22,7 +22,7 @@ from pathlib import Path
 import dagster as dg
 
 from habitus.models.storage.files import atomic_path, read_json
-from habitus.models.storage.versions import VersionStore
+from habitus.models.storage.versions import VersionError, VersionStore
 
 # the metadata line of a predictions or explanations run: which checkpoint scored
 CHECKPOINT_NOTE = {True: "passed its check (beats_baselines)",
@@ -36,6 +36,18 @@ def passed_path(workspace, name: str) -> Path:
 
 def versions(workspace, name: str) -> VersionStore:
     return VersionStore(workspace.scenario(name).parent.parent / "versions" / name)
+
+
+def scored_by(table, path: Path) -> str:
+    """The fingerprint of the version that scored a predictions file (its `model_fingerprint` column), checked
+    before it names a folder (models/storage/versions.py checked_fingerprint); dg.Failure naming the file."""
+    from habitus.models.storage.versions import VersionError, checked_fingerprint
+
+    fp = table.column("model_fingerprint")[0].as_py() if table.num_rows else None
+    try:
+        return checked_fingerprint(fp, f"{path}: model_fingerprint")
+    except VersionError as e:
+        raise dg.Failure(str(e)) from None
 
 
 def version_info(config: dict, holdout_scores=None) -> dict:
@@ -96,7 +108,10 @@ def serving_checkpoint(workspace, name: str) -> tuple[Path, bool]:
     """(folder, passed): the version the pointer names; else the passed copy of an older workspace;
     else the newest checkpoint."""
     store = versions(workspace, name)
-    fp = store.serving()
+    try:
+        fp = store.serving()
+    except VersionError as e:
+        raise dg.Failure(str(e)) from None
     if fp:
         return store.path(fp), bool(store.info(fp).get("beats_baselines"))
     passed = passed_path(workspace, name)

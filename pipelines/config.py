@@ -408,9 +408,9 @@ class Project(Strict):
         d = self.model_dump(mode="json")
         d["connections"] = {k: {"type": v["type"]} for k, v in d["connections"].items()}
         if d.get("mlflow"):  # a tracking URI may carry a password
-            from habitus.resources.mlflow_tracking import redact
+            from habitus.resources.masking import redact_url
 
-            d["mlflow"]["tracking_uri"] = redact(d["mlflow"]["tracking_uri"])
+            d["mlflow"]["tracking_uri"] = redact_url(d["mlflow"]["tracking_uri"])
         return d
 
 
