@@ -154,6 +154,7 @@ class _DownClient:
 
 
 def test_mlflow_warnings_and_params_carry_no_credentials(monkeypatch):
+    pytest.importorskip("mlflow", reason="the MLflow client is not installed: pip install -e '.[mlflow]'")
     from habitus.resources.mlflow_tracking import Tracker
 
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-planted-secret-55")
@@ -188,7 +189,6 @@ def test_mlflow_warnings_and_params_carry_no_credentials(monkeypatch):
         def set_terminated(self, run_id):
             pass
 
-    pytest.importorskip("mlflow", reason="the MLflow client is not installed: pip install -e '.[mlflow]'")
     tracker._client = Logging()
     assert tracker.log_foundation({"source": f"clickhouse://default:{SECRET}@h/db", "hidden": 16}, {}, {}) == "r"
     assert "clickhouse://***@h/db" in logged and "16" in logged
