@@ -143,8 +143,7 @@ def parsed_manifest(data: bytes, where: str):
         return int(text)
 
     if len(data) > MAX_MANIFEST_BYTES:
-        raise OutputError(f"{where}: more than {MAX_MANIFEST_BYTES >> 20} MB, larger than any manifest habitus "
-                          f"writes; not read. Check who can write to the store, delete it and upload the stage again")
+        raise too_large(where)
     try:
         doc, deep = json.loads(data, parse_int=integer), False
     except RecursionError:
@@ -155,6 +154,11 @@ def parsed_manifest(data: bytes, where: str):
         raise OutputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; a manifest has 3. It was not "
                           f"written by habitus: check who can write to the store, delete it and upload the stage again")
     return doc
+
+
+def too_large(where: str) -> OutputError:
+    return OutputError(f"{where}: more than {MAX_MANIFEST_BYTES >> 20} MB, larger than any manifest habitus writes; "
+                       f"not read. Check who can write to the store, delete it and upload the stage again")
 
 
 def _depth(doc) -> int:

@@ -48,7 +48,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import stat
 import time
 import uuid
@@ -60,7 +59,7 @@ from habitus.models.storage.files import durable_replace, is_disk_full
 from habitus.resources.stores import open_regular, open_store
 from habitus.resources.manifests import (MANIFESTS, MAX_MANIFEST_BYTES, STAGE_NAME, OutputError, checked_manifest,
                                         daily_stage, fingerprint, inside, parsed_manifest, sha256_of, shown_url,
-                                        stage_file)
+                                        stage_file, too_large)
 
 UPLOADS = ".upload."  # temporary keys sit flat under the prefix: moving or deleting
 # them never leaves an emptied "folder", for which pyarrow's S3 client would write a marker object
@@ -137,8 +136,11 @@ class Output:
         key = self._key(rel)
 
         def read():
-            if self._size(key) is None:
+            size = self._size(key)
+            if size is None:
                 return None
+            if size > MAX_MANIFEST_BYTES:
+                raise too_large(f"output {self.shown}: {key}")
             with self.fs.open_input_stream(key) as f:
                 return f.read(MAX_MANIFEST_BYTES + 1)  # never more than the limit, whatever the store says
 

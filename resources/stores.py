@@ -74,8 +74,8 @@ class FolderStore:
             os.makedirs(self.root, exist_ok=True)
         try:
             fd = os.open(self.root, _FOLDER)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
+        except OSError as e:  # Linux says ENOTDIR for O_DIRECTORY | O_NOFOLLOW on a link, others ELOOP
+            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and os.path.islink(self.root):
                 raise self._link([]) from None
             raise
         try:
