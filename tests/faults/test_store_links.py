@@ -28,12 +28,13 @@ TARGETS = ["copy", "victim", "zero", "dangling"]
 
 
 def _workspace(ws: Path) -> Path:
-    (ws / "checkpoints" / "foundation").mkdir(parents=True)
-    (ws / "checkpoints" / "foundation" / "model.safetensors").write_bytes(os.urandom(5000))
-    (ws / "checkpoints" / "foundation" / "config.json").write_text(json.dumps({"cache_fingerprint": "ab" * 32}))
-    (ws / "checkpoints" / "foundation_loss.png").write_bytes(b"png")
-    (ws / "cache" / ("ab" * 8)).mkdir(parents=True)
-    (ws / "cache" / ("ab" * 8) / "manifest.json").write_text("{}")
+    """tests/faults/hostile_store.py's foundation workspace, with a scenario checkpoint and its passed copy."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hostile_store", Path(__file__).with_name("hostile_store.py"))
+    hostile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hostile)
+    hostile.foundation_workspace(ws)
     for folder in ("scenarios", "passed"):
         (ws / "checkpoints" / folder / "churn").mkdir(parents=True)
         (ws / "checkpoints" / folder / "churn" / "config.json").write_text('{"task": "churn"}')
