@@ -117,15 +117,15 @@ def checked_manifest(manifest, stage: str, where: str) -> dict[str, dict[str, di
 
 def inside(root: Path, dest: Path) -> Path:
     """`dest` (under `root`) when no component between them is a symlink and it resolves inside `root`;
-    OutputError otherwise: nothing is read or written through a link planted in the workspace."""
+    OutputError otherwise: nothing is read (uploaded) or written (restored) through a link in the workspace."""
     base = root.resolve()
     rel = dest.relative_to(root)
     at = base
     for part in rel.parts:
         at = at / part
         if at.is_symlink():
-            raise OutputError(f"{at} is a symbolic link; restore never writes through one (remove it, or "
-                              f"restore into a workspace without links)")
+            raise OutputError(f"{at} is a symbolic link; restore and upload never read or write through a link in "
+                              f"the workspace (remove it, or use a workspace without links)")
     if not at.resolve().is_relative_to(base):
         raise OutputError(f"{dest} resolves outside the workspace {base}")
     return at

@@ -37,8 +37,6 @@ class FolderStore:
     """The folder `base` (the output's path as configured; keys are `base/rel`) as a pyarrow-like filesystem:
     get_file_info, create_dir, open_output_stream, open_input_stream / open_input_file, delete_file, move."""
 
-    type_name = "folder"
-
     def __init__(self, base: str):
         self.base = base.rstrip("/") or "/"
         self.root = os.path.realpath(self.base)
@@ -53,7 +51,8 @@ class FolderStore:
             return []
         if not key.startswith(head + "/"):
             raise OutputError(f"output {self.base}: {key!r} is not a key under the output folder")
-        parts = key[len(head) + 1:].split("/")
+        rest = key[len(head) + 1:]
+        parts = (rest.lstrip("/") if not head else rest).split("/")  # the folder "/" has keys "//x"
         if any(p in ("", ".", "..") for p in parts):
             raise OutputError(f"output {self.base}: {key!r} is not a plain key under the output folder")
         return parts

@@ -207,3 +207,16 @@ def test_a_link_in_a_mounted_folder_store_is_refused_too(tmp_path):
         assert os.listdir(victim) == []
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_upload_reads_no_file_through_a_link_in_the_workspace(tmp_path):
+    ws, store = _workspace(tmp_path / "ws"), tmp_path / "store"
+    secret = tmp_path / "outside" / "id_rsa"
+    secret.parent.mkdir()
+    secret.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----")
+    weights = ws / "checkpoints" / "foundation" / "model.safetensors"
+    weights.unlink()
+    weights.symlink_to(secret)
+    with pytest.raises(OutputError, match=f"{weights} is a symbolic link"):
+        Workspace(root=str(ws), output=str(store)).upload_stage("foundation", log=lambda _: None)
+    assert not any(b"PRIVATE KEY" in data for data in _files(store).values())
