@@ -337,9 +337,11 @@ class Project(Strict):
     @field_validator("output")
     @classmethod
     def _output_url(cls, v: str | None) -> str | None:
+        from habitus.resources.manifests import shown_url  # the URL without user info or query
+
         m = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://", v or "")
         if m and m.group(1) not in ("s3", "s3a", "gs", "gcs", "abfs", "abfss", "file"):
-            raise ValueError(f"output {v!r}: use s3://, gs://, abfs:// (pyarrow.fs) or a folder (resources/output.py)")
+            raise ValueError(f"output {shown_url(v)!r}: use s3://, gs://, abfs:// (pyarrow.fs) or a folder (resources/output.py)")
         return v
 
     @model_validator(mode="after")
