@@ -1,0 +1,162 @@
+"""Serving that keeps the promise: a scenario whose model has never beaten its best baseline serves that
+baseline (LightGBM's model fitted on the same cut-offs, or the rule), recorded as a version of kind
+"baseline"; `habitus versions` says what serves and why; a rollback with nothing to go back to names
+`--to`; and a scenario (and foundation) whose cache, foundation and settings did not change is not
+trained again."""
+
+import json
+
+import dagster as dg
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+from habitus.assets.cache import current_cache
+from habitus.assets.check_measures import baseline_margin
+from habitus.assets.checks import build_checks
+from habitus.assets.serving import serving_checkpoint, versions
+from habitus.models.data.features import FeatureSpec
+from habitus.models.evaluate.baselines import LIGHTGBM_FILE, _dataset
+from habitus.models.tasks import task as task_of
+from habitus.models.tasks.spec import TaskSpec
+from habitus.pipelines.cli import main
+from habitus.pipelines.config import load_project
+from habitus.pipelines.definitions import build_assets, build_resources
+from habitus.pipelines.demo_data import generate_demo_warehouse
+
+DAY = "2026-05-31"
+# fine-tuning at an absurd learning rate diverges and the network alone is kept (no trees to rescue it):
+# constant scores, AUROC 0.5, a genuine loss to every baseline
+BAD_CHURN = {"task": "binary", "epochs": 1, "train_cutoffs": 1, "learning_rate": 1e4, "head": "network",
+             "target": {"no_event": "purchases", "within": "14d"}}
+
+
+def _config(root, warehouse) -> dict:
+    return {"workspace": str(root / "ws"), "connections": {"warehouse": {"type": "duckdb", "path": str(warehouse)}},
+            "entity": "customer_id",
+            "sources": [{"name": "purchases", "role": "events", "connection": "warehouse", "table": "purchases",
+                         "timestamp": "ts", "columns": ["product_id", "price"], "start": "2026-03-01",
+                         "end": "2026-06-01"},
+                        {"name": "customers", "role": "entity_attributes", "connection": "warehouse",
+                         "table": "customers", "columns": ["age", "segment"]},
+                        {"name": "products", "role": "attributes", "connection": "warehouse", "table": "products",
+                         "key": "product_id", "columns": ["brand", "category"]}],
+            "foundation": {"hidden": 16, "layers": 1, "epochs": 1, "batch_size": 256},
+            "scenarios": {"churn": BAD_CHURN},
+            "predictions": {"start": "2026-05-01", "top_k": 3},
+            "executor": {"device": "cpu", "threads": 1, "processes": 1}}
+
+
+def _run(project, selection, instance, **kw) -> dg.ExecuteInProcessResult:
+    return dg.materialize([*build_assets(project), *build_checks(project)], selection=selection,
+                          resources=build_resources(project), raise_on_error=False, instance=instance, **kw)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A small project whose churn model loses to its baselines, materialized once: (root, config path,
+    project, instance, the run that trained and scored)."""
+    root = tmp_path_factory.mktemp("baseline_serving")
+    warehouse = root / "warehouse.duckdb"
+    generate_demo_warehouse(warehouse, customers=300, products=80, stores=5, end="2026-05-31", seed=1)
+    path = root / "project.yaml"
+    path.write_text(yaml.safe_dump(_config(root, warehouse)))
+    project = load_project(path)
+    instance = dg.DagsterInstance.ephemeral()
+    tags = {ASSET_PARTITION_RANGE_START_TAG: "2026-03-01", ASSET_PARTITION_RANGE_END_TAG: "2026-05-01"}
+    assert _run(project, [dg.AssetKey(["source", "purchases"])], instance, tags=tags).success
+    first = [dg.AssetKey(["source", "customers"]), dg.AssetKey(["source", "products"]), dg.AssetKey("cache"),
+             dg.AssetKey("foundation_model"), dg.AssetKey(["scenario", "churn"]), dg.AssetKey(["predictions", "churn"])]
+    result = _run(project, first, instance, partition_key=DAY)
+    return root, path, project, instance, result
+
+
+def test_a_scenario_that_loses_serves_its_best_baseline(trained):
+    root, _, project, _, result = trained
+    ws = build_resources(project)["workspace"]
+    assert result.success  # the lost comparison is a WARN: the run goes on and scores with the baseline
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "beats_baselines")
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert "predictions use the baseline version" in check.description
+
+    model = json.loads((ws.scenario("churn") / "config.json").read_text())
+    assert model["beats_baselines"] is False
+    best = baseline_margin(model)["best_baseline"]
+    store = versions(ws, "churn")
+    serving = store.serving()
+    assert serving is not None and serving != model["weights_sha256"][:16]
+    info = store.info(serving)
+    assert info["kind"] == "baseline" and info["best_baseline"] == best
+    assert info["model"] == model["metrics"]["baselines"][best]["auroc"]  # what serves scores what the baseline did
+    folder, passed = serving_checkpoint(ws, "churn")
+    config = json.loads((folder / "config.json").read_text())
+    assert folder == store.path(serving) and not passed and config["baseline"] == best
+
+    table = pq.read_table(ws.predictions("churn") / f"{DAY}.parquet")
+    assert set(table.column("model_fingerprint").to_pylist()) == {serving}
+    meta = result.asset_materializations_for_node("predictions__churn")[0].metadata
+    assert meta["model_fingerprint"].text == serving and meta["checkpoint"].text.startswith("baseline version")
+
+    # the scores are the baseline's own: LightGBM's saved model on the hand features as of the day's end
+    cache = current_cache(ws)
+    spec, task = FeatureSpec.from_dict(config["feature_spec"]), TaskSpec.from_dict(config["task"])
+    cutoff = int(np.datetime64("2026-06-01T00:00:00", "s").astype(np.int64))
+    if best == "lightgbm":
+        import lightgbm as lgb
+
+        booster = lgb.Booster(model_file=str(folder / LIGHTGBM_FILE))
+        x, _ = _dataset(cache, spec, task, [cutoff])
+        expected = booster.predict(x).astype(np.float32)
+        # the saved model is the one the hold-out measured: same cut-offs, parameters and seed
+        test = int(np.datetime64(model["protocol"]["test_cutoff"].rstrip("Z"), "s").astype(np.int64))
+        xt, yt = _dataset(cache, spec, task, [test])
+        assert task_of(task).metrics(yt, booster.predict(xt))["auroc"] == pytest.approx(info["model"], abs=1e-6)
+    else:  # a rule of the task, from each entity's history
+        expected = None
+    if expected is not None:
+        np.testing.assert_array_equal(table.column("score").to_numpy(), expected)
+    assert table.num_rows > 0 and table.column("score").null_count == 0
+
+
+def test_versions_names_what_serves_and_rollback_names_to(trained, capsys):
+    _, path, project, _, _ = trained
+    serving = versions(build_resources(project)["workspace"], "churn").serving()
+    capsys.readouterr()
+    assert main(["versions", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"churn: serving the baseline version {serving}" in out and "the baseline serves" in out
+    assert "foundation: serving " in out and "none" not in out
+    assert main(["versions", "churn", "--config", str(path)]) == 0
+    listing = capsys.readouterr().out
+    assert f"* {serving}" in listing and "baseline " in listing and " model " in listing
+
+    kept = versions(build_resources(project)["workspace"], "churn").fingerprints()
+    assert main(["rollback", "churn", "--config", str(path)]) == 2  # nothing served before: what --to takes
+    err = capsys.readouterr().err
+    other = next(fp for fp in kept if fp != serving)
+    assert "no version served before" in err and f"habitus rollback churn --to {other}" in err
+
+
+def test_nothing_is_trained_again_when_nothing_changed(trained):
+    _, _, project, instance, _ = trained
+    ws = build_resources(project)["workspace"]
+    before = versions(ws, "churn").fingerprints(), versions(ws, "churn").serving()
+    foundation = (ws.foundation / "model.safetensors").stat().st_mtime_ns
+    again = _run(project, [dg.AssetKey("foundation_model"), dg.AssetKey(["scenario", "churn"])], instance)
+    assert again.success
+    fm = again.asset_materializations_for_node("foundation_model")[0].metadata
+    sm = again.asset_materializations_for_node("scenario__churn")[0].metadata
+    assert fm["trained"].value is False and "not trained again" in fm["skipped"].text
+    assert sm["trained"].value is False and "not trained again" in sm["skipped"].text
+    assert (versions(ws, "churn").fingerprints(), versions(ws, "churn").serving()) == before
+    assert (ws.foundation / "model.safetensors").stat().st_mtime_ns == foundation
+
+    # a setting that changes training trains again
+    changed = project.model_copy(update={"scenarios": {"churn": project.scenarios["churn"].model_copy(
+        update={"epochs": 2})}})
+    result = _run(changed, [dg.AssetKey(["scenario", "churn"])], instance)
+    assert result.success
+    meta = result.asset_materializations_for_node("scenario__churn")[0].metadata
+    assert meta["trained"].value is True and "skipped" not in meta
