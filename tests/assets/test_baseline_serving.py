@@ -16,7 +16,7 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 from habitus.assets.cache import current_cache
 from habitus.assets.check_measures import baseline_margin
 from habitus.assets.checks import build_checks
-from habitus.assets.serving import serving_checkpoint, versions
+from habitus.assets.serving import serve_baseline, serving_checkpoint, versions
 from habitus.models.data.features import FeatureSpec
 from habitus.models.evaluate.baselines import LIGHTGBM_FILE, _dataset
 from habitus.models.tasks import task as task_of
@@ -103,21 +103,17 @@ def test_a_scenario_that_loses_serves_its_best_baseline(trained):
     cache = current_cache(ws)
     spec, task = FeatureSpec.from_dict(config["feature_spec"]), TaskSpec.from_dict(config["task"])
     cutoff = int(np.datetime64("2026-06-01T00:00:00", "s").astype(np.int64))
-    if best == "lightgbm":
-        import lightgbm as lgb
+    assert best == "lightgbm"  # on this warehouse: lightgbm 0.7999, frequency 0.7824, recency 0.7481
+    import lightgbm as lgb
 
-        booster = lgb.Booster(model_file=str(folder / LIGHTGBM_FILE))
-        x, _ = _dataset(cache, spec, task, [cutoff])
-        expected = booster.predict(x).astype(np.float32)
-        # the saved model is the one the hold-out measured: same cut-offs, parameters and seed
-        test = int(np.datetime64(model["protocol"]["test_cutoff"].rstrip("Z"), "s").astype(np.int64))
-        xt, yt = _dataset(cache, spec, task, [test])
-        assert task_of(task).metrics(yt, booster.predict(xt))["auroc"] == pytest.approx(info["model"], abs=1e-6)
-    else:  # a rule of the task, from each entity's history
-        expected = None
-    if expected is not None:
-        np.testing.assert_array_equal(table.column("score").to_numpy(), expected)
-    assert table.num_rows > 0 and table.column("score").null_count == 0
+    booster = lgb.Booster(model_file=str(folder / LIGHTGBM_FILE))
+    x, _ = _dataset(cache, spec, task, [cutoff])  # the eligible entities in scoring order
+    np.testing.assert_array_equal(table.column("score").to_numpy(), booster.predict(x).astype(np.float32))
+    assert table.num_rows == len(x) > 0
+    # the saved model is the one the hold-out measured: same cut-offs, parameters and seed
+    test = int(np.datetime64(model["protocol"]["test_cutoff"].rstrip("Z"), "s").astype(np.int64))
+    xt, yt = _dataset(cache, spec, task, [test])
+    assert task_of(task).metrics(yt, booster.predict(xt))["auroc"] == pytest.approx(info["model"], abs=1e-6)
 
 
 def test_versions_names_what_serves_and_rollback_names_to(trained, capsys):
@@ -160,3 +156,26 @@ def test_nothing_is_trained_again_when_nothing_changed(trained):
     assert result.success
     meta = result.asset_materializations_for_node("scenario__churn")[0].metadata
     assert meta["trained"].value is True and "skipped" not in meta
+
+
+def test_a_rule_baseline_serves_its_rule(trained):
+    """Where the best baseline is a rule (here frequency: minus the events of the last 90 days), that
+    rule scores, each entity from its own history."""
+    import duckdb
+
+    root, _, project, instance, _ = trained
+    ws = build_resources(project)["workspace"]
+    model = json.loads((ws.scenario("churn") / "config.json").read_text())
+    model["metrics"]["baselines"]["lightgbm"]["auroc"] = 0.5  # frequency is now the best baseline
+    fp = serve_baseline(ws, "churn", model, fit=lambda folder: pytest.fail("a rule fits no model"))
+    assert versions(ws, "churn").serving() == fp and versions(ws, "churn").info(fp)["best_baseline"] == "frequency"
+    result = _run(project, [dg.AssetKey(["predictions", "churn"])], instance, partition_key="2026-05-20")
+    assert result.success
+    table = pq.read_table(ws.predictions("churn") / "2026-05-20.parquet")
+    assert set(table.column("model_fingerprint").to_pylist()) == {fp}
+    with duckdb.connect(str(root / "warehouse.duckdb"), read_only=True) as con:
+        counts = dict(con.execute(
+            "SELECT customer_id, count(*) FROM purchases WHERE ts >= TIMESTAMP '2026-05-21' - INTERVAL 90 DAY "
+            "AND ts <= TIMESTAMP '2026-05-21' GROUP BY 1").fetchall())
+    scores = dict(zip(table.column("customer_id").to_pylist(), table.column("score").to_pylist()))
+    assert len(scores) > 0 and scores == {c: -float(counts.get(c, 0)) for c in scores}
