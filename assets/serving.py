@@ -127,7 +127,7 @@ def serving_note(workspace, name: str) -> str:
     config = read_json(path / "config.json")
     sha = config["weights_sha256"][:16]
     if is_baseline(config):
-        return f"baseline version {sha} ({config['baseline']}: no model has beaten it)"
+        return f"baseline version {sha} ({config['baseline']}, which no trained model has beaten)"
     if path.parent.parent.name == "versions":
         return f"version {sha}" + ("" if passed else " (it has not beaten its baselines)")
     return f"passed checkpoint {sha}" if passed else f"newest checkpoint {sha} (none has beaten its baselines yet)"

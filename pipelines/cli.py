@@ -300,8 +300,9 @@ def versions_table(store) -> str:
         v = store.info(fp)
         baseline = f"{v.get('best_baseline')}: {v['baseline']:.4f}" if v.get("best_baseline") else "-"
         kind = f"baseline {v['best_baseline']}" if v.get("kind") == "baseline" else "model"
+        beats = "-" if v.get("kind") == "baseline" else "yes" if v["beats_baselines"] else "no"
         lines.append(f"{'*' if fp == pointer['serving'] else '':2}{fp:<17} {v['added'][:16]:<17} {kind[:20]:<20} "
-                     f"{v['metric']:<12} {v['model']:>9.4f} {baseline:>24} {'yes' if v['beats_baselines'] else 'no':<6}"
+                     f"{v['metric']:<12} {v['model']:>9.4f} {baseline:>24} {beats:<6}"
                      f"{v.get('foundation') or '-':<17} {', '.join(spans.get(fp, [])) or 'never'}")
     return "\n".join(lines)
 
@@ -312,7 +313,8 @@ def serving_line(workspace, name: str) -> str:
 
     store = versions(workspace, name)
     history = store.pointer()["history"]
-    why = f" ({history[-1]['why']})" if store.serving() and history else ""
+    baseline = store.serving() and store.info(store.serving()).get("kind") == "baseline"  # its note says why
+    why = f" ({history[-1]['why']})" if store.serving() and history and not baseline else ""
     kept = len(store.fingerprints())
     return f"{name}: serving the {serving_note(workspace, name)}{why}; {kept} version(s) kept"
 

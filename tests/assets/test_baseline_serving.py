@@ -122,11 +122,14 @@ def test_versions_names_what_serves_and_rollback_names_to(trained, capsys):
     capsys.readouterr()
     assert main(["versions", "--config", str(path)]) == 0
     out = capsys.readouterr().out
-    assert f"churn: serving the baseline version {serving}" in out and "the baseline serves" in out
+    assert f"churn: serving the baseline version {serving} (lightgbm, which no trained model has beaten)" in out
     assert "foundation: serving " in out and "none" not in out
     assert main(["versions", "churn", "--config", str(path)]) == 0
     listing = capsys.readouterr().out
     assert f"* {serving}" in listing and "baseline " in listing and " model " in listing
+
+    assert main(["report", "--config", str(path)]) == 0  # the written day says what scored it
+    assert f"scored by its baseline lightgbm, version {serving})" in capsys.readouterr().out
 
     kept = versions(build_resources(project)["workspace"], "churn").fingerprints()
     assert main(["rollback", "churn", "--config", str(path)]) == 2  # nothing served before: what --to takes
