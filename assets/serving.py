@@ -31,7 +31,8 @@ from habitus.models.storage.versions import VersionStore
 
 # the metadata line of a predictions or explanations run: which checkpoint scored
 CHECKPOINT_NOTE = {True: "passed its check (beats_baselines)",
-                   False: "has not beaten its baselines (chosen by a rollback, or from a workspace without versions)"}
+                   False: "has not beaten its baselines (chosen by a rollback, or the newest where none has and no "
+                          "baseline model can serve)"}
 BASELINE = "baseline"  # the kind of a version that serves a scenario's best baseline
 
 
@@ -185,6 +186,9 @@ def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int
             "cache_lineage", "protocol", "metrics", "headline")
     config = {**{k: checkpoint_config.get(k) for k in keys}, "kind": BASELINE, "baseline": best,
               "beats_baselines": False, "constant": (checkpoint_config.get("training") or {}).get("val_target_mean")}
+    report = checkpoint_config["metrics"]  # what serves is the baseline: its hold-out figures are the "model"'s
+    config["metrics"] = {**{k: v for k, v in report.items() if k not in ("head", "network")},
+                         "model": report["baselines"][best], "trained_model": report["model"]}
     store, staging = versions(workspace, name), workspace.scenario(name).parent
     staging.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=staging, prefix=f".baseline-{name}-") as tmp:
@@ -199,9 +203,9 @@ def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int
                                                config["cache_fingerprint"])
         write_json(Path(tmp) / "config.json", config)
         fp = config["weights_sha256"][:16]
-        info = {**version_info(config, None, trained_on), "model": m["baseline"]}
+        info = version_info(config, None, trained_on)
         with workspace.lock(f"scenario/{name}"):
-            store.add(tmp, fp, info)
+            store.add(tmp, fp, info)  # the same baseline fitted again: the version kept already
             _serve(workspace, name, fp, f"the model has not beaten its best baseline ({best}): the baseline serves")
             store.prune(keep, keep_served)
     return fp
