@@ -220,3 +220,44 @@ def unchanged(workspace, name: str, trained_on: dict) -> str | None:
         if fp and store.info(fp).get("trained_on") == trained_on:
             return fp
     return None
+
+
+def versions_table(store) -> str:
+    """The kept versions of a scenario, oldest first: when trained (or fitted, for a baseline), what it is
+    (a trained model, or a baseline: which), the hold-out metric against the best baseline, the foundation
+    it was built on, and from when to when it served (* serves now)."""
+    pointer = store.pointer()
+    spans: dict[str, list[str]] = {}
+    for h in pointer["history"]:
+        spans.setdefault(h["fingerprint"], []).append(f"{h['from'][:16]} .. {(h['to'] or 'now')[:16]}")
+    lines = [f"{'':2}{'version':<17} {'trained (UTC)':<17} {'kind':<20} {'metric':<12} {'value':>9} "
+             f"{'best baseline':>24} {'beats':<6}{'foundation':<17} served"]
+    for fp in store.fingerprints():
+        v = store.info(fp)
+        baseline = f"{v.get('best_baseline')}: {v['baseline']:.4f}" if v.get("best_baseline") else "-"
+        kind = f"baseline {v['best_baseline']}" if v.get("kind") == BASELINE else "model"
+        beats = "-" if v.get("kind") == BASELINE else "yes" if v["beats_baselines"] else "no"
+        lines.append(f"{'*' if fp == pointer['serving'] else '':2}{fp:<17} {v['added'][:16]:<17} {kind[:20]:<20} "
+                     f"{v['metric']:<12} {v['model']:>9.4f} {baseline:>24} {beats:<6}"
+                     f"{v.get('foundation') or '-':<17} {', '.join(spans.get(fp, [])) or 'never'}")
+    return "\n".join(lines)
+
+
+def serving_line(workspace, name: str) -> str:
+    """What serves scenario `name` and why: `<name>: serving <what> (<why>); <n> version(s) kept`."""
+    store = versions(workspace, name)
+    history = store.pointer()["history"]
+    baseline = store.serving() and store.info(store.serving()).get("kind") == BASELINE  # its note says why
+    why = f" ({history[-1]['why']})" if store.serving() and history and not baseline else ""
+    kept = len(store.fingerprints())
+    return f"{name}: serving the {serving_note(workspace, name)}{why}; {kept} version(s) kept"
+
+
+def rollback_hint(workspace, name: str) -> str:
+    """What a rollback without --to that has nothing to go back to should say: the versions --to takes."""
+    store = versions(workspace, name)
+    others = [fp for fp in store.fingerprints() if fp != store.serving()]
+    if not others:
+        return f"; no other version is kept (materialize scenario/{name} to train one)"
+    return (f"; pass the version to serve with --to, e.g. `habitus rollback {name} --to {others[-1]}` (kept: "
+            f"{', '.join(others)}; `habitus versions {name}` lists them)")

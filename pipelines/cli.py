@@ -286,39 +286,6 @@ def _report_command(args, project) -> int:
     return EXIT_OK
 
 
-def versions_table(store) -> str:
-    """The kept versions of a scenario, oldest first: when trained (or fitted, for a baseline), what it is
-    (a trained model, or a baseline: which), the hold-out metric against the best baseline, the foundation
-    it was built on, and from when to when it served (* serves now)."""
-    pointer = store.pointer()
-    spans: dict[str, list[str]] = {}
-    for h in pointer["history"]:
-        spans.setdefault(h["fingerprint"], []).append(f"{h['from'][:16]} .. {(h['to'] or 'now')[:16]}")
-    lines = [f"{'':2}{'version':<17} {'trained (UTC)':<17} {'kind':<20} {'metric':<12} {'value':>9} "
-             f"{'best baseline':>24} {'beats':<6}{'foundation':<17} served"]
-    for fp in store.fingerprints():
-        v = store.info(fp)
-        baseline = f"{v.get('best_baseline')}: {v['baseline']:.4f}" if v.get("best_baseline") else "-"
-        kind = f"baseline {v['best_baseline']}" if v.get("kind") == "baseline" else "model"
-        beats = "-" if v.get("kind") == "baseline" else "yes" if v["beats_baselines"] else "no"
-        lines.append(f"{'*' if fp == pointer['serving'] else '':2}{fp:<17} {v['added'][:16]:<17} {kind[:20]:<20} "
-                     f"{v['metric']:<12} {v['model']:>9.4f} {baseline:>24} {beats:<6}"
-                     f"{v.get('foundation') or '-':<17} {', '.join(spans.get(fp, [])) or 'never'}")
-    return "\n".join(lines)
-
-
-def serving_line(workspace, name: str) -> str:
-    """What serves scenario `name` and why: `<name>: serving <what> (<why>); <n> version(s) kept`."""
-    from habitus.assets.serving import serving_note, versions
-
-    store = versions(workspace, name)
-    history = store.pointer()["history"]
-    baseline = store.serving() and store.info(store.serving()).get("kind") == "baseline"  # its note says why
-    why = f" ({history[-1]['why']})" if store.serving() and history and not baseline else ""
-    kept = len(store.fingerprints())
-    return f"{name}: serving the {serving_note(workspace, name)}{why}; {kept} version(s) kept"
-
-
 def _scenario_named(project, name: str) -> str:
     if name not in project.scenarios:
         raise ConfigError(f"no scenario {name!r} in the project (scenarios: {', '.join(project.scenarios) or 'none'})")
@@ -327,7 +294,7 @@ def _scenario_named(project, name: str) -> str:
 
 def _versions_command(args, project) -> int:
     from habitus.assets.foundation_versions import NAME, foundation_table, foundation_versions, in_use
-    from habitus.assets.serving import versions
+    from habitus.assets.serving import serving_line, versions, versions_table
     from habitus.resources.workspace import Workspace
 
     ws = Workspace(root=project.workspace)
@@ -375,24 +342,14 @@ def _rollback_command(args, project) -> int:
         fp = tracked_rollback(project.mlflow, Workspace(root=project.workspace), name, args.to, project.versions.keep,
                               project.versions.keep_served, lambda m: print(f"warning: {m}", file=sys.stderr))
     except VersionError as e:
-        raise ConfigError(f"{name}: {e}" + ("" if args.to else rollback_hint(project, name))) from None
+        from habitus.assets.serving import rollback_hint
+
+        raise ConfigError(f"{name}: {e}" + ("" if args.to else rollback_hint(Workspace(root=project.workspace), name))
+                          ) from None
     except MlflowMissing as e:
         raise ConfigError(f"{name}: {e}") from None
     print(f"{name}: version {fp} serves from now on (the next predictions carry model_fingerprint {fp})")
     return EXIT_OK
-
-
-def rollback_hint(project, name: str) -> str:
-    """What a rollback without --to that has nothing to go back to should say: the versions --to takes."""
-    from habitus.assets.serving import versions
-    from habitus.resources.workspace import Workspace
-
-    store = versions(Workspace(root=project.workspace), name)
-    others = [fp for fp in store.fingerprints() if fp != store.serving()]
-    if not others:
-        return f"; no other version is kept (materialize scenario/{name} to train one)"
-    return (f"; pass the version to serve with --to, e.g. `habitus rollback {name} --to {others[-1]}` (kept: "
-            f"{', '.join(others)}; `habitus versions {name}` lists them)")
 
 
 # the subcommands that take a project config: name -> (handler, takes scoring days)

@@ -7,9 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from habitus.assets.serving import keep_version, passed_path, rollback, serving_checkpoint, serving_note, versions
+from habitus.assets.serving import (keep_version, passed_path, rollback, serving_checkpoint, serving_note, versions,
+                                    versions_table)
 from habitus.models.storage.versions import INFO, VersionError
-from habitus.pipelines.cli import main, versions_table
+from habitus.pipelines.cli import main
 from habitus.pipelines.config import load_project
 from habitus.resources.workspace import Workspace
 
