@@ -66,7 +66,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         cfg = scenario_config(name, scenario, cache, test_cutoff(project, cache), str(spill))
         trained_on = training_fingerprints(cfg, cache, foundation, executor.precision)
         same = unchanged(workspace, name, trained_on)
-        if same is not None:
+        if same is not None and (workspace.scenario(name) / "config.json").exists():
             return not_trained(context, workspace, name, same)
         launch = (lambda: executor.train(scenario_job(  # N processes under torchrun; rank 0's result comes back
             cache, workspace.foundation, foundation["weights_sha256"], cfg.task, cfg.train_cutoffs, cfg.val_cutoff,
