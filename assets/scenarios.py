@@ -14,7 +14,7 @@ from habitus.assets.foundation import FOUNDATION_KEY, test_cutoff
 from habitus.assets.plots import calibration_and_lift, loss_curves
 from habitus.assets.serving import keep_version, needs_baseline, serve_baseline, serving_note, unchanged
 from habitus.assets.tracking import check_installed, track_scenario
-from habitus.models.evaluate.baselines import save_lightgbm
+from habitus.models.evaluate.baselines import baseline_predictions, save_lightgbm
 from habitus.models.evaluate.holdout import headline, protocol
 from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.storage.files import combine, read_json
@@ -81,10 +81,12 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         if not better and needs_baseline(workspace, name):  # never beaten: its best baseline serves
             fit = lambda folder: save_lightgbm(cache, spec_of(foundation), cfg.task, cfg.train_cutoffs,  # noqa: E731
                                                cfg.val_cutoff, cfg.test_cutoff, folder)
+            probe = lambda config, folder: next(baseline_predictions(config, folder, cache, cfg.test_cutoff, k=1),  # noqa: E731
+                                                 None)
             if serve_baseline(workspace, name, read_json(path / "config.json"), fit, project.versions.keep,
-                              project.versions.keep_served, trained_on) is None:
-                context.log.warning(f"{name}: its best baseline cannot be served (no single saved model); "
-                                    f"predictions use the {serving_note(workspace, name)}")
+                              project.versions.keep_served, trained_on, probe) is None:
+                context.log.warning(f"{name}: its best baseline cannot be served (no single saved model, or no rule "
+                                    f"of the task by that name); predictions use the {serving_note(workspace, name)}")
         if not better:  # kept as a version; what serves is the last version that beat them, else the baseline
             context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions use "
                                 f"the {serving_note(workspace, name)}")

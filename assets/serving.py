@@ -167,12 +167,13 @@ def needs_baseline(workspace, name: str) -> bool:
 
 
 def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int = 5, keep_served: bool = True,
-                   trained_on: dict | None = None) -> str | None:
+                   trained_on: dict | None = None, probe=None) -> str | None:
     """Keep the best baseline of the checkpoint's hold-out (`checkpoint_config`: the config.json of the
     scenario's newest checkpoint) as a version of kind "baseline" and serve it. `fit(folder)` saves the
     LightGBM baseline into `folder` (models/evaluate/baselines.save_lightgbm) and returns what the config
-    records of it, None where no single model can be saved. Returns the version's fingerprint, or None
-    when the best baseline cannot be served (then nothing changes)."""
+    records of it, None where no single model can be saved. `probe(config, folder)`: scores a little with
+    the version before it serves, raising KeyError where the task has no such rule to serve. Returns the
+    version's fingerprint, or None when the best baseline cannot be served (then nothing changes)."""
     import tempfile
 
     from habitus.assets.check_measures import baseline_margin
@@ -202,6 +203,11 @@ def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int
             config["weights_sha256"] = combine(BASELINE, best, config["task"], config["constant"],
                                                config["cache_fingerprint"])
         write_json(Path(tmp) / "config.json", config)
+        try:
+            if probe is not None:
+                probe(config, Path(tmp))
+        except KeyError:  # a baseline of the hold-out that is no servable rule (LightGBM on some labels only)
+            return None
         fp = config["weights_sha256"][:16]
         info = version_info(config, None, trained_on)
         with workspace.lock(f"scenario/{name}"):

@@ -18,7 +18,7 @@ from habitus.assets.check_measures import baseline_margin
 from habitus.assets.checks import build_checks
 from habitus.assets.serving import serve_baseline, serving_checkpoint, versions
 from habitus.models.data.features import FeatureSpec
-from habitus.models.evaluate.baselines import LIGHTGBM_FILE, _dataset
+from habitus.models.evaluate.baselines import LIGHTGBM_FILE, _dataset, baseline_predictions
 from habitus.models.tasks import task as task_of
 from habitus.models.tasks.spec import TaskSpec
 from habitus.pipelines.cli import main
@@ -169,8 +169,19 @@ def test_a_rule_baseline_serves_its_rule(trained):
     root, _, project, instance, _ = trained
     ws = build_resources(project)["workspace"]
     model = json.loads((ws.scenario("churn") / "config.json").read_text())
+    cache, serving = current_cache(ws), versions(ws, "churn").serving()
+
+    def probe(config, folder):  # what the scenario asset checks before a baseline serves
+        next(baseline_predictions(config, folder, cache, int(np.datetime64("2026-05-21", "s").astype(np.int64)), k=1))
+
+    # a baseline that is no rule of the task (LightGBM on a wide head's top labels) cannot serve: nothing moves
+    other = {**model, "metrics": {**model["metrics"], "baselines": {
+        **model["metrics"]["baselines"], "lightgbm (top 200 labels)": {"auroc": 0.99}}}}
+    assert serve_baseline(ws, "churn", other, fit=lambda folder: pytest.fail("no model"), probe=probe) is None
+    assert versions(ws, "churn").serving() == serving
+
     model["metrics"]["baselines"]["lightgbm"]["auroc"] = 0.5  # frequency is now the best baseline
-    fp = serve_baseline(ws, "churn", model, fit=lambda folder: pytest.fail("a rule fits no model"))
+    fp = serve_baseline(ws, "churn", model, fit=lambda folder: pytest.fail("a rule fits no model"), probe=probe)
     assert versions(ws, "churn").serving() == fp and versions(ws, "churn").info(fp)["best_baseline"] == "frequency"
     result = _run(project, [dg.AssetKey(["predictions", "churn"])], instance, partition_key="2026-05-20")
     assert result.success
