@@ -34,6 +34,7 @@ CHECKPOINT_NOTE = {True: "passed its check (beats_baselines)",
                    False: "has not beaten its baselines (chosen by a rollback, or the newest where none has and no "
                           "baseline model can serve)"}
 BASELINE = "baseline"  # the kind of a version that serves a scenario's best baseline
+NO_CHECKPOINT = "no checkpoint yet"
 
 
 def is_baseline(config: dict) -> bool:
@@ -124,7 +125,7 @@ def serving_note(workspace, name: str) -> str:
     """One line for the scenario's metadata: which checkpoint predictions use now, and why."""
     path, passed = serving_checkpoint(workspace, name)
     if not (path / "config.json").exists():
-        return "no checkpoint yet"
+        return NO_CHECKPOINT
     config = read_json(path / "config.json")
     sha = config["weights_sha256"][:16]
     if is_baseline(config):
@@ -255,8 +256,10 @@ def serving_line(workspace, name: str) -> str:
     history = store.pointer()["history"]
     baseline = store.serving() and store.info(store.serving()).get("kind") == BASELINE  # its note says why
     why = f" ({history[-1]['why']})" if store.serving() and history and not baseline else ""
-    kept = len(store.fingerprints())
-    return f"{name}: serving the {serving_note(workspace, name)}{why}; {kept} version(s) kept"
+    kept, note = len(store.fingerprints()), serving_note(workspace, name)
+    if note == NO_CHECKPOINT:
+        return f"{name}: not trained yet (materialize scenario/{name})"
+    return f"{name}: serving the {note}{why}; {kept} version(s) kept"
 
 
 def rollback_hint(workspace, name: str) -> str:

@@ -106,6 +106,11 @@ def test_the_cli_lists_versions_and_rolls_back(ws, tmp_path, small_project, caps
     assert main(["rollback", "churn", "--to", "0303", "--config", str(config)]) == 2
     assert "names no version" in capsys.readouterr().err
     assert main(["versions", "spend", "--config", str(config)]) == 2
+    capsys.readouterr()
+    other = small_project.write(tmp_path, small_project.config(scenarios={"churn": small_project.churn(),
+                                                                         "later": small_project.churn()}))
+    assert main(["versions", "--config", str(other)]) == 0
+    assert "later: not trained yet (materialize scenario/later)" in capsys.readouterr().out
     assert versions(ws, "churn").serving() == a
 
 
