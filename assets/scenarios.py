@@ -85,7 +85,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
                                                  None)
             if serve_baseline(workspace, name, read_json(path / "config.json"), fit, project.versions.keep,
                               project.versions.keep_served, trained_on, probe) is None:
-                context.log.warning(f"{name}: its best baseline cannot be served (no single saved model, or no rule "
+                context.log.warning(f"{name}: its best baseline cannot be served (no saved model, or no rule "
                                     f"of the task by that name); predictions use the {serving_note(workspace, name)}")
         if not better:  # kept as a version; what serves is the last version that beat them, else the baseline
             context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions use "

@@ -172,7 +172,7 @@ def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int
     """Keep the best baseline of the checkpoint's hold-out (`checkpoint_config`: the config.json of the
     scenario's newest checkpoint) as a version of kind "baseline" and serve it. `fit(folder)` saves the
     LightGBM baseline into `folder` (models/evaluate/baselines.save_lightgbm) and returns what the config
-    records of it, None where no single model can be saved. `probe(config, folder)`: scores a little with
+    records of it, None where no model can be saved. `probe(config, folder)`: scores a little with
     the version before it serves, raising KeyError where the task has no such rule to serve. Returns the
     version's fingerprint, or None when the best baseline cannot be served (then nothing changes)."""
     import tempfile

@@ -125,10 +125,11 @@ def _fit(lgb, cache: Cache, spec: FeatureSpec, task: TaskSpec, train_cutoffs, va
 
 
 class _Keeping:
-    """The lightgbm module as a task's `lightgbm` sees it, keeping every model the task makes."""
+    """The lightgbm module as a task's `lightgbm` sees it, keeping every model the task makes, in order,
+    with the scores its last predict_proba gave (what places a per-label model at its label)."""
 
     def __init__(self, lgb):
-        self._lgb, self.models = lgb, []
+        self._lgb, self.models, self.scored = lgb, [], {}
 
     def __getattr__(self, name: str):
         made = getattr(self._lgb, name)
@@ -136,8 +137,16 @@ class _Keeping:
             return made
 
         def keep(*args, **kwargs):
-            self.models.append(made(*args, **kwargs))
-            return self.models[-1]
+            model = made(*args, **kwargs)
+            self.models.append(model)
+            if hasattr(model, "predict_proba"):
+                proba = model.predict_proba
+
+                def recorded(x, *a, **kw):
+                    self.scored[id(model)] = out = proba(x, *a, **kw)
+                    return out
+                model.predict_proba = recorded
+            return model
         return keep
 
 
@@ -147,22 +156,44 @@ LIGHTGBM_FILE = "lightgbm.txt"  # the LightGBM baseline of a baseline version, i
 def save_lightgbm(cache: Cache, spec: FeatureSpec, task: TaskSpec, train_cutoffs, val_cutoff: int, test_cutoff: int,
                   folder: str | Path, *, seed: int = 0) -> dict | None:
     """Fit the LightGBM baseline exactly as lightgbm_scores does (same cut-offs, parameters, seed) and save
-    its model to `folder`/lightgbm.txt (the early-stopped iterations). Returns what a baseline version's
-    config records of it ({"sha256", "classes"}), or None where the task makes more than one model (a
-    model per label) or LightGBM is not installed: no single servable model."""
+    its model to `folder`/lightgbm.txt (the early-stopped iterations), or a task's per-label models to
+    `folder`/lightgbm-<label position>.txt. Returns what a baseline version's config records of it
+    ({"sha256", "classes"}, or {"sha256", "labels": {position: file}, "constants": {position: value},
+    "feature_labels"}), or None where LightGBM is not installed or does not apply."""
     try:
         import lightgbm as lgb
     except ImportError:
         return None
     keeping = _Keeping(lgb)
-    _fit(keeping, cache, spec, task, train_cutoffs, val_cutoff, test_cutoff, seed)
-    if len(keeping.models) != 1:
+    out = _fit(keeping, cache, spec, task, train_cutoffs, val_cutoff, test_cutoff, seed)
+    if out is None or not keeping.models:
         return None
-    model, path = keeping.models[0], Path(folder) / LIGHTGBM_FILE
-    model.booster_.save_model(str(path))
-    classes = getattr(model, "classes_", None)
-    return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-            "classes": None if classes is None else np.asarray(classes).astype(int).tolist()}
+    if len(keeping.models) == 1:
+        model, path = keeping.models[0], Path(folder) / LIGHTGBM_FILE
+        model.booster_.save_model(str(path))
+        classes = getattr(model, "classes_", None)
+        return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                "classes": None if classes is None else np.asarray(classes).astype(int).tolist()}
+    # a model per label, made in label order; a label without both classes in training is a constant
+    covered = getattr(out, "labels", None)
+    scores = np.asarray(getattr(out, "scores", out))
+    positions = np.arange(scores.shape[1]) if covered is None else np.asarray(covered)
+    files, constants, digest, models = {}, {}, hashlib.sha256(), iter(keeping.models)
+    model = next(models, None)
+    for j, position in enumerate(positions.tolist()):
+        mine = keeping.scored.get(id(model)) if model is not None else None
+        if mine is not None and np.array_equal(scores[:, j], np.asarray(mine)[:, 1].astype(scores.dtype)):
+            files[str(position)] = f"lightgbm-{position}.txt"
+            model.booster_.save_model(str(Path(folder) / files[str(position)]))
+            digest.update((Path(folder) / files[str(position)]).read_bytes())
+            model = next(models, None)
+        else:
+            constants[str(position)] = float(scores[0, j]) if len(scores) else 0.0
+    if model is not None:  # a model left over: the order is not the one assumed, so nothing is served
+        return None
+    digest.update(repr(sorted(constants.items())).encode())
+    return {"sha256": digest.hexdigest(), "labels": files, "constants": constants,
+            "feature_labels": None if covered is None else positions.tolist()}
 
 
 def baseline_predictions(config: dict, folder: str | Path, cache: Cache, cutoff: int, *, k: int,
@@ -175,11 +206,14 @@ def baseline_predictions(config: dict, folder: str | Path, cache: Cache, cutoff:
     spec, task = FeatureSpec.from_dict(config["feature_spec"]), TaskSpec.from_dict(config["task"])
     t, name = task_of(task), config["baseline"]
     names = t.label_names(cache, task, config.get("label_values") or None)
-    booster = None
-    if config.get("lightgbm"):
+    booster = saved = config.get("lightgbm")
+    if saved:
         import lightgbm as lgb
 
-        booster = lgb.Booster(model_file=str(Path(folder) / LIGHTGBM_FILE))
+        if "labels" in saved:  # a model per label
+            booster = {int(p): lgb.Booster(model_file=str(Path(folder) / f)) for p, f in saved["labels"].items()}
+        else:
+            booster = lgb.Booster(model_file=str(Path(folder) / LIGHTGBM_FILE))
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     lists = None
@@ -188,7 +222,17 @@ def baseline_predictions(config: dict, folder: str | Path, cache: Cache, cutoff:
         keep = t.eligible(chunk, task.target) if chunk.n else np.zeros(0, bool)
         if not keep.any():
             continue
-        if booster is not None:
+        if isinstance(booster, dict):  # each label's own model (its probability), or its constant
+            feature_labels = saved["feature_labels"]
+            x = hand_features(chunk, spec, task, entity_table, vocab_sizes,
+                              None if feature_labels is None else np.asarray(feature_labels))[keep]
+            wide = np.zeros((len(x), len(names)), np.float32)
+            for position, model in booster.items():
+                wide[:, position] = model.predict(x)
+            for position, value in saved["constants"].items():
+                wide[:, int(position)] = value
+            columns = _lists(names, np.argsort(-wide, axis=1, kind="stable")[:, :k], wide)
+        elif booster is not None:
             scores = booster.predict(hand_features(chunk, spec, task, entity_table, vocab_sizes)[keep])
             if names is not None:  # the classes the model knew, at their label positions
                 wide = np.zeros((len(scores), len(names)), np.float32)

@@ -193,3 +193,30 @@ def test_a_rule_baseline_serves_its_rule(trained):
             "AND ts <= TIMESTAMP '2026-05-21' GROUP BY 1").fetchall())
     scores = dict(zip(table.column("customer_id").to_pylist(), table.column("score").to_pylist()))
     assert len(scores) > 0 and scores == {c: -float(counts.get(c, 0)) for c in scores}
+
+
+def test_a_model_per_label_is_saved_and_scores_what_the_hold_out_measured(trained, tmp_path):
+    """A multilabel scenario's LightGBM baseline is a model per label: each saved at its label (a label
+    without both classes in training: its constant), and served, they give the hold-out's scores."""
+    from habitus.assets.foundation import test_cutoff
+    from habitus.assets.scenarios import scenario_config
+    from habitus.models.evaluate.baselines import lightgbm_scores, save_lightgbm
+    from habitus.pipelines.config import Scenario
+
+    _, _, project, _, _ = trained
+    ws = build_resources(project)["workspace"]
+    cache = current_cache(ws)
+    foundation = json.loads((ws.foundation / "config.json").read_text())
+    brands = Scenario(task="multilabel", target={"any_event": "purchases", "by": "brand", "within": "14d", "top": 4})
+    cfg = scenario_config("brands", brands, cache, test_cutoff(project, cache))
+    spec = FeatureSpec.from_dict(foundation["feature_spec"])
+    saved = save_lightgbm(cache, spec, cfg.task, cfg.train_cutoffs, cfg.val_cutoff, cfg.test_cutoff, tmp_path)
+    assert len(saved["labels"]) + len(saved["constants"]) == 4 and saved["labels"]
+    measured = lightgbm_scores(cache, spec, cfg.task, cfg.train_cutoffs, cfg.val_cutoff, cfg.test_cutoff)
+    names = task_of(cfg.task).label_values(cache, cfg.task)
+    config = {"kind": "baseline", "baseline": "lightgbm", "lightgbm": saved, "feature_spec": foundation["feature_spec"],
+              "task": cfg.task.to_dict(), "label_values": names}
+    served = [dict(zip(labels, scores)) for b in baseline_predictions(config, tmp_path, cache, cfg.test_cutoff, k=4)
+              for labels, scores in zip(b.column("labels").to_pylist(), b.column("scores").to_pylist())]
+    assert len(served) == len(measured) > 0
+    np.testing.assert_array_equal(np.array([[row[str(n)] for n in names] for row in served], np.float32), measured)
