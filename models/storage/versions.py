@@ -121,6 +121,8 @@ class VersionStore:
         for h in reversed(pointer["history"]):
             if h["fingerprint"] != current and (self.path(h["fingerprint"]) / INFO).exists():
                 return h["fingerprint"]
+        if current is None:
+            raise VersionError(f"no version serves yet in {self.folder}, so there is none to go back to")
         raise VersionError(f"no version served before {current} among those kept in {self.folder}")
 
     def prune(self, keep: int, keep_served: bool = True) -> list[str]:
