@@ -8,7 +8,7 @@
 #                   naming its Python)
 #   Kubernetes:     add --build-arg EXTRAS=k8s (dagster-k8s; docs/clusters.md); EXTRAS=k8s,snowflake, ...
 #   No registry:    docker/build-local-base.sh makes a Debian bookworm base with debootstrap, and
-#                   docker/build-local-image.sh builds this file FROM it with buildah (docs/docker.md):
+#                   docker/build-local-image.sh builds this file FROM it with buildah (docs/guide/deploying.md):
 #                   BASE=localhost/habitus-base:bookworm, TORCH_SPEC=a local CPU wheel, PIP_CERT=the CA
 #                   bundle of a TLS-intercepting proxy (the build's RUN steps only; not kept in the image)
 ARG BASE=python:3.11-slim
@@ -65,7 +65,7 @@ ENV HABITUS_WORKSPACE=/data/workspace HABITUS_DEMO_WAREHOUSE=/data/demo_warehous
 # jobs. It listens on HABITUS_GRPC_HOST (all of the container's interfaces by default, which a
 # container needs to be reached by the webserver's); publish it only on a private network
 # (`docker run -p 127.0.0.1:4000:4000`, a user-defined docker network, or on Kubernetes behind
-# deploy/k8s/network-policy.yaml), never on a public address. docs/docker.md, "The code server".
+# deploy/k8s/network-policy.yaml), never on a public address. docs/guide/deploying.md, "The code server".
 ENV HABITUS_GRPC_HOST=0.0.0.0
 EXPOSE 4000
 CMD ["sh", "-c", "exec dagster api grpc -h \"$HABITUS_GRPC_HOST\" -p 4000 -m habitus.pipelines.definitions"]

@@ -1,4 +1,4 @@
-# One command each: `make demo`, `make test`, `make ui`, `make docs`. Each creates .venv when missing.
+# One command each: `make demo`, `make demo-small`, `make test`, `make ui`, `make docs`. Each creates .venv when missing.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 export DAGSTER_HOME ?= $(CURDIR)/.habitus/dagster
 
-.PHONY: demo test ui docs clean test-integration
+.PHONY: demo demo-small test ui docs clean test-integration
 .PHONY: test-faults test-daemon
 
 $(VENV)/.installed: pyproject.toml
@@ -90,6 +90,10 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 
 demo: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 	$(VENV)/bin/habitus demo
+
+# the small example (examples/small.yaml): the same warehouse with 400 customers, every asset, the same table
+demo-small: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
+	$(VENV)/bin/habitus demo --config examples/small.yaml --customers 400
 
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,4 +1,5 @@
-"""foundation_model: the self-supervised model of behaviour, trained on the cache."""
+"""foundation_model: the self-supervised model of behaviour, trained on the cache. The foundation in
+use, trained on the same cache version with the same settings and cut-off, is not trained again."""
 
 import calendar
 
@@ -11,7 +12,7 @@ from habitus.assets.tracking import check_installed, track_foundation
 from habitus.models.nn.checkpoint import save_checkpoint
 from habitus.models.train.recipe import foundation_job
 from habitus.models.train.resume import Resumer
-from habitus.models.storage.files import read_json
+from habitus.models.storage.files import combine, read_json
 from habitus.models.data.features import DAY
 from habitus.models.train.loop import day_floor
 from habitus.models.train.config import config_dict
@@ -43,6 +44,15 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
         cfg = project.foundation.config()
         cutoff = test_cutoff(project, cache)
         last_cutoff = cutoff - cfg.horizon_days * DAY  # its targets end where the hold-out begins
+        trained_on = combine(cache.fingerprint, config_dict(cfg), last_cutoff)
+        in_use = workspace.foundation / "config.json"
+        if in_use.exists() and read_json(in_use).get("trained_on") == trained_on:
+            why = (f"foundation_model: not trained again: checkpoint {read_json(in_use)['weights_sha256'][:16]} was "
+                   f"trained on the same cache version ({cache.fingerprint[:16]}), settings and cut-off")
+            context.log.info(why)
+            return dg.MaterializeResult(metadata={"trained": dg.MetadataValue.bool(False), "skipped": why,
+                                                  "fingerprint": read_json(in_use)["weights_sha256"][:16],
+                                                  "cache_fingerprint": cache.fingerprint[:16]})
         # in this process or under torchrun (rank 0's result comes back); a killed run continues from its
         # last saved state (same cache, config, cut-off and processes only)
         folder = workspace.resume("foundation")
@@ -56,6 +66,7 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
         info = result.info
         digest = save_checkpoint(workspace.foundation, result.model, {
             "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,
+            "trained_on": trained_on,  # what a later run compares: the same is not trained again
             "cache_lineage": cache.lineage,
             "feature_spec": info["feature_spec"], "net": info["net"], "targets_width": info["targets_width"],
             "profile": info["profile"],  # the embeddings' projection (habitus.models.nn.profile)
@@ -70,7 +81,7 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
         track_foundation(project.mlflow, digest, read_json(workspace.foundation / "config.json"), context.log.warning)
         plot = loss_curves(result.curves, workspace.foundation.parent / "foundation_loss.png", "foundation model")
         return dg.MaterializeResult(metadata={
-            "fingerprint": digest[:16],
+            "fingerprint": digest[:16], "trained": dg.MetadataValue.bool(True),
             "version": f"checkpoints/foundation_versions/{version} (serving)",
             "cache_fingerprint": cache.fingerprint[:16],
             "final_train_loss": dg.MetadataValue.float(result.curves["train_loss"][-1]),

@@ -43,7 +43,21 @@ def wanted_columns(source, entity: str, schema: pa.Schema) -> list[str]:
         raise dg.Failure(
             f"source {source.name!r} (table {source.table!r}): column(s) {missing} not found; the table has "
             f"{schema.names}. Fix `columns`, `timestamp`, `key` or `entity` in the project config")
+    check_time_column(source, schema)
     return cols
+
+
+def check_time_column(source, schema: pa.Schema) -> None:
+    """A `timestamp:` column stored as text fails here, naming it and the cast, before a warehouse compares
+    it with the partition's bounds (DuckDB's 'Cannot compare values of type VARCHAR and type TIMESTAMP')."""
+    if not source.timestamp or source.timestamp not in schema.names:
+        return
+    kind = schema.field(source.timestamp).type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+        raise dg.Failure(
+            f"source {source.name!r} (table {source.table!r}): its `timestamp:` column {source.timestamp!r} is stored "
+            f"as text ({kind}), not as a timestamp. Store it as a TIMESTAMP, or point the source's `table:` at a "
+            f"view that selects CAST({source.timestamp} AS TIMESTAMP) AS {source.timestamp} with the other columns")
 
 
 def _write_partition(batches, path, schema: pa.Schema, source, entity: str) -> int:

@@ -436,7 +436,7 @@ def ddp_foundation(config: str, device: str, precision: str) -> None:
     """One epoch of foundation training steps in every process of a torchrun launch (DDP over
     models/train/distributed.py): each rank featurizes its share of the entity chunks and steps the
     shared model. Rank 0 prints entities/s and events/s per process. What train_foundation gains
-    once it takes the distributed hooks (docs/speed.md), measured before that."""
+    once it takes the distributed hooks (docs/journal/speed.md), measured before that."""
     import numpy as np
     import torch
 

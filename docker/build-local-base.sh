@@ -7,7 +7,7 @@
 #
 # Needs root, debootstrap and buildah (apt-get install debootstrap buildah podman). The rootfs and the
 # tarball stay under $WORK (never in the repository). Then docker/build-local-image.sh builds the
-# project's Dockerfile FROM it. docs/docker.md has what this gave on the build machine.
+# project's Dockerfile FROM it. docs/journal/operations.md has what this gave on the build machine.
 set -euo pipefail
 WORK=${WORK:-/tmp/habitus-image}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Build the project's CPU image with buildah (no Docker daemon) FROM the local base of
 # docker/build-local-base.sh, then run `habitus demo --customers 2000` in it as the image's non-root
-# user with podman. What it measured on the build machine: docs/docker.md.
+# user with podman. What it measured on the build machine: docs/journal/operations.md.
 #
 #   sudo docker/build-local-image.sh            # build localhost/habitus:cpu and run the demo
 #   sudo docker/build-local-image.sh build      # build only
@@ -48,7 +48,7 @@ build() {
 demo() {
   # `buildah run` on a container of the image: its own USER (habitus, uid 10001), WORKDIR, ENV and
   # workspace (/data, owned by that user), no network. (`podman run` is refused on the build machine
-  # docs/docker.md says why; where it works: podman run --rm --network none "$TAG" habitus demo ...)
+  # docs/journal/operations.md says why; where it works: podman run --rm --network none "$TAG" habitus demo ...)
   ctr=$(buildah from "$TAG")
   start=$(date +%s)
   nice -n 10 buildah run --runtime "$RUNTIME" --network none "$ctr" -- \

@@ -130,6 +130,12 @@ def _cell(text: str) -> str:
                     for i, p in enumerate(parts))
 
 
+def _key(name: str) -> str:
+    """A key's cell: code that the manual's stylesheet keeps on one line (docs/stylesheets/extra.css, `code.key`),
+    where the theme would break `inference_processes` anywhere to fit a narrow column."""
+    return f'<code class="key">{name}</code>'
+
+
 def _sections(root: type[BaseModel], path: str) -> list[tuple[str, type[BaseModel], list[str]]]:
     """(key path, model, other key paths of the same section) for the root and every section below it,
     depth first in field order."""
@@ -194,7 +200,7 @@ def generate() -> str:
                 link = ", ".join(f"[{_cell(k) if len(subs) == 1 else _tag(s)}](#{_anchor(k)})" for s in subs
                                  for k, m, _ in sections if m is s)
                 described = f"{described} ({link})" if described else link
-            lines.append(f"| `{name}` | {_cell(_read_as(info) or _type(info.annotation))} | {_cell(_default(info))} | "
+            lines.append(f"| {_key(name)} | {_cell(_read_as(info) or _type(info.annotation))} | {_cell(_default(info))} | "
                          f"{_cell(_allowed(info))} | {described} |")
         if extra == "allow":
             lines.append("| *other keys* | any | | | passed to the driver as given (`account`, `host`, `password`, ...) |")

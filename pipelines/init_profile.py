@@ -11,6 +11,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
+# an ISO date or date-time written as text, with or without a zone
+TEXT_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?\s*(Z|UTC|[+-]\d{2}:?\d{2})?$")
+
+
 @dataclass
 class ColumnProfile:
     name: str
@@ -34,6 +38,12 @@ class ColumnProfile:
         if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
             return "string"
         return "other"
+
+    @property
+    def text_time(self) -> bool:
+        """Text whose values read as dates or times ('2026-03-01 09:12:00'): a time stored as a string."""
+        return self.kind == "string" and bool(self.examples) and all(
+            isinstance(v, str) and TEXT_TIME.match(v.strip()) for v in self.examples)
 
     @property
     def non_null(self) -> int:

@@ -95,17 +95,35 @@ def _classify(c: ColumnProfile, rows_capped: bool) -> tuple[str | None, str]:
     return None, f"type {c.type} is not used by the model"
 
 
+def text_time_warnings(profiles: list[TableProfile], events: TableProfile | None = None) -> list[str]:
+    """Text columns whose values look like times: a source's `timestamp:` must be a TIMESTAMP or DATE column."""
+    out = []
+    for p in profiles:
+        for c in p.columns.values():
+            if c.text_time:
+                larger = events is not None and p is not events and p.rows > events.rows
+                out.append(f"{p.table}.{c.name} holds times stored as text (e.g. {c.examples[0]!r}), which habitus "
+                           f"does not read as times" + (f"; with {p.rows:,} sampled rows against {events.rows:,} of "
+                                                       f"{events.table}, {p.table} may be the events table" if larger
+                                                       else "") +
+                           f": store it as a TIMESTAMP, or run init on a view that selects "
+                           f"CAST({c.name} AS TIMESTAMP) AS {c.name} with the other columns")
+    return out
+
+
 def _events_and_entity(profiles: list[TableProfile], entity: str | None, notes: list[str]):
     timed = [p for p in profiles if _time_column(p) is not None]
+    hint = "".join(f"; {w}" for w in text_time_warnings(profiles))
     if not timed:
-        raise ValueError("no table has a timestamp or date column: an events table needs one (name it with --tables)")
+        raise ValueError("no table has a timestamp or date column: an events table needs one (name it with --tables)"
+                         + hint)
     # events: a timed table whose entity repeats; the one with the most rows first
     events = max(timed, key=lambda p: p.rows)
     others = [p for p in profiles if p is not events]
     candidates = _entity_candidates(events, others)
     if entity is None:
         if not candidates:
-            raise ValueError(f"no entity column found in {events.table}: name it with --entity")
+            raise ValueError(f"no entity column found in {events.table}: name it with --entity" + hint)
         entity = candidates[0][1]
         if len(candidates) > 1:
             notes.append(f"entity: {entity} (other candidates: {', '.join(n for _, n in candidates[1:4])}; "
@@ -160,13 +178,14 @@ def _churn_target(volume: EventsVolume | None, events_name: str, notes: list, wa
     return target
 
 
-def volume_warnings(v: EventsVolume, table: str) -> list[str]:
+def volume_warnings(v: EventsVolume, table: str, entity: str | None = None) -> list[str]:
     """The data guidelines, with the numbers (10,000 entities, 100,000 events a month, 3 months)."""
     out = []
     ents = f"{'at least ' if v.capped else ''}{v.entities:,}"
     if v.entities < MIN_ENTITIES:
         out.append(f"volume: {ents} entities in {table} (guideline: at least {MIN_ENTITIES:,}; below it the "
-                   f"models are unreliable)")
+                   f"models are unreliable" + (f"; the entity is {entity}: if that is not what you score, name it "
+                                                f"with --entity" if entity else "") + ")")
     if v.per_month_mean < MIN_EVENTS_PER_MONTH:
         out.append(f"volume: {v.per_month_mean:,.0f} events a month in {table} on average ({v.rows:,} over "
                    f"{v.days:.0f} days; guideline: at least {MIN_EVENTS_PER_MONTH:,})")
@@ -273,7 +292,8 @@ def suggest(profiles: list[TableProfile], connection_name: str, connection: dict
             d["name"], i = f"{base}_{i}", i + 1
         names.append(d["name"])
     if volume:
-        warnings += volume_warnings(volume, events.table)
+        warnings += volume_warnings(volume, events.table, entity)
+    warnings += text_time_warnings(profiles, events)
     churn = _churn_target(volume, ev["name"], notes, warnings)
     config = {"workspace": ".habitus/project", "connections": {connection_name: connection}, "entity": entity,
               "sources": [ev] + attr_sources,

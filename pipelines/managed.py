@@ -109,7 +109,7 @@ def failure_file() -> Path | None:
 class Runner:
     """dg.materialize of a selection with its own asset checks, as `habitus materialize` runs them."""
 
-    def __init__(self, project, log=print, verbose: bool = False):
+    def __init__(self, project, log=print, verbose: bool = False, dagster_log: bool = True):
         from habitus.pipelines.instance import dagster_instance
         from habitus.pipelines.definitions import build_assets, build_resources
 
@@ -120,8 +120,9 @@ class Runner:
         self.checks, self.instance = build_checks(project), dagster_instance()
         self.passed, self.failed, self.timings = 0, [], {}
         # a job's log (CloudWatch and the like): the assets' own lines (epochs, uploads, warnings), not
-        # Dagster's DEBUG events, unless -v
-        self.run_config = {} if verbose else {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+        # Dagster's DEBUG events, unless -v; `dagster_log` False (the Python API): only this runner's lines
+        level = "INFO" if dagster_log else "CRITICAL"
+        self.run_config = {} if verbose else {"loggers": {"console": {"config": {"log_level": level}}}}
 
     def run(self, keys, what: str, **kw) -> None:
         import dagster as dg
@@ -152,16 +153,18 @@ class Runner:
 
         return next(a for a in self.assets if a.key == source_key(source.name)).partitions_def
 
-    def extract(self, upto: str | None = None) -> None:
+    def extract(self, upto: str | None = None, again: bool = True) -> None:
         """Every events partition missing from the workspace (all on a fresh disk) up to the one holding
         `upto` (default: the last), that one extracted again (its day may have grown), and the attribute
-        tables, which are small and extracted whole."""
+        tables, which are small and extracted whole. `again` False: the last one is extracted again only
+        where its file was written before its time window closed, and with nothing to extract the
+        attribute tables are kept too (a day scored from what the workspace holds)."""
         # private: dg.materialize takes one partition_key, and the range tags of a one-run range have no public name
         from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
         from habitus.assets.sources import source_key
 
-        ws = self.resources["workspace"]
+        ws, extracted = self.resources["workspace"], again
         for s in self.project.events_sources:
             pdef = self.partitions(s)
             keys = pdef.get_partition_keys()
@@ -171,13 +174,24 @@ class Runner:
                 raise RuntimeError(f"source/{s.name}: no partition starts on or before {upto} (its first is "
                                    f"{pdef.get_first_partition_key()})")
             missing = [k for k in keys if not (ws.sources(s.name) / f"{k}.parquet").exists()]
+            if not again and not missing and _closed_when_written(pdef, keys[-1], ws.sources(s.name)):
+                continue
+            extracted = True
             first = missing[0] if missing else keys[-1]
             span = keys[keys.index(first):]
             self.run([source_key(s.name)], f"source/{s.name} ({len(span)} partitions, {span[0]} .. {span[-1]})",
                      tags={ASSET_PARTITION_RANGE_START_TAG: span[0], ASSET_PARTITION_RANGE_END_TAG: span[-1]})
         others = [source_key(s.name) for s in self.project.sources if s.role != "events"]
-        if others:
+        if others and extracted:
             self.run(others, "the attribute tables")
+        elif not extracted:
+            self.log("the sources are extracted up to that day already")
+
+
+def _closed_when_written(pdef, key: str, folder: Path) -> bool:
+    """Whether partition `key`'s file was written after its time window ended: nothing newer to extract."""
+    end = pdef.time_window_for_partition_key(key).end.timestamp()
+    return (folder / f"{key}.parquet").stat().st_mtime > end
 
 
 def _restore_if_missing(project, log) -> None:
@@ -223,9 +237,10 @@ def train(project, stage: str = "all", log=print, verbose: bool = False, cluster
 
 
 def score(project, day: str, *, embeddings: bool = False, predictions: bool = True, log=print,
-          verbose: bool = False, scenarios: list[str] | None = None) -> dict:
+          verbose: bool = False, scenarios: list[str] | None = None, dagster_log: bool = True,
+          extract_again: bool = True) -> dict:
     """Day `day`'s predictions (of `scenarios`, default every prediction scenario) and/or embeddings, after
-    the sources up to that day and the cache."""
+    the sources up to that day and the cache (Runner.extract's `again`: `extract_again`)."""
     import dagster as dg
 
     from habitus.assets.predictions import predictions_key
@@ -237,8 +252,8 @@ def score(project, day: str, *, embeddings: bool = False, predictions: bool = Tr
         raise RuntimeError(f"--date {day}: not a day of the predictions' partitions (from {first}, "
                            f"`predictions.start`, to the data's end or today)")
     _restore_if_missing(project, log)
-    r = Runner(project, log, verbose)
-    r.extract(upto=day)
+    r = Runner(project, log, verbose, dagster_log)
+    r.extract(upto=day, again=extract_again)
     r.run([dg.AssetKey("cache")], "cache")
     keys = [predictions_key(n) for n in scenarios or project.prediction_scenarios] if predictions else []
     keys += [dg.AssetKey("embeddings")] if embeddings else []

@@ -7,7 +7,7 @@ from typing import Iterable, Iterator
 import dagster as dg
 import pyarrow as pa
 
-from habitus.resources.errors import WarehouseError
+from habitus.resources.errors import WarehouseError, tables_there
 from habitus.resources.sql import (delete_sql, freshness_sql, partition_counts_sql, range_sql, select_sql, table_expr,
                            utc_naive)
 
@@ -35,11 +35,33 @@ class DuckDBWarehouse(dg.ConfigurableResource):
         try:
             yield con
         except duckdb.CatalogException as e:
-            raise WarehouseError(f"table {table!r} in DuckDB database {self.path}: {str(e).splitlines()[0]}") from None
+            names = self.tables()
+            listed = tables_there(lambda: names) if table not in names else ""
+            raise WarehouseError(f"table {table!r} in DuckDB database {self.path}: {str(e).splitlines()[0]}"
+                                 f"{listed}") from None
         except duckdb.BinderException as e:
             raise WarehouseError(f"table {table!r} in DuckDB database {self.path}: {str(e).splitlines()[0]}") from None
         finally:
             con.close()
+
+    def tables(self) -> list[str]:
+        """The database's tables and views, `schema.table` outside the main schema."""
+        import os
+
+        if not os.path.exists(self.path):
+            raise WarehouseError(f"{self.path}: no such file")
+        import duckdb
+
+        try:
+            con = duckdb.connect(self.path, read_only=True)
+        except duckdb.Error as e:
+            raise WarehouseError(f"{self.path}: {str(e).splitlines()[0]}") from None
+        try:
+            rows = con.execute("SELECT table_schema, table_name FROM information_schema.tables "
+                               "WHERE table_catalog = current_database() ORDER BY 1, 2").fetchall()
+        finally:
+            con.close()
+        return [t if s == "main" else f"{s}.{t}" for s, t in rows]
 
     def schema(self, table: str) -> pa.Schema:
         with self._session(table) as con:

@@ -32,6 +32,19 @@ _GRPC_TRANSIENT = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "AB
 _THRIFT_TRANSIENT = {1, 3, 4}
 
 
+def tables_there(list_tables, limit: int = 30) -> str:
+    """"; the tables there: a, b, c" from a connector's `tables()`, for the message of a missing table; "" when
+    the listing itself fails (the missing table is the error to report, not the listing)."""
+    try:
+        names = list(list_tables())
+    except Exception:  # noqa: BLE001 - any failure of the listing leaves the message as it was
+        return ""
+    if not names:
+        return "; there are no tables there"
+    shown = ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+    return f"; the tables there: {shown}"
+
+
 def chain(exc: BaseException | None):
     """`exc`, then its causes and contexts (each once)."""
     seen = set()

@@ -17,7 +17,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from habitus.models.storage.files import durable_replace
-from habitus.resources.errors import AUTH, WarehouseError, network_error
+from habitus.resources.errors import AUTH, WarehouseError, network_error, tables_there
 from habitus.resources.sql import utc_naive
 
 # pyarrow's S3 errors carry the AWS SDK's error name; these may pass when retried (the transport or a
@@ -90,13 +90,35 @@ class ParquetWarehouse(dg.ConfigurableResource):
             except OSError as e:
                 raise self._s3_error(table, e) from None
             raise WarehouseError(f"table {table!r} not found: neither s3://{base}/{table}.parquet nor the prefix "
-                                 f"s3://{base}/{table}/ exists (endpoint {where})")
+                                 f"s3://{base}/{table}/ exists (endpoint {where}){tables_there(self.tables)}")
         base = Path(self.path)
         for candidate in (base / f"{table}.parquet", base / table):
             if candidate.exists():
                 return ds.dataset(str(candidate), format="parquet", partitioning="hive")
         raise WarehouseError(f"table {table!r} not found: neither {base / (table + '.parquet')} nor the folder "
-                             f"{base / table} exists")
+                             f"{base / table} exists{tables_there(self.tables)}")
+
+    def tables(self) -> list[str]:
+        """The tables the connection reads: `<name>.parquet` files and `<name>/` folders directly under its
+        folder or s3:// prefix."""
+        s3 = self._s3()
+        if s3 is None:
+            base = Path(self.path)
+            if not base.is_dir():
+                raise WarehouseError(f"{base}: no such folder")
+            return sorted(p.stem if p.suffix == ".parquet" else p.name for p in base.iterdir()
+                          if p.suffix == ".parquet" or p.is_dir())
+        from pyarrow.fs import FileSelector, FileType
+
+        fs, base, where = s3
+        try:
+            infos = fs.get_file_info(FileSelector(base, recursive=False))
+        except OSError as e:
+            raise WarehouseError(f"s3://{base}: cannot list the prefix (endpoint {where}): {str(e).splitlines()[0]}",
+                                 transient=transient(e)) from None
+        names = [i.base_name.removesuffix(".parquet") for i in infos
+                 if i.type == FileType.Directory or (i.type == FileType.File and i.base_name.endswith(".parquet"))]
+        return sorted(set(names))
 
     def schema(self, table: str) -> pa.Schema:
         return self._dataset(table).schema

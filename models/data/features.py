@@ -162,7 +162,7 @@ def _decay(age_days: np.ndarray, half_life: float) -> np.ndarray:
 
 
 def _scatter_max(n: int, index: np.ndarray, values: np.ndarray) -> np.ndarray:
-    # unbuffered maximum per index: 4.8x faster than sorting (docs/speed.md); values are > 0, so
+    # unbuffered maximum per index: 4.8x faster than sorting (docs/journal/speed.md); values are > 0, so
     # the zeros of indices without an event stay zero
     out = np.zeros(n, np.float32)
     np.maximum.at(out, index, values.astype(np.float32, copy=False))
@@ -263,7 +263,7 @@ def visit_features(chunk: Chunk, spec: FeatureSpec) -> np.ndarray:
     lines of one basket; visits say how often the entity comes, which events alone blur: log counts
     (all, per window, decayed), the mean gap between visits, the days since the last visit against
     that gap (overdue or not), whether there are two visits at all, and events per visit.
-    Measured on Ta-Feng: churn AUROC 0.731 -> 0.752 (docs/quality.md)."""
+    Measured on Ta-Feng: churn AUROC 0.731 -> 0.752 (docs/journal/quality.md)."""
     n, local, age = chunk.n, chunk.local, chunk.age_days
     day = np.floor(age)
     # rows are in (entity, time) order: a visit starts where the entity or the day changes

@@ -10,7 +10,7 @@ regression, multilabel):
   components (`StackConfig.components`)]. The foundation's trunk, not the fine-tuned
   one: that trunk has seen the training cut-offs' labels, so trees fitted on it there would trust
   it more than it deserves at a later cut-off. Its 256 floats as they are dilute the trees' inputs
-  (docs/quality.md, "Heads chosen on validation");
+  (docs/journal/quality.md, "Heads chosen on validation");
 - "blend": w x gbt + (1 - w) x network, on logits for probabilities, on amounts for regression
   (`Stacking.logits`), one w from `StackConfig.weights` for the whole head.
 

@@ -155,7 +155,7 @@ class Head(nn.Module):
     """Linear outputs, plus (for label heads) a learned weighting of each label's own history: one
     shared across labels (`skip`) plus a per-label correction (`label_skip`, starting at zero),
     because labels repeat differently (staples are bought again, treats are not). The per-label
-    weights made Ta-Feng propensity clearly better (docs/quality.md)."""
+    weights made Ta-Feng propensity clearly better (docs/journal/quality.md)."""
 
     def __init__(self, hidden: int, outputs: int, history_channels: int = 0, pair_width: int = 0,
                  pair_layers: int = 2):

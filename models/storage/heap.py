@@ -6,7 +6,7 @@ while batch-sized ones (a 512-row batch of features is 3.2 MB) keep reusing the 
 threshold bounded memory more but made every batch's tensors fresh mappings, page-faulted in again at
 each step. Measured on bench/speed.py's 1m dataset, quiet machine, 16k fine-tuning, 2 epochs: dynamic
 42.9 s / 1.97 GB, 128 KB 78.5 s / 1.28 GB, 4 MB 57.9 s / 1.70 GB; foundation 15.5 s (dynamic), 25.6 s
-(128 KB); the same metrics to every digit (docs/speed.md)."""
+(128 KB); the same metrics to every digit (docs/journal/speed.md)."""
 
 import ctypes
 import ctypes.util
@@ -33,7 +33,7 @@ def keep_on_heap(nbytes: int) -> bool:
     training step's gradient of its largest weight (a 16,000-label head's [16,000, 256], 16 MB) was
     otherwise a fresh mapping at every step, its zero pages faulted in each time. The 16k fine-tuning
     at 1M events: 42.9 s -> 34.9 s (system CPU 22 s -> 8 s), peak 1.53 -> 1.62 GB, the same model to
-    every digit (docs/speed.md). Chunk-sized blocks above the new threshold still go back when freed."""
+    every digit (docs/journal/speed.md). Chunk-sized blocks above the new threshold still go back when freed."""
     return _threshold(min(max(int(nbytes) + (1 << 20), MMAP_THRESHOLD_BYTES), MMAP_THRESHOLD_MAX))
 
 

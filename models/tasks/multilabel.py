@@ -72,7 +72,7 @@ class Multilabel(ValueLabels, Task):
     def loss_is_criterion(self, spec) -> bool:
         """Narrow heads are chosen by macro AUROC: the loss rewards calibrated base rates and can fall
         while the ranking within each label gets worse (MovieLens with 10% of the labels: the validation
-        loss fell over three epochs while the test macro AUROC fell too, docs/quality.md). Wide heads keep their
+        loss fell over three epochs while the test macro AUROC fell too, docs/journal/quality.md). Wide heads keep their
         sampled loss (a [rows, 16,000] validation matrix costs too much every epoch)."""
         return self.outputs(spec) > AUROC_CRITERION_LABELS
 
@@ -262,7 +262,7 @@ def multilabel_loss(out: torch.Tensor, y: SparseRows, dev) -> torch.Tensor:
     """binary_cross_entropy_with_logits(out, y.dense()), the mean over rows x labels, from the sparse
     targets: per element BCE(z, y) = softplus(z) - y z, and y z is read at the entries only. The
     [rows, labels] targets are never built, and one pass over the logits replaces the dense
-    loss's several (faster at 16,000 labels: docs/speed.md); the same value up to float rounding."""
+    loss's several (faster at 16,000 labels: docs/journal/speed.md); the same value up to float rounding."""
     out = out.float()  # (as autocast runs binary_cross_entropy_with_logits: in float32)
     out = out[:, None] if out.dim() == 1 else out  # one label: the model squeezes its outputs
     picked = out[torch.from_numpy(y.rows).to(dev), torch.from_numpy(y.cols).to(dev)]
@@ -291,7 +291,8 @@ def sampled_multilabel_loss(model: Model, xb: torch.Tensor, history, y: SparseRo
     pool[positive] = False
     rest = np.flatnonzero(pool)
     # (as many more as make the columns a multiple of COLUMN_MULTIPLE: a few shapes of matrix products,
-    # where every new one costs oneDNN a cached kernel: the 16k fine-tuning in bf16 peaked higher, docs/speed.md)
+    # where every new one costs oneDNN a cached kernel: the 16k fine-tuning in bf16 peaked higher,
+    # docs/journal/speed.md)
     drawn = rng.choice(rest, min(negatives + (-(len(positive) + negatives)) % COLUMN_MULTIPLE, len(rest)),
                        replace=False)
     cols = np.sort(np.concatenate([positive, drawn]))

@@ -36,7 +36,7 @@ class Regression(Task):
         # the absolute error in the target's own units (what MAE scores; its optimum is the median),
         # the output staying a log amount; divided by the batch's mean target so that amounts in
         # cents or in thousands train alike. It beat a Huber loss on log amounts on Ta-Feng's spend
-        # (docs/quality.md)
+        # (docs/journal/quality.md)
         error = (torch.expm1(out.float().clamp(max=30.0)) - y).abs().mean()
         return error / y.abs().mean().detach().clamp_min(1e-3)
 

@@ -4,7 +4,7 @@ ranking objective (LightGBM lambdarank, NDCG@k) re-order them.
 
 The network's softmax over the catalog rewards spreading probability over items the entity has not
 bought, while NDCG@10 rewards ordering the few it will buy: fine-tuning lowered the validation loss
-and never improved the validation ranking (docs/quality.md). The trees read, per (entity,
+and never improved the validation ranking (docs/journal/quality.md). The trees read, per (entity,
 candidate): the network's score and rank, the entity's own history of the item (decayed counts,
 recency), the item's popularity at the cut-off and the size of the entity's history, and are
 trained on the training cut-offs with a listwise objective: "own history predicts a repeat" is

@@ -8,7 +8,8 @@ from habitus.models.tasks import RANKING_K, task
 PAIR_WIDTH = 128
 PAIR_LAYERS = 2
 # heads wider than this (sampled negatives) leave the pairwise scorer out: on the 16,000-label scenario
-# it made the fine-tuning slower and the model no better (docs/speed.md "Where the 16k fine-tuning's speed went")
+# it made the fine-tuning slower and the model no better (docs/journal/speed.md, "Where the 16k fine-tuning's
+# speed went")
 PAIR_MAX_LABELS = 2048
 
 
@@ -20,7 +21,7 @@ class TaskSpec:
     item_dim: int = 64  # recommendation: width of the item embeddings
     # multilabel: width and depth of the shared pairwise scorer of (entity, label, its own history of
     # that label) (network.PairScorer; 0: the per-label linear head alone, as checkpoints before it):
-    # propensity a little better than the linear head's on the demo, the same on Ta-Feng (docs/quality.md,
+    # propensity a little better than the linear head's on the demo, the same on Ta-Feng (docs/journal/quality.md,
     # "A shared pairwise label scorer").
     # None: PAIR_WIDTH for heads of up to PAIR_MAX_LABELS labels, 0 above (what is saved is the number)
     pair_width: int | None = None

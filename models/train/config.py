@@ -37,12 +37,12 @@ class FoundationConfig:
     chunk_entities: int = CHUNK_ENTITIES
     min_history_days: int = 28
     # inputs are divided by max(std, floor): a small floor blows rare histogram buckets up to huge
-    # values and the model overfits them (Ta-Feng churn: docs/quality.md, "Defaults")
+    # values and the model overfits them (Ta-Feng churn: docs/results/quality.md, "Defaults")
     std_floor: float = 1.0
     dropout: float = 0.1
     half_lives: tuple[float, ...] = HALF_LIVES  # days: decayed counts per value at each of these
     # quantile bins of the piecewise-linear scalar inputs (network.NetConfig.ple_bins; 0: off): a little
-    # better churn and propensity on Ta-Feng and the demo (docs/quality.md, "Defaults")
+    # better churn and propensity on Ta-Feng and the demo (docs/results/quality.md, "Defaults")
     ple_bins: int = 16
     # the sequence encoder (models/nn/sequence.py) over each entity's last `sequence_events` events
     # (0: the aggregate trunk alone), pretrained with the next-window forecast plus, at weight
@@ -66,22 +66,22 @@ class FinetuneConfig:
     # `memory_budget_bytes` (validation's first), then written to files in `spill_dir` (None: the
     # system's temporary folder) up to `spill_budget_bytes` and read back at each epoch, then computed
     # again at each use. A larger memory budget made the peak grow with the data; a file costs a read
-    # from the page cache (docs/speed.md, "Defaults").
+    # from the page cache (docs/results/speed.md, "Defaults").
     memory_budget_bytes: int = 512 << 20
     spill_budget_bytes: int = 16 << 30
     spill_dir: str | None = None
     soup: bool = True  # average the weights of the epochs that help on validation (greedy soup)
     # the learning rate of the per-label history weights, relative to the head's: they must travel far
-    # in a few hundred steps (propensity on Ta-Feng and the demo, 1x / 10x / 30x: docs/quality.md)
+    # in a few hundred steps (propensity on Ta-Feng and the demo, 1x / 10x / 30x: docs/journal/quality.md)
     label_skip_lr_scale: float = 30.0
     # the learning rate of the pairwise scorer's label embeddings, relative to the head's
     pair_label_lr_scale: float = 1.0
     # the pretrained trunk's learning rate, relative to the head's (demo churn over three seeds: no
-    # difference beyond the seeds' between 0.1 and 1.0; docs/quality.md)
+    # difference beyond the seeds' between 0.1 and 1.0; docs/journal/quality.md)
     trunk_lr_scale: float = 0.3
     # multilabel heads wider than `sampled_above_labels` train on the labels of each batch's positives
     # plus `sampled_negatives` other labels drawn uniformly per batch (sampled_multilabel_loss): the
-    # head's matrix products shrink by labels / columns (docs/speed.md, "Defaults"); narrow
+    # head's matrix products shrink by labels / columns (docs/results/speed.md, "Defaults"); narrow
     # heads (Ta-Feng's 50 brands) keep the full loss. Validation samples `val_sampled_negatives` per
     # batch with a fixed seed (the same labels at every epoch). 0 negatives: the full loss everywhere.
     sampled_negatives: int = 1024
@@ -91,7 +91,7 @@ class FinetuneConfig:
     # sampled heads train and validate with their matrix products in bfloat16 (torch.autocast; the
     # weights, their updates and the losses stay float32) where the hardware multiplies bf16 natively
     # (CUDA with bf16, CPUs with AVX-512 BF16 or AMX): about half the CPU time of the 16k fine-tuning,
-    # the same epochs chosen and the same macro AUROC to the fourth decimal (docs/speed.md)
+    # the same epochs chosen and the same macro AUROC to the fourth decimal (docs/journal/speed.md)
     sampled_bf16: bool = True
     # a second starting point for heads the foundation already forecasts (churn, propensity over a
     # categorical column): its own forecast, recalibrated (models/train/prior.py); validation chooses

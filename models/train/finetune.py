@@ -208,7 +208,7 @@ class Validation:
         val_negatives = min(cfg.val_sampled_negatives, task.outputs) if negatives else 0
         # a wide head's sampled validation loss, run after every epoch and for every soup candidate, reads
         # about cfg.val_sampled_rows rows: every k-th chunk (reading them all was a fifth of the wide
-        # head's fine-tuning, docs/speed.md); the base rates count every row
+        # head's fine-tuning, docs/journal/speed.md); the base rates count every row
         stride = max(1, math.ceil(data.n_val / cfg.val_sampled_rows)) if negatives else 1
         scored = data.val if stride == 1 else data.validation(data.plan[::stride])
         mixed = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if negatives and cfg.sampled_bf16 \

@@ -76,7 +76,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
 
     # hold out a tenth of the entities (by id) to watch generalization, at the latest cut-off: the
     # features of a quarter of the chunks, at most PROBE_CHUNKS of them (a quarter of every chunk, held
-    # for the whole run, grew with the entities: docs/speed.md, "The foundation's validation probe")
+    # for the whole run, grew with the entities: docs/results/speed.md, "The foundation's validation probe")
     probe = [data(s, lo, hi, cutoffs[-1]) for s, lo, hi in plan[: min(PROBE_CHUNKS, max(1, math.ceil(len(plan) / 4)))]]
     val_rows = [np.flatnonzero(c.entities % 10 == 0) for c, _, _ in probe]
     targets_width = probe[0][2].shape[1]

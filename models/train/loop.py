@@ -34,7 +34,7 @@ def cutoff_grid(first_ts: int, last_cutoff: int, every_days: int, min_history_da
 def by_shard(work: list, rng: np.random.Generator) -> list:
     """`work` (shard, ...) items shuffled, then grouped by shard (the shards in the order they first
     appear, each keeping its items' shuffled order): training reads one shard at a time, where holding
-    every shard in memory was most of the peak at 10M events (docs/speed.md). One shard: just the
+    every shard in memory was most of the peak at 10M events (docs/journal/speed.md). One shard: just the
     shuffle."""
     rng.shuffle(work)
     first: dict = {}
@@ -60,7 +60,7 @@ def fast_bf16(dev: torch.device) -> bool:
 
 def fused(dev: torch.device) -> bool | None:
     """AdamW's fused kernel where torch has one (one pass over each tensor): torch's default on CPUs,
-    one step per operation, was several times slower a step on the 16,000-label head (docs/speed.md,
+    one step per operation, was several times slower a step on the 16,000-label head (docs/results/speed.md,
     "Fused AdamW")."""
     return True if dev.type in ("cpu", "cuda") else None
 

@@ -58,7 +58,7 @@ def foundation_forecast(state: dict[str, torch.Tensor], spec: FeatureSpec, targe
     "acts in the window" logit) and propensity over a categorical column's values (`any_event`: the
     bucket of each label that has one of its own). None for every other target: recommendation
     (`items`) too, where adding the forecast of the items that have a bucket to the start made the
-    demo's validation NDCG@10 worse at every weight tried (docs/quality.md)."""
+    demo's validation NDCG@10 worse at every weight tried (docs/journal/quality.md)."""
     weight, bias = state.get("head.linear.weight"), state.get("head.linear.bias")
     if weight is None or bias is None:
         return None

@@ -20,7 +20,7 @@ def test_every_key_of_every_section_is_listed_with_a_description():
     for key, model, _ in config_reference._sections(config.Project, "project"):
         section = text.split(f"{{ #{config_reference._anchor(key)} }}", 1)[1].split("\n## ", 1)[0]
         for name, info in model.model_fields.items():
-            row = re.search(rf"^\| `{name}` \|.*$", section, re.M)
+            row = re.search(rf'^\| <code class="key">{name}</code> \|.*$', section, re.M)
             assert row, f"{key}.{name} is not in its section"
             assert info.description, f"{key}.{name} has no description (Field(description=...))"
 
@@ -32,10 +32,10 @@ def test_a_changed_default_changes_the_reference(monkeypatch):
     class Changed(config.Project):
         quality: Quality = Field(Quality(), description="bad input tolerated before checks fail")
 
-    assert "| `max_dropped_share` | number | `0.01` |" in config_reference.generate()
+    assert '| <code class="key">max_dropped_share</code> | number | `0.01` |' in config_reference.generate()
     monkeypatch.setattr(config_reference, "Project", Changed)
     after = config_reference.generate()
-    assert "| `max_dropped_share` | number | `0.02` |" in after
+    assert '| <code class="key">max_dropped_share</code> | number | `0.02` |' in after
     assert after != config_reference.REFERENCE.read_text()  # what the first test would catch
 
 
@@ -48,12 +48,23 @@ def test_types_defaults_and_allowed_values_are_read_from_the_fields():
         count: int | None = Field(None, ge=1, le=9, description="a count")
         names: list[str] = Field(default_factory=list, description="names")
 
-    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", _table(Section), re.M)}
-    assert rows["window"] == "| `window` | duration | `28d` |  | a window |"
-    assert rows["mode"] == "| `mode` | string | `a` | matches `^(a|b)$` | a mode |"
-    assert rows["kind"] == "| `kind` | string | `x` | `x`, `y` | a kind |"
-    assert rows["count"] == "| `count` | integer or null | none | &gt;= 1; &lt;= 9 | a count |"
-    assert rows["names"] == "| `names` | list of string | empty |  | names |"
+    rows = {m.group(1): m.group(2) for m in re.finditer(r'^\| <code class="key">(\w+)</code> (\|.*)$', _table(Section),
+                                                        re.M)}
+    assert rows["window"] == "| duration | `28d` |  | a window |"
+    assert rows["mode"] == "| string | `a` | matches `^(a|b)$` | a mode |"
+    assert rows["kind"] == "| string | `x` | `x`, `y` | a kind |"
+    assert rows["count"] == "| integer or null | none | &gt;= 1; &lt;= 9 | a count |"
+    assert rows["names"] == "| list of string | empty |  | names |"
+
+
+def test_a_key_stays_on_one_line_in_the_manual():
+    """Keys are code the manual's stylesheet keeps whole (the theme breaks code anywhere in a narrow column)."""
+    from pathlib import Path
+
+    assert '| <code class="key">inference_processes</code> |' in config_reference.generate()
+    css = (Path(config_reference.__file__).resolve().parents[1] / "docs" / "stylesheets" / "extra.css").read_text()
+    rule = css.split(".md-typeset code.key", 1)[1].split("}", 1)[0]
+    assert "white-space: nowrap" in rule and "word-break: normal" in rule
 
 
 def _table(model) -> str:
