@@ -12,7 +12,8 @@
                      rows_quarantined       (blocking)  events dropped / repaired by the quarantine
                                                         (habitus.models.cache.quarantine), ERROR above quality.max_*_share
                      free_space_for_training (blocking) free >= (sources + checkpoints) * 1.2
-    scenario/<name>  beats_baselines        (blocking)  the hold-out metric beats every baseline's
+    scenario/<name>  beats_baselines                    the hold-out metric beats every baseline's (WARN: a
+                                                        model that loses never serves; assets/serving.py)
     predictions/<name> score_drift                      the day's scores against the serving version's hold-out
                                                         scores: population stability index over drift.max_psi (WARN)
                      unknown_values                     events with a categorical value the model never saw
@@ -25,8 +26,9 @@
                                                         hold-out by more than realized.max_holdout_shortfall (ERROR)
 
 A blocking check that fails with ERROR stops the assets after it in the same run (no training on
-broken data, no predictions from a worse model); across runs, predictions use the newest checkpoint
-that passed (habitus.assets.serving). The checks read the extracted Parquet with DuckDB and the manifests
+broken data). A model that does not beat its baselines is kept as a version but never serves:
+predictions use the newest version that beat them, or, where none has, the best baseline's own model
+(habitus.assets.serving); the run goes on and exits 0. The checks read the extracted Parquet with DuckDB and the manifests
 and checkpoints' config.json: they are fast and never load a table into memory.
 """
 
@@ -50,7 +52,8 @@ from habitus.resources.workspace import HEADROOM, WorkspaceError
 
 EPOCH = datetime(1970, 1, 1)
 
-# a scenario that fails it is not promoted; the run that trained it did not fail (the CLI exits 0)
+# a scenario that fails it is not promoted (WARN): the last version that passed, else the best baseline,
+# serves; the run that trained it did not fail (the CLI exits 0)
 PROMOTION_GATE = "beats_baselines"
 
 
@@ -268,10 +271,9 @@ def _mismatch_note(project, workspace, name: str, coverage: float) -> str:
 
 
 def scenario_check(project, name: str) -> dg.AssetChecksDefinition:
-    @dg.asset_check(asset=scenario_key(name), name=PROMOTION_GATE, blocking=True,
-                    required_resource_keys={"workspace"},
-                    description="The model beats every baseline on the hold-out; a worse model fails (blocking) and "
-                                "the previous passing checkpoint keeps serving predictions")
+    @dg.asset_check(asset=scenario_key(name), name=PROMOTION_GATE, required_resource_keys={"workspace"},
+                    description="The model beats every baseline on the hold-out; a worse model fails (WARN) and never "
+                                "serves: the last version that passed, else the best baseline, serves predictions")
     def beats_baselines(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         workspace = context.resources.workspace
         cfg_file = workspace.scenario(name) / "config.json"
@@ -283,7 +285,7 @@ def scenario_check(project, name: str) -> dg.AssetChecksDefinition:
         word = "below" if m["lower_is_better"] else "above"
         verdict = "beats" if cfg["beats_baselines"] else "does not beat"
         return dg.AssetCheckResult(
-            passed=bool(cfg["beats_baselines"]), severity=dg.AssetCheckSeverity.ERROR,
+            passed=bool(cfg["beats_baselines"]), severity=dg.AssetCheckSeverity.WARN,
             description=f"{m['metric']} {m['model']:.4f} {verdict} the best baseline ({m['best_baseline']}: "
                         f"{m['baseline']:.4f}; better is {word}); predictions use the {serving_note(workspace, name)}",
             metadata={m["metric"]: dg.MetadataValue.float(float(m["model"])),
@@ -334,13 +336,14 @@ def drift_checks(project, name: str) -> list[dg.AssetChecksDefinition]:
         from habitus.models.evaluate.drift import psi
         from habitus.models.storage.versions import INFO
 
-        from habitus.assets.serving import versions
+        from habitus.assets.serving import scored_by, versions
 
         workspace, store = context.resources.workspace, versions(context.resources.workspace, name)
         days, notes, fired, values = _scored_days(context, workspace, name), {}, {}, {}
         for day in days:
-            table = pq.read_table(workspace.predictions(name) / f"{day}.parquet")
-            fp = table.column("model_fingerprint")[0].as_py()  # the version that scored the day
+            path = workspace.predictions(name) / f"{day}.parquet"
+            table = pq.read_table(path)
+            fp = scored_by(table, path)  # the version that scored the day
             kept = (store.path(fp) / INFO).exists()
             reference = store.info(fp).get("scores") if kept else None
             if reference is None or "score" not in table.column_names:

@@ -14,7 +14,7 @@ import dagster as dg
 
 from habitus.assets.plots import importance_chart
 from habitus.assets.predictions import scoring_asset, scoring_inputs, write_days
-from habitus.assets.serving import CHECKPOINT_NOTE, serving_checkpoint
+from habitus.assets.serving import CHECKPOINT_NOTE, serves_baseline, serving_checkpoint, serving_note
 from habitus.resources.workspace import locked
 
 
@@ -49,6 +49,11 @@ def build_explanations_asset(project, name: str, scenario, partitions_def) -> dg
         from habitus.models.tasks import task as task_of
 
         started = time.time()
+        if serves_baseline(context.resources.workspace, name) is not None:  # no network serves: nothing to explain
+            why = (f"explanations/{name}: nothing written: predictions use the "
+                   f"{serving_note(context.resources.workspace, name)}, and explanations explain a network")
+            context.log.warning(why)
+            return dg.MaterializeResult(metadata={"rows": dg.MetadataValue.int(0), "skipped": why})
         workspace, executor, device, cache, state, config, passed = scoring_inputs(context, name, "explaining")
         model, spec, task = load_model(state, config)  # fp32: gradients (predictions may score in int8)
         # the head chosen on validation, as predictions scores with it: where it blends trees in, the served

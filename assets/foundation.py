@@ -1,4 +1,5 @@
-"""foundation_model: the self-supervised model of behaviour, trained on the cache."""
+"""foundation_model: the self-supervised model of behaviour, trained on the cache. The foundation in
+use, trained on the same cache version with the same settings and cut-off, is not trained again."""
 
 import calendar
 
@@ -9,11 +10,10 @@ from habitus.assets.foundation_versions import keep_foundation_version
 from habitus.assets.plots import loss_curves
 from habitus.assets.tracking import check_installed, track_foundation
 from habitus.models.nn.checkpoint import save_checkpoint
-from habitus.models.train.launch import foundation_job
+from habitus.models.train.recipe import foundation_job
 from habitus.models.train.resume import Resumer
 from habitus.models.storage.files import combine, read_json
 from habitus.models.data.features import DAY
-from habitus.models.train.foundation import train_foundation
 from habitus.models.train.loop import day_floor
 from habitus.models.train.config import config_dict
 from habitus.resources.executor import TrainingExecutor
@@ -44,19 +44,29 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
         cfg = project.foundation.config()
         cutoff = test_cutoff(project, cache)
         last_cutoff = cutoff - cfg.horizon_days * DAY  # its targets end where the hold-out begins
-        # a killed run continues from its last saved state (same cache, config and cut-off only)
-        resume = Resumer(workspace.resume("foundation"), combine(cache.fingerprint, config_dict(cfg), last_cutoff),
-                         every_steps=project.foundation.save_every_steps, log=context.log.info)
-        if executor.distributed:  # N processes under torchrun; rank 0's result comes back here
-            context.log.info(f"training in {executor.process_count} processes under torchrun (DDP, entity chunks "
-                             f"sharded by rank); a killed run starts afresh (resumable saves need processes: 1)")
-            result = executor.train(foundation_job(cache, cfg, last_cutoff, device), device, log=context.log.info)
-        else:
-            with executor.autocast(device):  # bf16: torch.autocast around the loop, fp32 master weights
-                result = train_foundation(cache, cfg, last_cutoff, device=device, log=context.log.info, resume=resume)
+        trained_on = combine(cache.fingerprint, config_dict(cfg), last_cutoff)
+        in_use = workspace.foundation / "config.json"
+        if in_use.exists() and read_json(in_use).get("trained_on") == trained_on:
+            why = (f"foundation_model: not trained again: checkpoint {read_json(in_use)['weights_sha256'][:16]} was "
+                   f"trained on the same cache version ({cache.fingerprint[:16]}), settings and cut-off")
+            context.log.info(why)
+            return dg.MaterializeResult(metadata={"trained": dg.MetadataValue.bool(False), "skipped": why,
+                                                  "fingerprint": read_json(in_use)["weights_sha256"][:16],
+                                                  "cache_fingerprint": cache.fingerprint[:16]})
+        # in this process or under torchrun (rank 0's result comes back); a killed run continues from its
+        # last saved state (same cache, config, cut-off and processes only)
+        folder = workspace.resume("foundation")
+        group = None
+        if project.kubernetes is not None:  # several nodes: an indexed Job of pods on the workspace claim
+            from habitus.pipelines.kubernetes_nodes import group_of
+
+            group = group_of(project, "foundation", "foundation")
+        result = executor.train(foundation_job(cache, cfg, last_cutoff, device), device, log=context.log.info,
+                                resume=(folder, project.foundation.save_every_steps), group=group)
         info = result.info
         digest = save_checkpoint(workspace.foundation, result.model, {
             "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,
+            "trained_on": trained_on,  # what a later run compares: the same is not trained again
             "cache_lineage": cache.lineage,
             "feature_spec": info["feature_spec"], "net": info["net"], "targets_width": info["targets_width"],
             "profile": info["profile"],  # the embeddings' projection (habitus.models.nn.profile)
@@ -65,13 +75,13 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
             "curves": result.curves, "training": {k: info[k] for k in ("events_seen", "entities_seen", "seconds",
                                                                         "steps", "device")},
         })
-        resume.clear()
+        Resumer(folder, "").clear()
         # kept as a version and served (no gate: a foundation has no baseline); `habitus rollback foundation`
         version = keep_foundation_version(workspace, project.versions.keep, project.versions.keep_served)
         track_foundation(project.mlflow, digest, read_json(workspace.foundation / "config.json"), context.log.warning)
         plot = loss_curves(result.curves, workspace.foundation.parent / "foundation_loss.png", "foundation model")
         return dg.MaterializeResult(metadata={
-            "fingerprint": digest[:16],
+            "fingerprint": digest[:16], "trained": dg.MetadataValue.bool(True),
             "version": f"checkpoints/foundation_versions/{version} (serving)",
             "cache_fingerprint": cache.fingerprint[:16],
             "final_train_loss": dg.MetadataValue.float(result.curves["train_loss"][-1]),

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from habitus.assets.cache import CACHE_KEY, current_cache
 from habitus.assets.scenarios import scenario_key
-from habitus.assets.serving import CHECKPOINT_NOTE, load_serving, serving_checkpoint
+from habitus.assets.serving import CHECKPOINT_NOTE, load_serving, serves_baseline, serving_checkpoint, serving_note
 from habitus.assets.sources import connection_key
 from habitus.models.cache import Cache
 from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
@@ -211,14 +211,17 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
     sink = project.predictions.sink
 
     @scoring_asset(predictions_key(name), name, partitions_def, sink, {"parquet"},
-                   f"Daily scores of scenario {name!r} from its newest checkpoint that beat its baselines")
+                   f"Daily scores of scenario {name!r} from its newest version that beat its baselines, else "
+                   f"from its best baseline")
     @locked(f"predictions/{name}")
     def _predictions(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         started = time.time()
+        baseline = serves_baseline(context.resources.workspace, name)
+        if baseline is not None:
+            return baseline_days(context, project, name, baseline, started)
         workspace, executor, device, cache, state, config, passed = scoring_inputs(context, name, "predicting")
         if not passed:
-            context.log.warning(f"no checkpoint of scenario {name!r} has beaten its baselines yet; scoring with the "
-                                f"newest one")
+            context.log.warning(f"scenario {name!r}: predictions use the {serving_note(workspace, name)}")
         model, spec, task = load_model(state, config)
         precision = project.scenarios[name].inference_precision or executor.inference_precision
         if precision == "int8" and not device.startswith("cpu"):
@@ -277,3 +280,38 @@ def build_predictions_asset(project, name: str, partitions_def) -> dg.AssetsDefi
         })
 
     return _predictions
+
+
+def baseline_days(context, project, name: str, config: dict, started: float) -> dg.MaterializeResult:
+    """The run's days of scenario `name` scored by the baseline version serving it (`config`: its
+    config.json; models/evaluate/baselines.py), in the columns and files a network's scores take."""
+    from habitus.models.evaluate.baselines import baseline_predictions
+
+    workspace: Workspace = context.resources.workspace
+    cache = current_cache(workspace)
+    if not cache.fits(config):
+        raise dg.Failure(f"the cache was rebuilt with other settings since scenario {name!r}'s baseline was fitted; "
+                         f"materialize foundation_model and scenario/{name} again before predicting")
+    folder, _ = serving_checkpoint(workspace, name)
+    settings, fingerprint, sink = project.predictions, config["weights_sha256"][:16], project.predictions.sink
+    k = settings.top_k
+    if settings.format == "all" and task_of(config["task"]["task"]).writes_every_label:
+        k = len(config.get("label_values") or ()) or k
+    note = serving_note(workspace, name)
+    context.log.info(f"predictions/{name}: scored by the {note}")
+
+    def batches_of(day: str, as_of: datetime):
+        cutoff = int(as_of.timestamp())
+        batches = baseline_predictions(config, folder, cache, cutoff, k=k, chunk_entities=CHUNK_ENTITIES)
+        return flag_without_history(batches, cache, cutoff) if settings.without_history == "flag" else batches
+
+    rows, written_back, files = write_days(context, "predictions", name, workspace.predictions(name), batches_of, cache,
+                                           project.entity, fingerprint, sink, f"{sink.table}_{name}" if sink else None)
+    seconds = time.time() - started
+    return dg.MaterializeResult(metadata={
+        "rows": dg.MetadataValue.int(rows), "days": dg.MetadataValue.int(len(files)),
+        "as_of": as_of_time(context.partition_keys[-1]).isoformat(), "model_fingerprint": fingerprint,
+        "checkpoint": note, "bytes": dg.MetadataValue.int(sum(f.stat().st_size for f in files)),
+        "entities_per_second": dg.MetadataValue.float(round(rows / max(seconds, 1e-9), 1)),
+        "written_to_warehouse": dg.MetadataValue.int(written_back), "seconds": dg.MetadataValue.float(round(seconds, 3)),
+        "path": dg.MetadataValue.path(str(files[-1]))})

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from habitus.assets.cache import CACHE_KEY, current_cache
 from habitus.assets.check_measures import baseline_margin
 from habitus.assets.predictions import as_of_time, predictions_key
-from habitus.assets.serving import serving_checkpoint, versions
+from habitus.assets.serving import scored_by, serving_checkpoint, versions
 from habitus.models.data.features import FeatureSpec
 from habitus.models.evaluate.realized import (best_baseline, realized, seconds, shortfall, window_complete,
                                               window_end, worse)
@@ -113,7 +113,7 @@ def build_realized_asset(project, name: str, partitions_def) -> dg.AssetsDefinit
             raise dg.Failure(f"predictions/{name} has no file for {day} ({path}); materialize that partition first")
         cache = current_cache(workspace)
         table = pq.read_table(path)
-        fingerprint = table.column("model_fingerprint")[0].as_py()
+        fingerprint = scored_by(table, path)
         cfg = version_config(workspace, name, fingerprint)
         task, features = TaskSpec.from_dict(cfg["task"]), FeatureSpec.from_dict(cfg["feature_spec"])
         cutoff = int(as_of_time(day).timestamp())

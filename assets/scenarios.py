@@ -1,6 +1,9 @@
 """scenario/<name>: a task model fine-tuned from the foundation checkpoint by the scenario recipe
 (models/train/scenario.py), with its hold-out metrics next to the baselines computed on the same
-entities in the same run."""
+entities in the same run. A scenario whose cache, foundation and settings are those of its serving
+(or newest) version is not trained again: the asset says so and keeps what serves
+(assets/serving.py's `unchanged`). One whose model loses to its best baseline, none having beaten
+it before, serves that baseline (assets/serving.py's `serve_baseline`)."""
 
 import math
 
@@ -9,15 +12,17 @@ import dagster as dg
 from habitus.assets.cache import current_cache
 from habitus.assets.foundation import FOUNDATION_KEY, test_cutoff
 from habitus.assets.plots import calibration_and_lift, loss_curves
-from habitus.assets.serving import keep_version, serving_note
+from habitus.assets.serving import keep_version, needs_baseline, serve_baseline, serving_note, unchanged
 from habitus.assets.tracking import check_installed, track_scenario
+from habitus.models.evaluate.baselines import baseline_predictions, save_lightgbm
 from habitus.models.evaluate.holdout import headline, protocol
 from habitus.models.nn.checkpoint import load_checkpoint
+from habitus.models.storage.files import combine, read_json
 from habitus.models.tasks import task as task_of
 from habitus.models.tasks.base import TargetError
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.train.config import LoraConfig, ScenarioConfig
-from habitus.models.train.launch import scenario_job
+from habitus.models.train.recipe import Training, fingerprint, scenario_job
 from habitus.models.train.scenario import metrics_table, train_scenario
 from habitus.resources.executor import TrainingExecutor
 from habitus.resources.workspace import Workspace, locked
@@ -59,18 +64,38 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         spill = workspace.resume("scenarios", name)
         spill.mkdir(parents=True, exist_ok=True)
         cfg = scenario_config(name, scenario, cache, test_cutoff(project, cache), str(spill))
-        launch = (lambda: executor.train(scenario_job(  # N processes under torchrun; rank 0's result comes back
-            cache, workspace.foundation, foundation["weights_sha256"], cfg.task, cfg.train_cutoffs, cfg.val_cutoff,
-            cfg.finetune, device), device, log=context.log.info)) if executor.distributed else None
+        trained_on = training_fingerprints(cfg, cache, foundation, executor.precision)
+        same = unchanged(workspace, name, trained_on)
+        if same is not None and (workspace.scenario(name) / "config.json").exists():
+            return not_trained(context, workspace, name, same)
+        # the measured run and the refit, each in this process or under torchrun, resumable in spill/<mode>
+        group = None
+        if project.kubernetes is not None:  # several nodes: an indexed Job of pods on the workspace claim
+            from habitus.pipelines.kubernetes_nodes import group_of
+
+            group = lambda t: group_of(project, "scenarios", f"{name}-{t.mode}")  # noqa: E731
+        launch = lambda t: executor.train(  # noqa: E731
+            scenario_job(cache, workspace.foundation, foundation["weights_sha256"], t, device), device,
+            log=context.log.info, resume=(spill / t.mode, cfg.save_every_steps), group=group and group(t))
         path = workspace.scenario(name)
         run = train_scenario(cache, state, foundation, cfg, path=path, device=device, log=context.log.info,
-                             precision=executor.precision, resume_dir=spill, launch=launch)
+                             resume_dir=spill, launch=launch)
         report, key, better = run.report, headline(cfg.task), run.checkpoint["beats_baselines"]
-        fp, _ = keep_version(workspace, name, run.served_scores, project.versions.keep, project.versions.keep_served)
+        fp, _ = keep_version(workspace, name, run.served_scores, project.versions.keep, project.versions.keep_served,
+                             trained_on)
         track_scenario(project.mlflow, workspace, name, scenario.model_dump(mode="json"), fp, context.log.warning)
-        if not better:  # kept as a version; the serving one stays (habitus.assets.serving)
-            context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions keep "
-                                f"using the {serving_note(workspace, name)}")
+        if not better and needs_baseline(workspace, name):  # never beaten: its best baseline serves
+            fit = lambda folder: save_lightgbm(cache, spec_of(foundation), cfg.task, cfg.train_cutoffs,  # noqa: E731
+                                               cfg.val_cutoff, cfg.test_cutoff, folder)
+            probe = lambda config, folder: next(baseline_predictions(config, folder, cache, cfg.test_cutoff, k=1),  # noqa: E731
+                                                 None)
+            if serve_baseline(workspace, name, read_json(path / "config.json"), fit, project.versions.keep,
+                              project.versions.keep_served, trained_on, probe) is None:
+                context.log.warning(f"{name}: its best baseline cannot be served (no saved model, or no rule "
+                                    f"of the task by that name); predictions use the {serving_note(workspace, name)}")
+        if not better:  # kept as a version; what serves is the last version that beat them, else the baseline
+            context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions use "
+                                f"the {serving_note(workspace, name)}")
         charts = {"loss_curves": dg.MetadataValue.md(loss_curves(run.trained.curves, path.parent / f"{name}_loss.png",
                                                                  f"scenario {name}"))}
         if task_of(cfg.task).one_probability:  # a picture of the hold-out; never a reason for the asset to fail
@@ -90,10 +115,39 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
             "test_cutoff": run.checkpoint["protocol"]["test_cutoff"], "best_epoch": dg.MetadataValue.int(info["best_epoch"]),
             "head_start": info.get("head_start", "baseline"), "seconds": dg.MetadataValue.float(info["seconds"]),
             # refit: the served weights were trained again through the test cut-off; the figures are the measured model's
-            "refit": dg.MetadataValue.bool(run.refit is not None),
+            "refit": dg.MetadataValue.bool(run.refit is not None), "trained": dg.MetadataValue.bool(True),
             "path": dg.MetadataValue.path(str(path))})
 
     return _scenario
+
+
+def training_fingerprints(cfg: ScenarioConfig, cache, foundation: dict, precision: str) -> dict:
+    """What a training of the scenario depends on: the cache version, the foundation checkpoint, and the
+    settings (the recipe as it trains: task, fine-tuning, LoRA, cut-offs, head, refit, precision)."""
+    # (one process: how many train it does not change what is asked of the training)
+    settings = combine(fingerprint(foundation["weights_sha256"], Training(cfg), precision, 1), cfg.test_cutoff,
+                       cfg.head, cfg.refit)
+    return {"cache": cache.fingerprint[:16], "foundation": foundation["weights_sha256"][:16], "settings": settings[:16]}
+
+
+def not_trained(context, workspace, name: str, version: str) -> dg.MaterializeResult:
+    """The scenario's result when nothing it is trained on changed since `version`: no training."""
+    why = (f"{name}: not trained again: the cache, foundation and settings are those of version {version}; "
+           f"predictions use the {serving_note(workspace, name)}")
+    context.log.info(why)
+    config = read_json(workspace.scenario(name) / "config.json")
+    key = config["headline"]
+    return dg.MaterializeResult(metadata={
+        "trained": dg.MetadataValue.bool(False), "skipped": why, "fingerprint": version,
+        key: dg.MetadataValue.float(float(config["metrics"]["model"].get(key, float("nan")))),
+        "beats_baselines": dg.MetadataValue.bool(bool(config["beats_baselines"])),
+        "serving": serving_note(workspace, name), "path": dg.MetadataValue.path(str(workspace.scenario(name)))})
+
+
+def spec_of(foundation: dict):
+    from habitus.models.data.features import FeatureSpec
+
+    return FeatureSpec.from_dict(foundation["feature_spec"])
 
 
 def metric_metadata(key: str, report: dict) -> dict:

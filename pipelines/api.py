@@ -117,7 +117,7 @@ class Project:
         daily = [n for n in names if n not in events and by_name[n].partitions_def is not None]
         if daily and not days:
             raise ConfigError(f"{', '.join(daily)}: daily assets; give the days to score, e.g. days=['YYYY-MM-DD']")
-        runner = Runner(self.config, self.log, verbose)
+        runner = Runner(self.config, self.log, verbose, dagster_log=False)  # this runner's lines, not Dagster's
         try:
             if events & set(names):
                 runner.extract()
@@ -150,10 +150,11 @@ class Project:
         the file predictions/<scenario>/<day>.parquet of the workspace, with the columns the README's
         "Outputs" lists (the entity id, the score or the top labels with scores, model_fingerprint, as_of).
 
-        When that file is missing, or was scored by another checkpoint than the one serving the scenario
-        now (the newest that beat its baselines), or `rescore` is set, the day is scored first by the
-        predictions asset, as `habitus score --date D` does: the sources up to the day, the cache, then
-        the scenario's predictions partition. The scenario must be trained (`materialize()`), or its
+        When that file is missing, or was scored by another version than the one serving the scenario
+        now (the newest that beat its baselines, else its best baseline), or `rescore` is set, the day is
+        scored first by the predictions asset, as `habitus score --date D` does: the source partitions
+        missing up to the day (one extracted before its window closed is extracted again), the cache,
+        then the scenario's predictions partition; its progress goes to `log`, as materialize()'s does. The scenario must be trained (`materialize()`), or its
         checkpoints in the config's `output:`. `.to_pandas()` on the result gives a frame (pandas needed).
         """
         from habitus.assets.serving import serving_checkpoint
@@ -204,7 +205,8 @@ class Project:
                 if not verbose:
                     warnings.filterwarnings("ignore", module=r"dagster(\..*)?$")
                 try:
-                    score(self.config, day, log=self.log, verbose=verbose, **what)
+                    score(self.config, day, log=self.log, verbose=verbose, dagster_log=False, extract_again=False,
+                          **what)
                 except RuntimeError as e:
                     raise ProjectError(f"scoring {day} with {model} failed: {e}") from None
         return pq.read_table(path)

@@ -3,8 +3,8 @@
     habitus demo          generate the demo warehouse (if missing) and materialize every asset
     habitus materialize   materialize every asset of the project ($HABITUS_CONFIG or --config)
     habitus report        print each scenario's hold-out metrics next to its baselines
-    habitus versions S    list scenario S's kept versions: trained when, metric vs baseline, served when
-                          (S = foundation: the foundation model's versions, losses and data window)
+    habitus versions [S]  what serves each scenario and why; with S, its kept versions: trained when, metric
+                          vs baseline, served when (S = foundation: its versions, losses and data window)
     habitus rollback S [--to FP]   serve another kept version of S (default: the one that served before);
                           foundation: put that version back into checkpoints/foundation/
     habitus demo-data     write the generated retail warehouse into a DuckDB file
@@ -19,8 +19,8 @@ They show a progress display and a report; `-v` shows Dagster's own log instead.
 Exit codes:
     0    every asset materialized; no blocking check failed (failed WARN checks are listed)
     1    a blocking check failed with ERROR (listed at the end); what it guards may not have run.
-         A scenario that does not beat its baselines (beats_baselines) is listed and not promoted
-         (the last promoted model keeps scoring) but is not a failed run: a model result, not an error
+         A scenario that does not beat its baselines (beats_baselines, WARN) is listed and not promoted
+         (the last promoted model, else the best baseline, scores) but is not a failed run
     2    bad usage or config (a flag, the project YAML, a date outside the predictions' range)
     3    a stage failed (an asset raised an error; its message is printed)
     130  interrupted (Ctrl-C)
@@ -262,9 +262,7 @@ def _materialize_command(args, project) -> int:
         if display is not None:
             display.close()
     failures = result["failures"]
-    from habitus.assets.checks import PROMOTION_GATE
-
-    blocking = [f for f in failures if f["blocking"] and f["severity"] == "error" and f["check"] != PROMOTION_GATE]
+    blocking = [f for f in failures if f["blocking"] and f["severity"] == "error"]
     print(f"{chr(10) if args.verbose else ''}{'stopped' if result['stopped'] else 'all assets materialized'} in {time.time() - started:.0f}s; "
           f"asset checks: {result['checks_passed']} passed, {len(failures)} failed"
           + (f" ({len(blocking)} blocking)" if blocking else "") + "\n")
@@ -288,24 +286,6 @@ def _report_command(args, project) -> int:
     return EXIT_OK
 
 
-def versions_table(store) -> str:
-    """The kept versions of a scenario, oldest first: when trained, the hold-out metric against the best
-    baseline, the foundation it was built on, and from when to when it served (* serves now)."""
-    pointer = store.pointer()
-    spans: dict[str, list[str]] = {}
-    for h in pointer["history"]:
-        spans.setdefault(h["fingerprint"], []).append(f"{h['from'][:16]} .. {(h['to'] or 'now')[:16]}")
-    lines = [f"{'':2}{'version':<17} {'trained (UTC)':<17} {'metric':<12} {'model':>9} {'best baseline':>24} "
-             f"{'beats':<6}{'foundation':<17} served"]
-    for fp in store.fingerprints():
-        v = store.info(fp)
-        baseline = f"{v.get('best_baseline')}: {v['baseline']:.4f}" if v.get("best_baseline") else "-"
-        lines.append(f"{'*' if fp == pointer['serving'] else '':2}{fp:<17} {v['added'][:16]:<17} {v['metric']:<12} "
-                     f"{v['model']:>9.4f} {baseline:>24} {'yes' if v['beats_baselines'] else 'no':<6}"
-                     f"{v.get('foundation') or '-':<17} {', '.join(spans.get(fp, [])) or 'never'}")
-    return "\n".join(lines)
-
-
 def _scenario_named(project, name: str) -> str:
     if name not in project.scenarios:
         raise ConfigError(f"no scenario {name!r} in the project (scenarios: {', '.join(project.scenarios) or 'none'})")
@@ -314,11 +294,16 @@ def _scenario_named(project, name: str) -> str:
 
 def _versions_command(args, project) -> int:
     from habitus.assets.foundation_versions import NAME, foundation_table, foundation_versions, in_use
-    from habitus.assets.serving import versions
+    from habitus.assets.serving import serving_line, versions, versions_table
     from habitus.resources.workspace import Workspace
 
+    ws = Workspace(root=project.workspace)
+    if args.scenario is None:  # every scenario: what serves and why
+        for name in project.scenarios:
+            print(serving_line(ws, name))
+        print(f"{NAME}: serving {foundation_versions(ws).serving() or in_use(ws) or 'none (not trained yet)'}")
+        return EXIT_OK
     if args.scenario == NAME:  # config validation keeps scenarios from taking this name
-        ws = Workspace(root=project.workspace)
         store = foundation_versions(ws)
         if not store.fingerprints():
             print("foundation: no version kept yet (materialize foundation_model)")
@@ -326,11 +311,11 @@ def _versions_command(args, project) -> int:
         print(f"foundation: {len(store.fingerprints())} version(s) kept, serving {store.serving() or 'none'}")
         print(foundation_table(store, in_use(ws)))
         return EXIT_OK
-    store = versions(Workspace(root=project.workspace), _scenario_named(project, args.scenario))
+    store = versions(ws, _scenario_named(project, args.scenario))
+    print(serving_line(ws, args.scenario))
     if not store.fingerprints():
-        print(f"{args.scenario}: no version kept yet (materialize scenario/{args.scenario})")
+        print(f"(no version kept yet: materialize scenario/{args.scenario})")
         return EXIT_OK
-    print(f"{args.scenario}: {len(store.fingerprints())} version(s) kept, serving {store.serving() or 'none'}")
     print(versions_table(store))
     return EXIT_OK
 
@@ -356,7 +341,12 @@ def _rollback_command(args, project) -> int:
     try:  # with `mlflow:` set, the registry's alias follows (a warning when the server fails)
         fp = tracked_rollback(project.mlflow, Workspace(root=project.workspace), name, args.to, project.versions.keep,
                               project.versions.keep_served, lambda m: print(f"warning: {m}", file=sys.stderr))
-    except (VersionError, MlflowMissing) as e:
+    except VersionError as e:
+        from habitus.assets.serving import rollback_hint
+
+        raise ConfigError(f"{name}: {e}" + ("" if args.to else rollback_hint(Workspace(root=project.workspace), name))
+                          ) from None
+    except MlflowMissing as e:
         raise ConfigError(f"{name}: {e}") from None
     print(f"{name}: version {fp} serves from now on (the next predictions carry model_fingerprint {fp})")
     return EXIT_OK
@@ -379,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         _project_args(p, scoring=scoring)
         if name in ("versions", "rollback"):
-            p.add_argument("scenario", help="a scenario of the project, or foundation (the foundation model)")
+            p.add_argument("scenario", nargs="?" if name == "versions" else None,
+                           help="a scenario of the project, or foundation (the foundation model)"
+                                + ("; none: what serves every scenario" if name == "versions" else ""))
             if name == "rollback":
                 p.add_argument("--to", metavar="FINGERPRINT", help="the version to serve (a unique prefix will do; "
                                "default: the one that served before the serving one)")

@@ -337,9 +337,11 @@ class Project(Strict):
     @field_validator("output")
     @classmethod
     def _output_url(cls, v: str | None) -> str | None:
+        from habitus.resources.manifests import shown_url  # the URL without user info or query
+
         m = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://", v or "")
         if m and m.group(1) not in ("s3", "s3a", "gs", "gcs", "abfs", "abfss", "file"):
-            raise ValueError(f"output {v!r}: use s3://, gs://, abfs:// (pyarrow.fs) or a folder (resources/output.py)")
+            raise ValueError(f"output {shown_url(v)!r}: use s3://, gs://, abfs:// (pyarrow.fs) or a folder (resources/output.py)")
         return v
 
     @model_validator(mode="after")
@@ -408,9 +410,9 @@ class Project(Strict):
         d = self.model_dump(mode="json")
         d["connections"] = {k: {"type": v["type"]} for k, v in d["connections"].items()}
         if d.get("mlflow"):  # a tracking URI may carry a password
-            from habitus.resources.mlflow_tracking import redact
+            from habitus.resources.masking import redact_url
 
-            d["mlflow"]["tracking_uri"] = redact(d["mlflow"]["tracking_uri"])
+            d["mlflow"]["tracking_uri"] = redact_url(d["mlflow"]["tracking_uri"])
         return d
 
 

@@ -6,9 +6,14 @@ the key.
 locations), in `mlflow` (a tracking URI may carry credentials), and in the deployment settings
 `kubernetes`, `retries` and `schedules.sensor_interval`;
 anywhere else it is an error naming the key (an `entity: ${DAGSTER_PG_PASSWORD}` would copy a secret into
-table names and messages). A value that is one `${VAR}` with VAR set is returned as `EnvValue`, a str that
-remembers VAR: a connection's such value becomes `EnvVar(VAR)` in its resource and is masked wherever it
-is shown, whatever its key is called (pipelines/definitions.py, pipelines/init.py).
+table names and messages). A value holding a `${VAR}`, alone, mixed with text (`pw-${X}`,
+`scheme://u:${X}@h`) or at any depth of a dict or list, is returned as `EnvValue`, a str that remembers
+the text as written: a connection keeps that text in its resource (expanded where the driver takes it) and
+it is masked wherever it is shown, whatever its key is called (pipelines/definitions.py, pipelines/init.py,
+resources/masking.py).
+
+The parser has limits: at most MAX_BYTES bytes, MAX_DEPTH levels of nesting and MAX_SCALAR characters in a
+number; a file past them is a ConfigError naming it, never a RecursionError or a huge integer.
 """
 
 import os
@@ -18,27 +23,38 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from habitus.resources.masking import ENV_REF as _ENV_REF, expand
+
 CONFIG_ENV = "HABITUS_CONFIG"
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # where ${VAR} may appear: the top-level key, or the dotted path of one setting
 ENV_ALLOWED = ("connections", "output", "workspace", "kubernetes", "retries", "schedules.sensor_interval", "mlflow")
 MAX_BYTES = 1 << 20  # a project config is a few KB; a bigger file is a mistake (or an attack on the parser)
+MAX_DEPTH = 32  # levels of nested mappings and lists (a config uses six)
+MAX_SCALAR = 100  # characters of a number (Python refuses ints past 4,300 digits with a ValueError)
 
 
 class EnvValue(str):
-    """A config value that was exactly one `${VAR}` reference: the variable's value, with `.var` its name."""
+    """A config value holding `${VAR}` references: the expanded text, with `.template` the text as written
+    and `.var` the variable when the value is exactly one `${VAR}` that is set (else None)."""
 
-    var: str
+    var: str | None
+    template: str
 
-    def __new__(cls, text: str, var: str):
+    def __new__(cls, text: str, var: str | None = None, template: str | None = None):
         self = super().__new__(cls, text)
-        self.var = var
+        self.var, self.template = var, template if template is not None else "${" + str(var) + "}"
         return self
 
 
 def env_var(v) -> str | None:
-    """The variable a config value came from (`${VAR}`), or None for a value written in the file."""
+    """The variable a config value came from when it was exactly `${VAR}`, or None."""
     return v.var if isinstance(v, EnvValue) else None
+
+
+def env_template(v) -> str | None:
+    """The text as written of a config value that holds `${VAR}` references (alone or mixed with text), or
+    None for a value written in the file."""
+    return v.template if isinstance(v, EnvValue) else None
 
 
 def _env_allowed(where: str) -> bool:
@@ -68,20 +84,16 @@ def substitute_env(node, path: Path, text: str, where: str = ""):
         raise ConfigError(f"{path}:{line}: {where}: ${{...}} reads the environment only in {', '.join(ENV_ALLOWED)} "
                           f"(secrets and locations); write the value itself here")
 
-    def repl(m: re.Match) -> str:
-        name, default = m.group(1), m.group(2)
-        if name in os.environ:
-            return os.environ[name]
-        if default is not None:
-            return default
-        line = _line(text, m.group(0))
-        raise ConfigError(f"{path}:{line}: {where}: environment variable {name} is not set (referenced as "
-                          f"${{{name}}}); export it or write ${{{name}:-default}}")
+    def unset(m: re.Match) -> str:
+        name = m.group(1)
+        raise ConfigError(f"{path}:{_line(text, m.group(0))}: {where}: environment variable {name} is not set "
+                          f"(referenced as ${{{name}}}); export it or write ${{{name}:-default}}")
 
+    if not _ENV_REF.search(node):
+        return node
     whole = _ENV_REF.fullmatch(node)
-    if whole and whole.group(1) in os.environ:
-        return EnvValue(os.environ[whole.group(1)], whole.group(1))
-    return _ENV_REF.sub(repl, node)
+    var = whole.group(1) if whole and whole.group(1) in os.environ else None
+    return EnvValue(expand(node, unset), var, node)
 
 
 def readable_loc(loc: tuple) -> str:
@@ -127,7 +139,25 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     silently: `columns:` twice in a source would drop the first list) and every alias (`*name`): a config
     needs none, and nested aliases expand exponentially (a 400-byte file into millions of nodes)."""
 
+    depth = 0
+
     def compose_node(self, parent, index):
+        if self.depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep; a project "
+                                              f"config needs a few", self.peek_event().start_mark)
+        self.depth += 1
+        try:
+            return self._compose(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_yaml_int(self, node):
+        if len(node.value) > MAX_SCALAR:
+            raise yaml.constructor.ConstructorError(None, None, f"a number of {len(node.value):,} characters; "
+                                                    f"write at most {MAX_SCALAR}", node.start_mark)
+        return super().construct_yaml_int(node)
+
+    def _compose(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise yaml.composer.ComposerError(None, None, f"found an alias (*{event.anchor}); project configs "
@@ -150,6 +180,19 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+
+
+def parse_yaml(text: str, where) -> object:
+    """YAML text (a file's, or a command line's) within the limits above; ConfigError naming `where`."""
+    if len(text) > MAX_BYTES:
+        raise ConfigError(f"{where}: {len(text):,} characters; a project config is a few KB")
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML: {e}") from None
+
+
 def read_yaml(path: Path) -> dict:
     """The file's mapping of keys with `${ENV}` substituted; ConfigError naming the file otherwise."""
     if not path.is_file():
@@ -158,10 +201,7 @@ def read_yaml(path: Path) -> dict:
         raise ConfigError(f"{path}: {path.stat().st_size:,} bytes; a project config is a few KB (at most "
                           f"{MAX_BYTES:,} bytes are read)")
     text = path.read_text()
-    try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    raw = parse_yaml(text, path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of keys (workspace, connections, entity, sources, ...)")
     return substitute_env(raw, path, text)

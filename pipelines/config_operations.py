@@ -65,6 +65,8 @@ class TrainingPod(Strict):
                                            "per GPU it gets (torchrun when more than one)")
     cpu: str | None = Field(None, description="CPU request, a Kubernetes quantity ('8', '500m')")
     memory: str | None = Field(None, description="memory request, a Kubernetes quantity ('64Gi')")
+    nodes: int = Field(1, ge=1, description="pods, one per node, that train together (an indexed Job and a "
+                                            "headless Service the asset creates and deletes; docs/clusters.md)")
 
 
 class KubernetesSettings(Strict):

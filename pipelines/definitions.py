@@ -55,17 +55,24 @@ def _warehouse_class(kind: str):
 
 
 def _as_env_var(key: str, value, annotation=str):
-    """A connection value that came from ${VAR} becomes EnvVar(VAR) (EnvVar.int for an integer field),
-    whatever its key is called: Dagster then shows the variable's name, never its value. A value whose key
-    names a secret (resources/remote.py SECRET_KEYS) written literally in the file is kept, with a warning."""
-    from habitus.pipelines.config_file import env_var
+    """A connection value that holds `${VAR}` (alone, mixed with text or nested in a dict or list) is kept as
+    the text written in the file, which the connector expands where its driver takes it
+    (resources/masking.py `value`): the Dagster UI and the run records show `pw-${VAR}`, never the secret,
+    whatever its key is called. An integer field of exactly `${VAR}` becomes EnvVar.int(VAR); a flag is its
+    value. A value whose key names a secret (resources/remote.py SECRET_KEYS) written literally in the
+    file is kept, with a warning."""
+    from habitus.pipelines.config_file import env_template, env_var
     from habitus.resources.remote import SECRET_KEYS
 
-    var = env_var(value)
-    if var is not None:
+    template = env_template(value)
+    if template is not None:
         if annotation is int:
-            return dg.EnvVar.int(var)
-        return dg.EnvVar(var) if annotation is not bool else value
+            return dg.EnvVar.int(env_var(value)) if env_var(value) else value
+        return value if annotation is bool else template
+    if isinstance(value, dict):
+        return {k: _as_env_var(k, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_env_var(key, v) for v in value]
     if key in SECRET_KEYS and isinstance(value, str) and value:
         warnings.warn(f"a connection's {key!r} is written in the project config; write ${{VAR}} and export VAR")
     return value

@@ -326,17 +326,20 @@ def _world(start: date, n_days: int, n_products: int, n_stores: int, seed: int):
     return rng, stores, prod, day_factor, season
 
 
-def _simulate(rng, n_days: int, n_customers: int, stores, prod, day_factor, season):
-    """One block of customers and their purchases (customers are independent given the world)."""
-    n_products, n_stores = len(prod["category"]), len(stores["region"])
+def _latent(rng, n_days: int, n_customers: int, stores, prod, season):
+    """A block's customers and their latent state, drawn before any visit: (cust, chooser)."""
     cust = _make_customers(rng, n_customers, n_days, stores, prod)
     chooser = _ProductChooser(prod, cust, season)
     chooser.favourite_groups(rng)
-
     # Staples: a personal, ordered list; the first ones are bought most often.
     staple_rows = np.repeat(np.arange(n_customers), MAX_STAPLES)
-    staples = chooser.choose(rng, staple_rows).reshape(n_customers, MAX_STAPLES)
+    cust["staples"] = chooser.choose(rng, staple_rows).reshape(n_customers, MAX_STAPLES)
+    return cust, chooser
 
+
+def _simulate(rng, cust, chooser, stores, prod, day_factor, **_):
+    """The purchases of one block of customers (customers are independent given the world)."""
+    n_products, n_stores, staples = len(prod["category"]), len(stores["region"]), cust["staples"]
     v_cust, v_day = _simulate_visits(rng, cust, day_factor)
     n_visits = len(v_cust)
     # Store: mostly the home store, sometimes another one in the region, rarely anywhere.
@@ -351,8 +354,7 @@ def _simulate(rng, n_days: int, n_customers: int, stores, prod, day_factor, seas
 
     # One row per basket item; every item of a visit shares its time and store.
     visit = np.repeat(np.arange(n_visits), basket)
-    r_cust, r_day = v_cust[visit], v_day[visit]
-    n_rows = len(visit)
+    r_cust, r_day, n_rows = v_cust[visit], v_day[visit], len(visit)
     product = chooser.choose(rng, r_cust, r_day)
     u = rng.random(n_rows)
     is_staple = u < cust["staple_rate"][r_cust]
@@ -374,10 +376,8 @@ def _simulate(rng, n_days: int, n_customers: int, stores, prod, day_factor, seas
 
     # Sorted by time; lexsort is stable, so the lines of a basket stay together.
     order = np.lexsort((visit, v_second[visit]))
-    purchases = dict(cust=r_cust[order], second=v_second[visit][order], product=product[order],
-                     store=v_store[visit][order], quantity=quantity[order], price=paid[order])
-    return cust, purchases
-
+    return dict(cust=r_cust[order], second=v_second[visit][order], product=product[order],
+                store=v_store[visit][order], quantity=quantity[order], price=paid[order])
 
 
 def _world_tables(stores, prod) -> dict[str, pa.Table]:
@@ -389,11 +389,8 @@ def _world_tables(stores, prod) -> dict[str, pa.Table]:
             "price_tier": _labels(TIERS, prod["tier"]),
             "price": pa.array(prod["price"], pa.float64()),
         }),
-        "stores": pa.table({
-            "store_id": _ids("S", len(stores["region"]), 3),
-            "region": _labels(REGIONS, stores["region"]),
-            "format": _labels(FORMATS, stores["format"]),
-        }),
+        "stores": pa.table({"store_id": _ids("S", len(stores["region"]), 3),
+                            "region": _labels(REGIONS, stores["region"]), "format": _labels(FORMATS, stores["format"])}),
     }
 
 
@@ -401,7 +398,6 @@ def _block_tables(start: date, first_id: int, world: dict[str, pa.Table], cust, 
     """A block's customers (ids from `first_id`) and purchases as Arrow tables."""
     customer_id = _ids("C", cust["n"], 7, first_id)
     start_day = (start - date(1970, 1, 1)).days
-    start_us = start_day * 86_400_000_000
     return {
         "customers": pa.table({
             "customer_id": customer_id,
@@ -412,7 +408,7 @@ def _block_tables(start: date, first_id: int, world: dict[str, pa.Table], cust, 
         }),
         "purchases": pa.table({
             "customer_id": pc.take(customer_id, pa.array(purchases["cust"])),
-            "ts": pa.array(start_us + purchases["second"] * 1_000_000, pa.timestamp("us")),
+            "ts": pa.array(start_day * 86_400_000_000 + purchases["second"] * 1_000_000, pa.timestamp("us")),
             "product_id": pc.take(world["products"].column("product_id"), pa.array(purchases["product"])),
             "store_id": pc.take(world["stores"].column("store_id"), pa.array(purchases["store"])),
             "quantity": pa.array(purchases["quantity"], pa.int32()),
@@ -421,20 +417,26 @@ def _block_tables(start: date, first_id: int, world: dict[str, pa.Table], cust, 
     }
 
 
-def simulate_blocks(start: date, n_days: int, customers: int, products: int, stores: int,
-                    seed: int) -> Iterator[dict[str, pa.Table]]:
+def simulate_blocks(start: date, n_days: int, customers: int, products: int, stores: int, seed: int) -> Iterator[dict[str, pa.Table]]:
     """The tables of `n_days` from `start` a block of BLOCK_CUSTOMERS customers at a time: the first
     block's dict also holds products and stores; every block holds its customers and their purchases
     (sorted by ts within the block). Block 0 draws on after the world from the seed's generator, block
     b from its own ([seed, b]): a warehouse of up to BLOCK_CUSTOMERS customers is what one draw gave."""
+    world = None
+    for first, state, rng in latent_blocks(start, n_days, customers, products, stores, seed):
+        world = world or _world_tables(state["stores"], state["prod"])
+        tables = _block_tables(start, first + 1, world, state["cust"], _simulate(rng, **state))
+        yield {**world, **tables} if first == 0 else tables
+
+
+def latent_blocks(start: date, n_days: int, customers: int, products: int, stores: int, seed: int):
+    """What simulate_blocks draws before any visit, a block at a time: (the block's first customer, the
+    latent state: the world's stores, prod, day_factor and season, the block's cust and chooser; its rng)."""
     rng, store_info, prod, day_factor, season = _world(start, n_days, products, stores, seed)
-    world = _world_tables(store_info, prod)
     for b, first in enumerate(range(0, customers, BLOCK_CUSTOMERS)):
         block_rng = rng if b == 0 else np.random.default_rng([seed, b])
-        n = min(BLOCK_CUSTOMERS, customers - first)
-        tables = _block_tables(start, first + 1, world, *_simulate(block_rng, n_days, n, store_info, prod,
-                                                                   day_factor, season))
-        yield {**world, **tables} if b == 0 else tables
+        cust, chooser = _latent(block_rng, n_days, min(BLOCK_CUSTOMERS, customers - first), store_info, prod, season)
+        yield first, dict(stores=store_info, prod=prod, day_factor=day_factor, season=season, cust=cust, chooser=chooser), block_rng
 
 
 def simulate_tables(start: date, n_days: int, customers: int, products: int, stores: int,

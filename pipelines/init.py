@@ -18,23 +18,24 @@ import argparse
 import re
 import sys
 
-import yaml
-
 from habitus.pipelines.init_profile import OUTPUT_COLUMNS, habitus_output, profile_table, scan_events
 from habitus.pipelines.init_suggest import check_joins, pick_events, render, suggest
 
 
 def _hide_secrets(name: str, conn: dict) -> dict:
-    """The connection as printed: a value that came from ${VAR} is shown as ${VAR} (whatever its key), a
-    secret-named key's value not already a ${VAR} reference becomes one; `options` likewise."""
-    from habitus.pipelines.config_file import env_var
+    """The connection as printed: a value that holds ${VAR} is shown as written (`pw-${VAR}`, whatever its key
+    and however deep), a secret-named key's value not already a ${VAR} reference becomes one; `options`
+    and nested dicts and lists likewise."""
+    from habitus.pipelines.config_file import env_template
     from habitus.resources.remote import SECRET_KEYS
 
     def shown(k, v):
-        if env_var(v) is not None:
-            return "${" + env_var(v) + "}"
+        if env_template(v) is not None:
+            return env_template(v)
         if isinstance(v, dict):
             return {ik: shown(ik, iv) for ik, iv in v.items()}
+        if isinstance(v, list):
+            return [shown(k, iv) for iv in v]
         if k not in SECRET_KEYS or (isinstance(v, str) and v.startswith("${")):
             return v
         return "${" + re.sub(r"[^A-Z0-9]", "_", f"{name}_{k}".upper()) + "}"
@@ -77,10 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     from pydantic import TypeAdapter, ValidationError
 
     from habitus.pipelines.config import Connection, ConfigError, load_project
-    from habitus.pipelines.config_file import substitute_env
+    from habitus.pipelines.config_file import format_errors, parse_yaml, substitute_env
     from habitus.pipelines.definitions import connection_resource
     from habitus.resources.errors import WarehouseError
+    from habitus.resources.masking import redact_text, template_secrets
 
+    secrets: list[str] = []  # what the connection's ${VAR}s became: never printed, in an error either
     try:
         if args.config:
             project = load_project(args.config)
@@ -88,16 +91,18 @@ def main(argv: list[str] | None = None) -> int:
             if name not in project.connections:
                 raise ConfigError(f"--use {name}: not among the connections {sorted(project.connections)}")
             conn = project.connections[name]
+            secrets = template_secrets(conn.model_dump())
             shown = {k: v for k, v in conn.model_dump().items()}
             args.name = name
         else:
             raw = ({"type": "duckdb", "path": args.duckdb} if args.duckdb else
-                   {"type": "parquet", "path": args.parquet} if args.parquet else yaml.safe_load(args.connection))
+                   {"type": "parquet", "path": args.parquet} if args.parquet else parse_yaml(args.connection, "--connection"))
             if not isinstance(raw, dict):
                 raise ConfigError("--connection: expected a YAML mapping such as '{type: clickhouse, host: ...}'")
             shown = raw
-            conn = TypeAdapter(Connection).validate_python(substitute_env(raw, "--connection", args.connection or "",
-                                                                            "connections"))
+            substituted = substitute_env(raw, "--connection", args.connection or "", "connections")
+            secrets = template_secrets(substituted)
+            conn = TypeAdapter(Connection).validate_python(substituted)
         shown = _hide_secrets(args.name, shown)
         warehouse = connection_resource(args.name, conn)
         tables = args.tables or _list_tables(conn.type, conn.model_dump(), warehouse)
@@ -123,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         suggestion.notes += [f"{t}: not used (written by habitus: predictions, not an input)" for t in skipped]
         check_joins(warehouse, suggestion, profiles, args.sample, volume)
     except (ConfigError, WarehouseError, ValueError, ValidationError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        # pydantic's own text quotes (a cut of) the input: its problems are listed without it
+        text = format_errors("--connection", e) if isinstance(e, ValidationError) else str(e)
+        print(f"error: {redact_text(text, secrets)}", file=sys.stderr)
         return 2
     text = render(suggestion)
     print(text)

@@ -6,8 +6,7 @@ Service that gives its pods stable DNS names, rendered from the project config's
         --job-dir /data/workspace/jobs/foundation-2026-11-01 --image registry.example.com/habitus-gpu:1.0 \\
         | kubectl apply -f -
 
-Every pod runs the command an asset with `nnodes` > 1 prints (habitus.resources.executor.TrainingExecutor
-.torchrun_command): `torchrun --nnodes N --rdzv-backend c10d ... -m habitus.models.train.launch JOB_DIR`, with
+Every pod runs the command habitus.resources.executor.TrainingExecutor.torchrun_command builds for several nodes: `torchrun --nnodes N --rdzv-backend c10d ... -m habitus.models.train.launch JOB_DIR`, with
 `kubernetes.<stage>.gpus` processes per pod. The pod index (JOB_COMPLETION_INDEX, set by the Job
 controller) wires the rendezvous: pod 0 hosts the c10d store (`--rdzv-conf is_host=1`), the others
 join it at `<name>-0.<name>:<port>`, pod 0's name under the Service; the global ranks are then given
@@ -17,18 +16,26 @@ by the rendezvous, DDP and the entity sharding as on one node. JOB_DIR (job.json
 Why an indexed Job and not the Kubeflow training operator's PyTorchJob: it is batch/v1, on every
 cluster since Kubernetes 1.24, with nothing to install or upgrade (the training operator's v1 CRDs are
 being replaced by Kubeflow Trainer's TrainJob); torchrun's c10d rendezvous already does what the
-operator's MASTER_ADDR/RANK wiring does; and a restart of the group buys nothing here, since several
-processes cannot resume mid-training (models/train/resume.py is single-process): a failed pod fails the
-Job (backoffLimit 0, no pod restarts) and the whole group is run again. Required pod anti-affinity
+operator's MASTER_ADDR/RANK wiring does, and torchrun's --max-restarts restarts the processes of a pod,
+which resume from the last saved step (models/train/resume.py): a failed pod fails the Job (backoffLimit
+0, no pod restarts) and the whole group is run again, resuming too. Required pod anti-affinity
 on the node's hostname keeps it one pod per node.
 
-Nothing here talks to a cluster; the manifests are plain dictionaries.
+`run_group` is what a training asset runs with `kubernetes.<stage>.nodes` above 1 (through
+TrainingExecutor.train's `nodes`): it writes the job folder on the workspace claim, creates the Service
+and the Job with the `kubernetes` client (dagster-k8s brings it), follows pod 0's log (rank 0's lines)
+into the asset's log, waits for the Job, and deletes both whatever happens: success, failure, or the
+run cancelled (Dagster interrupts the step: the `finally` still runs). The asset then reads rank 0's
+result from the job folder.
 """
 
 import argparse
 import re
 import sys
-from pathlib import PurePosixPath
+import threading
+import time
+from pathlib import Path, PurePosixPath
+from typing import Callable
 
 from habitus.pipelines.config import Project
 from habitus.pipelines.kubernetes import GPU, WORKSPACE_VOLUME
@@ -137,9 +144,117 @@ def training_group(project: Project, stage: str, nodes: int, job_dir: str, *, na
         "completionMode": "Indexed",
         "completions": nodes,
         "parallelism": nodes,  # all at once: the rendezvous waits for every node
-        "backoffLimit": 0,  # a failed pod fails the group: it is run again whole (no mid-training resume)
+        "backoffLimit": 0,  # a failed pod fails the group; its processes' restarts are torchrun's (--max-restarts)
         "template": {"metadata": {"labels": dict(labels)}, "spec": spec}}}
     return [service, job]
+
+
+def group_of(project: Project, stage: str, what: str):
+    """TrainingExecutor.train's `group` for a training of `stage` (`what`: foundation, or the scenario's
+    name) when `kubernetes.<stage>.nodes` is above 1: a job folder on the workspace and run_group; else None."""
+    k8s = project.kubernetes
+    if k8s is None or getattr(k8s, stage).nodes < 2:
+        return None
+    folder = Path(project.workspace, "jobs", f"{what}-{time.strftime('%Y%m%dT%H%M%S')}")
+    name = re.sub(r"[^a-z0-9-]+", "-", f"habitus-{what}".lower())[:40].rstrip("-") + f"-{int(time.time()) % 10**8}"
+    return folder, lambda job_dir, log: run_group(project, stage, job_dir, log, name=name)
+
+
+INDEX = "batch.kubernetes.io/job-completion-index"  # the pod's index, as the Job controller annotates it
+
+
+def run_group(project: Project, stage: str, job_dir: Path, log: Callable[[str], None] = print, *, apis=None,
+              poll_s: float = 5.0, name: str | None = None, **render) -> None:
+    """Train the job in `job_dir` (job.json written, on the workspace claim) on `kubernetes.<stage>.nodes`
+    pods: create the Service and the indexed Job (training_group), stream pod 0's log to `log`, return when
+    the Job succeeds, raise with the failed pods' last lines when it fails; delete both in every case.
+    `apis`: (CoreV1Api, BatchV1Api), default the client's, configured in the cluster or from kubeconfig;
+    `render`: training_group's other arguments (image, port, rdzv_host, target)."""
+    nodes = getattr(project.kubernetes, stage).nodes
+    name = name or f"habitus-{stage}-{int(time.time())}"
+    service, job = training_group(project, stage, nodes, str(job_dir), name=name, **render)
+    core, batch = apis or _apis()
+    namespace = project.kubernetes.namespace or _namespace()
+    created = []
+    try:
+        core.create_namespaced_service(namespace, service)
+        created.append(("service", name))
+        batch.create_namespaced_job(namespace, job)
+        created.append(("job", name))
+        log(f"kubernetes: Job {namespace}/{name} created: {nodes} pods of {stage} training, one per node")
+        follower = None
+        while True:
+            status = batch.read_namespaced_job_status(name, namespace).status
+            if follower is None:
+                pod = _pod(core, namespace, name, "0")
+                if pod is not None and pod.status.phase in ("Running", "Succeeded", "Failed"):
+                    follower = threading.Thread(target=_follow, args=(core, namespace, pod.metadata.name, log),
+                                                daemon=True)
+                    follower.start()
+            if status.failed:
+                raise GroupError(f"kubernetes: Job {namespace}/{name} failed:\n" + _failed_lines(core, namespace, name))
+            if (status.succeeded or 0) >= nodes:
+                if follower is not None:
+                    follower.join(timeout=60)  # (pod 0's last lines)
+                log(f"kubernetes: Job {namespace}/{name} succeeded")
+                return
+            time.sleep(poll_s)
+    finally:
+        _delete(core, batch, namespace, created, log)
+
+
+def _apis():
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.CoreV1Api(), client.BatchV1Api()
+
+
+def _namespace() -> str:
+    own = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")  # the pod's own, in a cluster
+    return own.read_text().strip() if own.exists() else "default"
+
+
+def _pod(core, namespace: str, name: str, index: str):
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{GROUP_LABEL}={name}").items
+    return next((p for p in pods if (p.metadata.annotations or {}).get(INDEX) == index), None)
+
+
+def _follow(core, namespace: str, pod: str, log) -> None:
+    """Pod 0's log, line by line, until it ends (its ranks' output: rank 0 logs the epochs)."""
+    from kubernetes import watch
+
+    try:
+        for line in watch.Watch().stream(core.read_namespaced_pod_log, pod, namespace, follow=True):
+            log(line)
+    except Exception as e:  # noqa: BLE001 (the log is a view; the Job's status decides)
+        log(f"kubernetes: following the log of {pod} stopped ({type(e).__name__}: {e})")
+
+
+def _failed_lines(core, namespace: str, name: str) -> str:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{GROUP_LABEL}={name}").items
+    out = []
+    for p in pods:
+        if p.status.phase == "Failed":
+            tail = core.read_namespaced_pod_log(p.metadata.name, namespace, tail_lines=20)
+            out.append(f"pod {p.metadata.name} (index {(p.metadata.annotations or {}).get(INDEX)}):\n{tail}")
+    return "\n".join(out) or "(no failed pod left to read)"
+
+
+def _delete(core, batch, namespace: str, created: list, log) -> None:
+    """What run_group created, newest first; the Job with its pods (background propagation)."""
+    for kind, name in reversed(created):
+        try:
+            if kind == "job":
+                batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+            else:
+                core.delete_namespaced_service(name, namespace)
+            log(f"kubernetes: {kind} {namespace}/{name} deleted")
+        except Exception as e:  # noqa: BLE001 (the others are still deleted; what failed is said)
+            log(f"kubernetes: deleting {kind} {namespace}/{name} failed ({type(e).__name__}: {e}); delete it by hand")
 
 
 def to_yaml(manifests: list[dict]) -> str:

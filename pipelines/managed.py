@@ -1,6 +1,7 @@
 """Entry points for managed training jobs (SageMaker and similar), no Dagster instance needed.
 
     habitus train [--stage foundation|scenarios|all]   sources, cache, then the training assets
+                  [--nnodes N --node-rank R --rdzv HOST:PORT]   one of N machines training together
     habitus score --date D                              the day's predictions (sources and cache first)
     habitus embed --date D                              the day's embeddings (sources and cache first)
     habitus upload                                      every finished stage to `output:` (nothing twice)
@@ -14,6 +15,13 @@ the failure file of the managed-job layout ($HABITUS_FAILURE_FILE, else $SM_OUTP
 /opt/ml/output/failure when /opt/ml/output exists). Exit codes as `habitus materialize`: 0 done, 1 a
 blocking check failed (not beats_baselines: a losing model is not promoted, the job did not fail), 2 bad usage
 or config, 3 a stage failed. docs/managed-jobs.md shows the layout.
+
+Several machines (`nodes`): each runs `habitus train`, on its own disk: it extracts and caches the same
+data, and its trainings start torchrun as one node of N (its node rank, the first host's c10d
+rendezvous), so every training runs on all machines' processes together; every node keeps the
+result, and only the first uploads. A job with several instances (SageMaker: $SM_HOSTS and
+$SM_CURRENT_HOST, or /opt/ml/input/config/resourceconfig.json) needs no flags; elsewhere (Slurm, plain
+machines) --nnodes, --node-rank and --rdzv say it. docs/clusters.md.
 """
 
 import argparse
@@ -25,6 +33,8 @@ from datetime import date
 from pathlib import Path
 
 COMMANDS = ("train", "score", "embed", "upload", "restore")
+RESOURCE_CONFIG = Path("/opt/ml/input/config/resourceconfig.json")  # SageMaker's hosts of a training job
+RDZV_PORT = 29400  # the first host's c10d rendezvous port on a managed job ($HABITUS_RDZV_PORT)
 
 
 def add_executor_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,6 +65,38 @@ def with_executor(project, args):
     return project.model_copy(update={"executor": settings})
 
 
+def nodes(args, resource_config: Path = RESOURCE_CONFIG) -> dict | None:
+    """This machine's place among the job's (nnodes, node_rank, rdzv_endpoint, rdzv_id), from
+    --nnodes/--node-rank/--rdzv, else from the platform's host list and current host ($SM_HOSTS, a
+    JSON list, and $SM_CURRENT_HOST; or `resource_config`); None: one machine."""
+    import json
+
+    given = [getattr(args, k, None) for k in ("nnodes", "node_rank", "rdzv")]
+    run_id = os.environ.get("TRAINING_JOB_NAME") or os.environ.get("SLURM_JOB_ID") or "habitus"
+    if any(v is not None for v in given):
+        if any(v is None for v in given):
+            raise ValueError("several machines need all of --nnodes, --node-rank and --rdzv HOST:PORT (the first "
+                             "node's address and a free port, the same on every node)")
+        n, rank, rdzv = given
+        if not 0 <= rank < n:
+            raise ValueError(f"--node-rank {rank} is not one of 0..{n - 1} (--nnodes {n})")
+        return None if n == 1 else {"nnodes": n, "node_rank": rank, "rdzv_endpoint": rdzv, "rdzv_id": run_id}
+    if os.environ.get("SM_HOSTS"):
+        hosts, current, where = json.loads(os.environ["SM_HOSTS"]), os.environ.get("SM_CURRENT_HOST"), "$SM_HOSTS"
+    elif resource_config.exists():
+        config = json.loads(resource_config.read_text())
+        hosts, current, where = config.get("hosts", []), config.get("current_host"), str(resource_config)
+    else:
+        return None
+    if len(hosts) <= 1:
+        return None
+    if current not in hosts:
+        raise ValueError(f"the current host {current!r} is not one of the job's hosts {hosts} ({where})")
+    port = os.environ.get("HABITUS_RDZV_PORT", str(RDZV_PORT))
+    return {"nnodes": len(hosts), "node_rank": hosts.index(current), "rdzv_endpoint": f"{hosts[0]}:{port}",
+            "rdzv_id": run_id}
+
+
 def failure_file() -> Path | None:
     """Where a managed job writes why it failed (SageMaker reads /opt/ml/output/failure)."""
     if os.environ.get("HABITUS_FAILURE_FILE"):
@@ -67,7 +109,7 @@ def failure_file() -> Path | None:
 class Runner:
     """dg.materialize of a selection with its own asset checks, as `habitus materialize` runs them."""
 
-    def __init__(self, project, log=print, verbose: bool = False):
+    def __init__(self, project, log=print, verbose: bool = False, dagster_log: bool = True):
         from habitus.pipelines.instance import dagster_instance
         from habitus.pipelines.definitions import build_assets, build_resources
 
@@ -78,8 +120,9 @@ class Runner:
         self.checks, self.instance = build_checks(project), dagster_instance()
         self.passed, self.failed, self.timings = 0, [], {}
         # a job's log (CloudWatch and the like): the assets' own lines (epochs, uploads, warnings), not
-        # Dagster's DEBUG events, unless -v
-        self.run_config = {} if verbose else {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+        # Dagster's DEBUG events, unless -v; `dagster_log` False (the Python API): only this runner's lines
+        level = "INFO" if dagster_log else "CRITICAL"
+        self.run_config = {} if verbose else {"loggers": {"console": {"config": {"log_level": level}}}}
 
     def run(self, keys, what: str, **kw) -> None:
         import dagster as dg
@@ -110,17 +153,19 @@ class Runner:
 
         return next(a for a in self.assets if a.key == source_key(source.name)).partitions_def
 
-    def extract(self, upto: str | None = None) -> None:
+    def extract(self, upto: str | None = None, again: bool = True) -> None:
         """Every events partition missing from the workspace (all on a fresh disk) or extracted with other
         settings (assets/sources.py `stale_partitions`: another `where:`, `columns:` or table) up to the one
         holding `upto` (default: the last), that one extracted again (its day may have grown), and the
-        attribute tables, which are small and extracted whole."""
+        attribute tables, which are small and extracted whole. `again` False: the last one is extracted again
+        only where its file was written before its time window closed, and with nothing to extract the
+        attribute tables are kept too (a day scored from what the workspace holds)."""
         # private: dg.materialize takes one partition_key, and the range tags of a one-run range have no public name
         from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
         from habitus.assets.sources import source_key, stale_partitions
 
-        ws = self.resources["workspace"]
+        ws, extracted = self.resources["workspace"], again
         for s in self.project.events_sources:
             pdef = self.partitions(s)
             keys = pdef.get_partition_keys()
@@ -131,13 +176,24 @@ class Runner:
                                    f"{pdef.get_first_partition_key()})")
             stale = set(stale_partitions(s, ws.sources(s.name)))
             missing = [k for k in keys if k in stale or not (ws.sources(s.name) / f"{k}.parquet").exists()]
+            if not again and not missing and _closed_when_written(pdef, keys[-1], ws.sources(s.name)):
+                continue
+            extracted = True
             first = missing[0] if missing else keys[-1]
             span = keys[keys.index(first):]
             self.run([source_key(s.name)], f"source/{s.name} ({len(span)} partitions, {span[0]} .. {span[-1]})",
                      tags={ASSET_PARTITION_RANGE_START_TAG: span[0], ASSET_PARTITION_RANGE_END_TAG: span[-1]})
         others = [source_key(s.name) for s in self.project.sources if s.role != "events"]
-        if others:
+        if others and extracted:
             self.run(others, "the attribute tables")
+        elif not extracted:
+            self.log("the sources are extracted up to that day already")
+
+
+def _closed_when_written(pdef, key: str, folder: Path) -> bool:
+    """Whether partition `key`'s file was written after its time window ended: nothing newer to extract."""
+    end = pdef.time_window_for_partition_key(key).end.timestamp()
+    return (folder / f"{key}.parquet").stat().st_mtime > end
 
 
 def _restore_if_missing(project, log) -> None:
@@ -155,14 +211,25 @@ def _restore_if_missing(project, log) -> None:
     ws.restore(log=log)
 
 
-def train(project, stage: str = "all", log=print, verbose: bool = False) -> dict:
+def train(project, stage: str = "all", log=print, verbose: bool = False, cluster: dict | None = None) -> dict:
+    """The training stages; `cluster` (`nodes`): this machine is one of several that train together."""
     import dagster as dg
 
     from habitus.assets.scenarios import scenario_key
 
-    r = Runner(project, log, verbose)
-    if stage == "scenarios":
+    if stage == "scenarios":  # (every node restores from `output:`, which only the first writes to)
         _restore_if_missing(project, log)
+    if cluster is not None and cluster["node_rank"] > 0:  # the first node uploads; the others keep their copy
+        log(f"node {cluster['node_rank']} of {cluster['nnodes']}: training with the others at "
+            f"{cluster['rdzv_endpoint']}; the first node uploads")
+        project = project.model_copy(update={"output": None})
+    r = Runner(project, log, verbose)
+    if cluster is not None:
+        from habitus.resources.executor import TrainingExecutor
+
+        settings = project.executor.model_dump() if project.executor else {"processes": 0 if project.kubernetes else 1}
+        r.resources["executor"] = TrainingExecutor(**settings, **cluster,
+                                                   job_dir=str(Path(project.workspace) / "jobs"))
     r.extract()
     keys = [dg.AssetKey("cache")] + ([dg.AssetKey("foundation_model")] if stage in ("foundation", "all") else [])
     keys += [scenario_key(n) for n in project.scenarios] if stage in ("scenarios", "all") else []
@@ -172,9 +239,10 @@ def train(project, stage: str = "all", log=print, verbose: bool = False) -> dict
 
 
 def score(project, day: str, *, embeddings: bool = False, predictions: bool = True, log=print,
-          verbose: bool = False, scenarios: list[str] | None = None) -> dict:
+          verbose: bool = False, scenarios: list[str] | None = None, dagster_log: bool = True,
+          extract_again: bool = True) -> dict:
     """Day `day`'s predictions (of `scenarios`, default every prediction scenario) and/or embeddings, after
-    the sources up to that day and the cache."""
+    the sources up to that day and the cache (Runner.extract's `again`: `extract_again`)."""
     import dagster as dg
 
     from habitus.assets.predictions import predictions_key
@@ -186,8 +254,8 @@ def score(project, day: str, *, embeddings: bool = False, predictions: bool = Tr
         raise RuntimeError(f"--date {day}: not a day of the predictions' partitions (from {first}, "
                            f"`predictions.start`, to the data's end or today)")
     _restore_if_missing(project, log)
-    r = Runner(project, log, verbose)
-    r.extract(upto=day)
+    r = Runner(project, log, verbose, dagster_log)
+    r.extract(upto=day, again=extract_again)
     r.run([dg.AssetKey("cache")], "cache")
     keys = [predictions_key(n) for n in scenarios or project.prediction_scenarios] if predictions else []
     keys += [dg.AssetKey("embeddings")] if embeddings else []
@@ -237,6 +305,11 @@ def main(command: str, argv: list[str]) -> int:
         p.add_argument("--all", action="store_true", help="predictions and embeddings too, not only checkpoints")
         p.add_argument("--from", dest="source", help="where to restore from (default: `output:`), e.g. the model "
                                                      "channel of a scoring job: $SM_CHANNEL_MODEL")
+    if command == "train":
+        g = p.add_argument_group("several machines (default: $SM_HOSTS / $SM_CURRENT_HOST of a managed job, else one)")
+        g.add_argument("--nnodes", type=int, help="how many machines train together")
+        g.add_argument("--node-rank", type=int, help="this machine's place, 0..nnodes-1 (0 uploads)")
+        g.add_argument("--rdzv", help="HOST:PORT of the first machine's rendezvous, the same on every machine")
     if command in ("train", "score", "embed"):
         p.add_argument("-v", "--verbose", action="store_true", help="Dagster's DEBUG log as well")
         add_executor_arguments(p)
@@ -245,13 +318,14 @@ def main(command: str, argv: list[str]) -> int:
         os.environ["HABITUS_CONFIG"] = str(Path(args.config).resolve())
     try:
         project = with_executor(load_project(args.config), args)
-    except ConfigError as e:
+        cluster = nodes(args) if command == "train" else None
+    except (ConfigError, ValueError) as e:
         _fail(str(e), "")
         return 2
     started = time.time()
     try:
         if command == "train":
-            result = train(project, args.stage, verbose=args.verbose)
+            result = train(project, args.stage, verbose=args.verbose, cluster=cluster)
         elif command in ("score", "embed"):
             result = score(project, args.date, embeddings=command == "embed", predictions=command == "score",
                            verbose=args.verbose)

@@ -62,13 +62,31 @@ def report(project, prediction_day: str | None = None) -> str:
         if chosen:
             import pyarrow.parquet as pq
 
-            lines.append(f"predictions/{name}: {chosen[0]} ({pq.read_metadata(chosen[0]).num_rows:,} rows)")
+            lines.append(f"predictions/{name}: {chosen[0]} ({pq.read_metadata(chosen[0]).num_rows:,} rows"
+                         f"{scored_by(ws, name, chosen[0])})")
     emb = sorted(ws.embeddings.glob("*.parquet")) if ws.embeddings.exists() else []
     if emb:
         import pyarrow.parquet as pq
 
         lines.append(f"embeddings: {emb[-1]} ({pq.read_metadata(emb[-1]).num_rows:,} rows)")
     return "\n".join(lines)
+
+
+def scored_by(ws, name: str, path) -> str:
+    """", scored by version <fp>" (", by its baseline <which>, version <fp>") of a predictions file."""
+    import pyarrow.parquet as pq
+
+    from habitus.assets.serving import BASELINE, serves_baseline, versions
+
+    first = next(pq.ParquetFile(path).iter_batches(batch_size=1, columns=["model_fingerprint"]), None)
+    if first is None or not len(first):
+        return ""
+    fp, store = first.column(0)[0].as_py(), versions(ws, name)
+    kept = store.info(fp) if fp in store.fingerprints() else {}
+    serving = serves_baseline(ws, name) or {}  # (a scoring machine holds the serving copy, not the versions)
+    which = (kept.get("best_baseline") if kept.get("kind") == BASELINE
+             else serving.get("baseline") if serving.get("weights_sha256", "")[:16] == fp else None)
+    return f", scored by its baseline {which}, version {fp}" if which else f", scored by version {fp}"
 
 
 def _first_protocol(ws, project) -> str:

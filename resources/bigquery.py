@@ -27,8 +27,9 @@ import pyarrow as pa
 from sqlglot import exp
 
 from habitus.resources.errors import AUTH, WarehouseError, network_error
-from habitus.resources.remote import (secret_values, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
-                             query_error, value)
+from habitus.resources.remote import (ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
+                                      query_error)
+from habitus.resources.masking import secret_values, value
 from habitus.resources.sql import create_table_sql, freshness_sql, partition_counts_sql, range_sql, table_expr
 
 DIALECT = "bigquery"
@@ -143,13 +144,13 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
     def _client(self):
         from google.cloud import bigquery
 
-        kw = {"project": value(self.project), "location": self.location, "credentials": self._credentials()}
+        kw = {"project": value(self.project), "location": value(self.location), "credentials": self._credentials()}
         if self.api_endpoint:
             from google.api_core.client_options import ClientOptions
 
             kw["client_options"] = ClientOptions(api_endpoint=self.api_endpoint)
         try:
-            return bigquery.Client(**{k: v for k, v in kw.items() if v is not None}, **self.options)
+            return bigquery.Client(**{k: v for k, v in kw.items() if v is not None}, **value(self.options))
         except Exception as e:
             raise connect_error("bigquery", self.name, self.api_endpoint or f"project {self.project}", e,
                                 self._secrets()) from None

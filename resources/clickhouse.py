@@ -27,8 +27,9 @@ import pyarrow as pa
 from sqlglot import exp
 
 from habitus.resources.errors import WarehouseError
-from habitus.resources.remote import (secret_values, ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
-                             query_error, value)
+from habitus.resources.remote import (ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
+                                      query_error)
+from habitus.resources.masking import secret_values, value
 from habitus.resources.sql import (_literal, count_sql, create_table_sql, freshness_sql, partition_counts_sql, range_sql,
                            select_expr, table_expr)
 

@@ -27,7 +27,8 @@ import sqlglot
 from sqlglot import exp
 
 from habitus.resources.errors import WarehouseError
-from habitus.resources.remote import CursorQueries, connect_error, secret_values, value, value_literal
+from habitus.resources.remote import CursorQueries, connect_error, value_literal
+from habitus.resources.masking import secret_values, value
 from habitus.resources.sql import create_table_sql, delete_sql, limit0_sql, table_expr
 
 DIALECT = "databricks"

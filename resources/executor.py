@@ -1,8 +1,12 @@
 """Where training runs: the device, the precision, the CPU threads and the number of processes.
 
-One process (the default) trains inside the asset's process. Several run under `torchrun`, one
-per GPU (or CPU share), with DistributedDataParallel (models/train/distributed.py): `launch` starts them
-and streams their output to the asset's log; rank 0 writes the checkpoint and the report.
+Every training (the foundation, a scenario's measured run, its refit) goes through `train`, which runs
+models/train/recipe.run_training on a job: inside the asset's process with one process (the default),
+or under `torchrun`, one process per GPU (or CPU share), with DistributedDataParallel
+(models/train/distributed.py): `launch` starts them and streams their output to the asset's log; rank 0
+writes the result. Both ways the same precision (bf16: torch.autocast) and the same resumable saves
+(`resume`: the folder and the steps between saves); torchrun restarts its processes `max_restarts`
+times after a failure (default: 0 on one machine, 3 across nodes), each restart resuming.
 
     resources: {executor: {config: {device: cuda, precision: bf16, processes: 8}}}
 
@@ -67,6 +71,11 @@ class TrainingExecutor(dg.ConfigurableResource):
     nnodes: int = Field(1, ge=1)
     rdzv_endpoint: str | None = None
     rdzv_id: str = "habitus"
+    node_rank: int | None = Field(None, ge=0)  # several nodes: this one's place (None: the rendezvous gives it)
+    max_restarts: int | None = Field(None, ge=0)
+    # several nodes each preparing its own inputs (`habitus train` on every node): this node's folder for the
+    # jobs; every node then keeps the result and the resumable state (its local rank 0 writes them)
+    job_dir: str | None = None
 
     def _check(self) -> None:
         if self.precision not in TRAIN_PRECISIONS:
@@ -96,9 +105,6 @@ class TrainingExecutor(dg.ConfigurableResource):
                                 f"(torch {torch.__version__}); install a CUDA build of torch or use device: cpu")
         device = "cuda" if self.device == "auto" and torch.cuda.is_available() else (
             "cpu" if self.device == "auto" else self.device)
-        if self.precision == "bf16" and not device.startswith("cuda"):
-            raise ExecutorError(f"executor precision bf16 trains on GPUs, but the device is {device!r}; "
-                                f"use precision: fp32 on CPUs")
         if self.inference_precision == "int8" and not device.startswith("cpu"):
             raise ExecutorError("executor inference_precision int8 runs on the CPU only; use bf16 on GPUs")
         if self.process_count > 1 and device.startswith("cuda") and torch.cuda.device_count() < self.process_count:
@@ -131,7 +137,7 @@ class TrainingExecutor(dg.ConfigurableResource):
         return devices, self.threads or max(1, cores // n)
 
     def autocast(self, device: str):
-        """The training precision's context (bf16: torch.autocast on the GPU)."""
+        """The training precision's context (bf16: torch.autocast on the device, fp32 master weights)."""
         from habitus.models.train.distributed import autocast
 
         return autocast(self.precision, device)
@@ -157,35 +163,61 @@ class TrainingExecutor(dg.ConfigurableResource):
         self._check()
         where = ["--standalone"] if self.nnodes == 1 else [
             "--nnodes", str(self.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint,
-            "--rdzv-id", self.rdzv_id]
-        return [sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node", str(self.process_count),
-                *target]
+            "--rdzv-id", self.rdzv_id, *(["--node-rank", str(self.node_rank)] if self.node_rank is not None else [])]
+        restarts = self.max_restarts if self.max_restarts is not None else (3 if self.nnodes > 1 else 0)
+        return [sys.executable, "-m", "torch.distributed.run", *where, *(["--max-restarts", str(restarts)] if restarts
+                                                                        else []),
+                "--nproc_per_node", str(self.process_count), *target]
 
-    def train(self, job: dict, device: str, log: Callable[[str], None] = print):
-        """Train `job` (habitus.models.train.launch.foundation_job / scenario_job) in `processes` processes under
-        torchrun and return rank 0's result as a habitus.models.train.TrainResult, the model on `device`:
-        what the same training in this process would return. The job and rank 0's checkpoint pass
-        through a temporary folder ($TMPDIR); a rank's failure raises with its traceback."""
+    def train(self, job: dict, device: str, log: Callable[[str], None] = print,
+              resume: tuple[str | os.PathLike, int] | None = None,
+              group: tuple[Path, Callable[[Path, Callable[[str], None]], None]] | None = None):
+        """Train `job` (habitus.models.train.recipe.foundation_job / scenario_job) and return its result as a
+        habitus.models.train.TrainResult, the model on `device`: in this process, or in `processes`
+        processes under torchrun (rank 0's result). `resume`: (folder, steps between saves), a killed run
+        continues from its state there. Under torchrun the job and the result pass through a temporary
+        folder ($TMPDIR), or on several nodes through `job_dir`, this node's own, where this node's first
+        process writes the result too (every node trained the same weights); a rank's failure raises with
+        its traceback."""
+        import shutil
         import tempfile
 
-        from habitus.models.train.launch import rank_errors, read_result, write_job
+        from habitus.models.train.launch import child_env, rank_errors, read_result, write_job
+        from habitus.models.train.recipe import run_training, with_resume
 
-        # the ranks import what this process can (a scenario's target function, say)
-        if self.nnodes > 1:  # every node's torchrun must read the job: a folder they share, not this $TMPDIR
-            raise ExecutorError(f"executor nnodes {self.nnodes}: an asset launches torchrun on its own machine only; "
-                                f"start `{' '.join(self.torchrun_command(['-m', 'habitus.models.train.launch', 'JOB_DIR'])[1:])}` on "
-                                f"every node with JOB_DIR on a shared filesystem (docs/clusters.md)")
-        paths = [os.path.abspath(p or os.getcwd()) for p in sys.path
-                 if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))]
-        env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))} if paths else {}
+        job = {**job, "precision": self.precision}  # every rank trains under the same autocast
+        if resume is not None:
+            job = with_resume(job, *resume)
+        if group is not None:  # pods of a cluster, on a folder they share; rank 0 writes the result
+            folder, start = group
+            folder.mkdir(parents=True, exist_ok=True)
+            write_job(folder, job)
+            start(folder, log)
+            return read_result(folder, device)
+        if not self.distributed:
+            from habitus.models.train.distributed import Dist
+
+            return run_training(job, Dist(device=device), log)[0]
+        if self.nnodes > 1 and self.job_dir is None:
+            raise ExecutorError(f"executor nnodes {self.nnodes}: an asset starts the nodes through `habitus train --nnodes "
+                                f"{self.nnodes} --node-rank R --rdzv HOST:PORT` on every node, or through Kubernetes "
+                                f"(`kubernetes:` with `nnodes`); docs/clusters.md")
+        env = child_env()  # the ranks import what this process can (a scenario's target function, say)
         with tempfile.TemporaryDirectory(prefix="habitus-torchrun-") as tmp:
-            write_job(tmp, {**job, "precision": self.precision})  # every rank trains under the same autocast
+            folder = Path(tmp) if self.job_dir is None else Path(self.job_dir, job["kind"] + (
+                f"-{job['mode']}" if "mode" in job else ""))
+            folder.mkdir(parents=True, exist_ok=True)
+            job = {**job, "every_node": self.job_dir is not None}
+            shutil.rmtree(folder / "result", ignore_errors=True)  # (a folder used before)
+            for stale in folder.glob("error-*.txt"):
+                stale.unlink()
+            write_job(folder, job)
             try:
-                self.launch(["-m", "habitus.models.train.launch", tmp], log=log, env=env)
+                self.launch(["-m", "habitus.models.train.launch", str(folder)], log=log, env=env)
             except ExecutorError as e:
-                errors = rank_errors(tmp)
+                errors = rank_errors(folder)
                 raise ExecutorError(f"{e}\nthe failed ranks' errors:\n{errors}" if errors else str(e)) from None
-            return read_result(tmp, device)
+            return read_result(folder, device)
 
     def launch(self, target: list[str], log: Callable[[str], None] = print, env: dict | None = None) -> None:
         """Run `target` under torchrun, streaming every line it prints to `log`. Raises with the

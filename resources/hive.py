@@ -27,11 +27,13 @@ import pyarrow as pa
 from sqlglot import exp
 
 from habitus.resources.errors import AUTH, WarehouseError, chain, network_error
-from habitus.resources.remote import (CursorQueries, secret_values, column_array, connect_error, fetch_rows, first_lines, naive_utc,
-                             rows_to_batches, value, value_literal)
+from habitus.resources.remote import (CursorQueries, column_array, connect_error, fetch_rows, first_lines, naive_utc,
+                                      rows_to_batches, value_literal)
+from habitus.resources.masking import redact_text, secret_values, value
 from habitus.resources.sql import arrow_sql_type, range_sql, table_expr
 
 DIALECT = "hive"
+SUBSTITUTION_OFF = ("hive.variable.substitute", "spark.sql.variable.substitute")  # SET to false on connect
 
 _SIMPLE = {"tinyint": pa.int8(), "smallint": pa.int16(), "int": pa.int32(), "integer": pa.int32(),
            "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(), "boolean": pa.bool_(),
@@ -122,11 +124,21 @@ class HiveWarehouse(CursorQueries, dg.ConfigurableResource):
             raise connect_error("hive", self.name, self._where(), e, self._secrets(), transient(e)) from None
         with contextlib.suppress(Exception):  # Spark: render and parse timestamps in UTC
             con.cursor().execute("SET spark.sql.session.timeZone=UTC")
-        # no ${env:...} / ${hiveconf:...} expansion in this session's statements (Hive, Spark); the written
-        # literals never hold `${` either (resources/remote.py text_literal), whichever the server is
-        for setting in ("hive.variable.substitute", "spark.sql.variable.substitute"):
-            with contextlib.suppress(Exception):
+        # no ${env:...} / ${hiveconf:...} expansion in this session's statements (Hive, Spark; each server
+        # takes the other's key as a plain setting); the written literals never hold `${` either
+        # (resources/remote.py text_literal). A server that refuses to switch it off (a restricted setting)
+        # is an error: its statements would expand variables
+        for setting in SUBSTITUTION_OFF:
+            try:
                 con.cursor().execute(f"SET {setting}=false")
+            except Exception as e:  # noqa: BLE001 - whatever the driver raised, the session is not safe
+                with contextlib.suppress(Exception):
+                    con.close()
+                cause = redact_text(first_lines(self._error_cause(e)), self._secrets())
+                raise WarehouseError(f"connection {self.name or '?'!r} (hive at {self._where()}): the server refused "
+                                     f"`SET {setting}=false` ({cause}), so this session would expand ${{...}} "
+                                     f"variables in statements; allow the setting for this user (remove it from "
+                                     f"hive.conf.restricted.list) or set it to false on the server") from None
         return con
 
     def _transport(self, kw: dict):

@@ -6,9 +6,11 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 
 MANIFESTS = "manifests"
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest of 300,000 files is about 60 MB; a longer one is refused unread
+MAX_DEPTH = 16  # habitus writes 3 levels ({files: {path: {size, sha256}}})
+MAX_DIGITS = 20  # an integer of a manifest (a size) fits 64 bits
 
 
 class OutputError(RuntimeError):
@@ -23,11 +25,28 @@ STAGE_NAME = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_][A-Za-z0-9_-]*)?")
 
 
 def shown_url(url: str) -> str:
-    """An output URL as logged: without user info (user:password@) or query string (tokens, endpoints)."""
-    parts = urlsplit(url)
-    if not parts.scheme or not parts.netloc:
+    """An output URL as logged: without user info (user:password@) or query string (tokens, endpoints).
+    The user info ends at the last `@` of the URL, so a password holding `/`, `?`, `#` or `@` that was not
+    URL-quoted is dropped whole, and nothing here raises on a malformed port (it is shown as written only
+    when it is a number)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
         return url.split("?", 1)[0]
-    return f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}{parts.path}"
+    rest = rest.rpartition("@")[2]
+    rest = re.split(r"[?#]", rest, maxsplit=1)[0]
+    host, slash, path = rest.partition("/")
+    name, colon, port = host.rpartition(":") if ":" in host and not host.endswith("]") else (host, "", "")
+    host = name + (f":{port}" if port.isdigit() else "") if colon else host
+    return f"{scheme}://{host}{slash}{path}"
+
+
+def has_user_info(url: str) -> bool:
+    """Whether a scheme://... URL carries user info (`user:password@`, quoted or not) or a port that is not
+    a number (the sign of a password holding an unquoted `/`, `?` or `#`)."""
+    rest = url.partition("://")[2]
+    host = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    port = host.rpartition(":")[2] if ":" in host and not host.endswith("]") else ""
+    return "@" in rest or (port != "" and not port.isdigit()) or host.endswith(":")
 
 
 def checked_key(rel, where: str) -> str:
@@ -98,18 +117,62 @@ def checked_manifest(manifest, stage: str, where: str) -> dict[str, dict[str, di
 
 def inside(root: Path, dest: Path) -> Path:
     """`dest` (under `root`) when no component between them is a symlink and it resolves inside `root`;
-    OutputError otherwise: nothing is read or written through a link planted in the workspace."""
+    OutputError otherwise: nothing is read (uploaded) or written (restored) through a link in the workspace."""
     base = root.resolve()
     rel = dest.relative_to(root)
     at = base
     for part in rel.parts:
         at = at / part
         if at.is_symlink():
-            raise OutputError(f"{at} is a symbolic link; restore never writes through one (remove it, or "
-                              f"restore into a workspace without links)")
+            raise OutputError(f"{at} is a symbolic link; restore and upload never read or write through a link in "
+                              f"the workspace (remove it, or use a workspace without links)")
     if not at.resolve().is_relative_to(base):
         raise OutputError(f"{dest} resolves outside the workspace {base}")
     return at
+
+
+def parsed_manifest(data: bytes, where: str):
+    """The JSON document `data` (a manifest read back from the store, at most MAX_MANIFEST_BYTES), or
+    OutputError naming `where` for what is not JSON, nests deeper than MAX_DEPTH or holds an integer longer
+    than MAX_DIGITS: a bomb ends in the project's error, never in a RecursionError or a ValueError."""
+    def integer(text: str) -> int:
+        if len(text.lstrip("-")) > MAX_DIGITS:
+            raise OutputError(f"{where}: an integer of {len(text)} digits; a manifest holds sizes of at most "
+                              f"{MAX_DIGITS} digits. It was not written by habitus: check who can write to the "
+                              f"store, delete it and upload the stage again")
+        return int(text)
+
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise too_large(where)
+    try:
+        doc, deep = json.loads(data, parse_int=integer), False
+    except RecursionError:
+        doc, deep = None, True
+    except ValueError as e:  # JSONDecodeError, invalid UTF-8
+        raise OutputError(f"{where} is not valid JSON ({str(e)[:200]}); delete it and upload the stage again") from None
+    if deep or _depth(doc) > MAX_DEPTH:
+        raise OutputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; a manifest has 3. It was not "
+                          f"written by habitus: check who can write to the store, delete it and upload the stage again")
+    return doc
+
+
+def too_large(where: str) -> OutputError:
+    return OutputError(f"{where}: more than {MAX_MANIFEST_BYTES >> 20} MB, larger than any manifest habitus writes; "
+                       f"not read. Check who can write to the store, delete it and upload the stage again")
+
+
+def _depth(doc) -> int:
+    """How deep `doc` nests (a scalar: 0), counted without recursion."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        node, level = todo.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level < MAX_DEPTH + 1:
+            todo += [(c, level + 1) for c in children if isinstance(c, (dict, list))]
+    return deepest
 
 
 def sha256_of(path: Path) -> str:

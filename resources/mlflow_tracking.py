@@ -23,7 +23,8 @@ import re
 import time
 from pathlib import Path
 from typing import Callable
-from urllib.parse import urlsplit, urlunsplit
+
+from habitus.resources.masking import redact_text, redact_url, url_secrets
 
 INSTALL = "pip install 'habitus[mlflow]'"
 # a server that hangs must not hold a training's end for minutes (MLflow's defaults: 7 retries, 120 s);
@@ -37,21 +38,11 @@ class MlflowMissing(ValueError):
     """The `mlflow:` block is set and the MLflow client is not installed."""
 
 
-def redact(uri: str) -> str:
-    """The URI without a password (https://user:secret@host -> https://user:***@host)."""
-    parts = urlsplit(str(uri))
-    if parts.password is None:
-        return str(uri)
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def require(settings) -> None:
     """Fails when `settings` (the `mlflow:` block) is set and the client is not installed: before a training
     starts, never after it."""
     if settings is not None and importlib.util.find_spec("mlflow") is None:
-        raise MlflowMissing(f"the project config sets mlflow: (tracking_uri {redact(settings.tracking_uri)}) but the "
+        raise MlflowMissing(f"the project config sets mlflow: (tracking_uri {redact_url(settings.tracking_uri)}) but the "
                             f"MLflow client is not installed; {INSTALL}")
 
 
@@ -85,7 +76,13 @@ class Tracker:
 
     @property
     def uri(self) -> str:
-        return redact(self.settings.tracking_uri)
+        return redact_url(self.settings.tracking_uri)
+
+    def _redact(self, text: str) -> str:
+        """`text` (MLflow's own messages quote the URI it was given) without the URI's credentials, whether
+        in a URL or alone, or the client's MLFLOW_TRACKING_PASSWORD / _TOKEN."""
+        env = [os.environ.get(f"MLFLOW_TRACKING_{k}") for k in ("PASSWORD", "TOKEN")]
+        return redact_text(text, [*url_secrets(self.settings.tracking_uri), *[v for v in env if v]])
 
     def client(self):
         if self._client is None:
@@ -107,7 +104,7 @@ class Tracker:
         except MlflowMissing:
             raise
         except Exception as e:  # noqa: BLE001 - any failure of the server or the client is a warning
-            text = " ".join(str(e).split())
+            text = self._redact(" ".join(str(e).split()))
             self.warn(f"MLflow at {self.uri}: {what} failed ({type(e).__name__}: {text[:300]}); {kept}")
             return None
 
@@ -127,7 +124,7 @@ class Tracker:
         for key, values in (steps or {}).items():  # one value per epoch
             ms += [Metric(key, float(v), now, i) for i, v in enumerate(values)
                    if isinstance(v, (int, float)) and math.isfinite(v)]
-        ps = [Param(k, "" if v is None else str(v)[:6000]) for k, v in params.items()]
+        ps = [Param(k, "" if v is None else self._redact(str(v))[:6000]) for k, v in params.items()]
         for i in range(0, max(len(ms), len(ps), 1), 100):  # log_batch takes 1000 metrics and 100 params at most
             c.log_batch(run_id, metrics=ms[i:i + 100], params=ps[i:i + 100])
         if artifacts is not None:

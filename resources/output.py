@@ -28,6 +28,17 @@ checkpoint as it was. Upload deletes only keys of its own previous manifest that
 pins (the project's `output_pins:`), restore takes only a stage whose manifest fingerprint (`fingerprint`:
 SHA-256 over its file list and their SHA-256) is the pinned one.
 
+A folder as `output:` (local or mounted) is not trusted as a filesystem either: resources/stores.py
+opens every folder below its root without following a link and refuses a link met anywhere, naming it, so
+no upload, restore or clean-up writes, reads or deletes through a link planted there. Upload hashes every
+file it sends from the bytes it sends (never trusting the store's manifest for a hash) and checks the
+key's size after the move. Restore checks the free space first (the training preflight's check,
+resources/workspace.py `ensure_space`), reads at most a file's declared size plus one byte (a longer
+object is refused there), resumes a download cut by a store error where it stopped, and links rather than
+downloads a file whose bytes it already verified (another unit or stage with the same SHA-256). A
+manifest larger than 64 MB, nested deeper than 16 levels or holding an integer of more than 20 digits is
+refused with an OutputError naming it (resources/manifests.py `parsed_manifest`).
+
 Every remote operation is retried (exponential backoff) before the upload fails. Credentials come from
 the store's usual variables (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*); an S3-compatible
 endpoint from AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, or `?endpoint_override=host:port&scheme=http`.
@@ -37,18 +48,18 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import stat
 import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable
-from urllib.parse import parse_qs, urlsplit
 
-from habitus.models.storage.files import durable_replace, fsync, fsync_tree, is_disk_full
-from habitus.resources.manifests import (MANIFESTS, STAGE_NAME, OutputError, checked_manifest, daily_stage, fingerprint,
-                                        inside, sha256_of, shown_url, stage_file)
+from habitus.models.storage.files import durable_replace, is_disk_full
+from habitus.resources.stores import open_regular, open_store
+from habitus.resources.manifests import (MANIFESTS, MAX_MANIFEST_BYTES, STAGE_NAME, OutputError, checked_manifest,
+                                        daily_stage, fingerprint, inside, parsed_manifest, sha256_of, shown_url,
+                                        stage_file, too_large)
 
 UPLOADS = ".upload."  # temporary keys sit flat under the prefix: moving or deleting
 # them never leaves an emptied "folder", for which pyarrow's S3 client would write a marker object
@@ -62,8 +73,7 @@ class Output:
     def __init__(self, url: str, *, retries: int = 5, backoff_s: float = 0.5, log: Callable[[str], None] = print):
         self.url, self.retries, self.backoff_s, self.log = url, retries, backoff_s, log
         self.shown = shown_url(url)
-        self.fs, self.base = _filesystem(url)
-        self._local = type(self.fs).__name__ == "LocalFileSystem"
+        self.fs, self.base = open_store(url)
 
     # ------------------------------------------------------------------ remote primitives, retried
 
@@ -75,6 +85,8 @@ class Output:
         for attempt in range(1, self.retries + 1):
             try:
                 return fn()
+            except OutputError:  # a link, a size or hash that differs: the same on every attempt
+                raise
             except (OSError, RuntimeError) as e:  # pyarrow raises OSError for network/store errors
                 if is_disk_full(e):  # a full disk (a mounted folder as output) stays full: no retry
                     raise OutputError(self._full(what, key, needed)) from e
@@ -98,18 +110,18 @@ class Output:
                 f"was committed: the stage's manifest still names its previous files, the partial copy was "
                 f"removed. Free space there and run the stage again: files already uploaded are not sent twice")
 
-    def _mkdir(self, key: str) -> None:
-        if self._local:
-            self.fs.create_dir(key.rpartition("/")[0], recursive=True)
-
-    def _write_file(self, src: Path, key: str) -> None:
-        self._mkdir(key)
-        with open(src, "rb") as f, self.fs.open_output_stream(key) as out:
+    def _write_file(self, src: Path, key: str) -> tuple[str, int]:
+        """Send the workspace file `src` (opened without following a link) to `key`; (SHA-256, size) of the
+        bytes sent."""
+        h, n = hashlib.sha256(), 0
+        with open_regular(src) as f, self.fs.open_output_stream(key) as out:
             while block := f.read(CHUNK):
                 out.write(block)
+                h.update(block)
+                n += len(block)
+        return h.hexdigest(), n
 
     def _write_bytes(self, data: bytes, key: str) -> None:
-        self._mkdir(key)
         with self.fs.open_output_stream(key) as out:
             out.write(data)
 
@@ -120,50 +132,41 @@ class Output:
         return info.size if info.type == FileType.File else None
 
     def _read_json(self, rel: str) -> dict | None:
+        """The manifest at `rel`, parsed within resources/manifests.py's limits; None when there is none."""
         key = self._key(rel)
 
         def read():
-            if self._size(key) is None:
+            size = self._size(key)
+            if size is None:
                 return None
+            if size > MAX_MANIFEST_BYTES:
+                raise too_large(f"output {self.shown}: {key}")
             with self.fs.open_input_stream(key) as f:
-                return f.read()
+                return f.read(MAX_MANIFEST_BYTES + 1)  # never more than the limit, whatever the store says
 
         data = self._retry(f"reading {key}", read)
-        if data is None:
-            return None
-        try:
-            return json.loads(data)
-        except ValueError as e:
-            raise OutputError(f"output {self.shown}: {key} is not valid JSON ({e}); delete it and upload again") from None
+        return None if data is None else parsed_manifest(data, f"output {self.shown}: {key}")
 
     def _tmp_prefix(self, stage: str) -> str:
         return f"{UPLOADS}{stage.replace('/', '+')}."
 
-    def _put_atomic(self, write, rel: str, token: str, stage: str, size: int | None = None) -> None:
-        """`write(key)` to a temporary key, then move it to `rel` (a rename on a folder, a copy on a store).
-        `size`: the bytes it takes, named when the disk of a folder output fills up."""
+    def _put_atomic(self, write, rel: str, token: str, stage: str, size: int | None = None):
+        """`write(key)` to a temporary key, then move it to `rel` (a rename on a folder, durable as
+        models/storage/files.py durable_replace; a copy on a store, durable once it returns). `size`: the
+        bytes it takes, named when the disk of a folder output fills up. Returns what `write` returned."""
         self._n = getattr(self, "_n", 0) + 1
         tmp, final = self._key(f"{self._tmp_prefix(stage)}{token}.{self._n}"), self._key(rel)
         try:
-            self._retry(f"uploading {final}", lambda: write(tmp), needed=size, key=final)
+            wrote = self._retry(f"uploading {final}", lambda: write(tmp), needed=size, key=final)
         except OutputError:
             try:  # a partial temporary copy is never left behind (the next upload would remove it too)
                 if self._size(tmp) is not None:
                     self.fs.delete_file(tmp)
-            except OSError:
+            except (OSError, OutputError):
                 pass
             raise
-        self._mkdir(final)
-        def move():
-            # a folder: write -> fsync -> rename -> fsync(folder), a commit that outlives a power cut (as
-            # models/storage/files.py durable_replace); a store's copy is durable once it returns
-            if self._local:
-                fsync_tree(tmp)
-            self.fs.move(tmp, final)
-            if self._local:
-                fsync(final.rpartition("/")[0] or "/")
-
-        self._retry(f"moving {tmp} to {final}", move, key=final)
+        self._retry(f"moving {tmp} to {final}", lambda: self.fs.move(tmp, final), key=final)
+        return wrote
 
     def _clear_uploads(self, stage: str) -> int:
         """Remove the temporary keys a killed upload of `stage` left; returns how many there were."""
@@ -200,7 +203,7 @@ class Output:
         leave the manifest and their keys are deleted after the commit. Otherwise (daily predictions)
         earlier entries stay. Returns {uploaded, skipped, bytes, removed, cleaned}."""
         root = Path(root)
-        rels = sorted({Path(f).resolve().relative_to(root.resolve()).as_posix() for f in files})
+        rels = sorted({_relative(root, Path(f)) for f in files})
         old = self.manifest(stage)
         if old is not None:  # its entries are deleted below: each must be a key this stage wrote
             checked_manifest(old, stage, f"output {self.shown}: {self._key(stage_file(stage))}")
@@ -211,28 +214,27 @@ class Output:
         token = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
         entries, uploaded, skipped, sent = ({} if replace else dict(had)), 0, 0, 0
         for rel in rels:
-            path = root / rel
-            st = path.stat()
-            prev = had.get(rel)
-            # the file as it was when the manifest was committed (size and mtime): no need to hash it again
-            if prev and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns:
-                sha = prev["sha256"]
-            else:
-                sha = sha256_of(path)
-            entry = {"size": st.st_size, "sha256": sha, "mtime_ns": st.st_mtime_ns}
-            if prev and prev.get("size") == st.st_size and prev.get("sha256") == sha \
-                    and self._retry(f"checking {self._key(rel)}", lambda: self._size(self._key(rel))) == st.st_size:
-                entries[rel] = {**prev, **entry}
+            path = inside(root, root / rel)  # read through no link between the workspace and the file
+            with open_regular(path) as f:  # hashed every time: the store's manifest never vouches for it
+                sha, size = _hash(f)
+            prev, key = had.get(rel), self._key(rel)
+            entry = {"size": size, "sha256": sha}
+            if prev and prev.get("size") == size and prev.get("sha256") == sha \
+                    and self._retry(f"checking {key}", lambda: self._size(key)) == size:
+                entries[rel] = {**{k: v for k, v in prev.items() if k != "mtime_ns"}, **entry}
                 skipped += 1
                 continue
-            self._put_atomic(lambda key, p=path: self._write_file(p, key), rel, token, stage, size=st.st_size)
-            got = self._retry(f"checking {self._key(rel)}", lambda: self._size(self._key(rel)))
-            if got != st.st_size:
-                raise OutputError(f"output {self.shown}: {self._key(rel)} holds {got} bytes after its upload, the "
-                                  f"local file {path} {st.st_size}; upload again")
+            wrote = self._put_atomic(lambda k, p=path: self._write_file(p, k), rel, token, stage, size=size)
+            if wrote != (sha, size):
+                raise OutputError(f"output {self.shown}: {path} changed while it was uploaded to {key} (it is written "
+                                  f"by another run?); nothing was committed: upload the stage again once it is done")
+            got = self._retry(f"checking {key}", lambda: self._size(key))
+            if got != size:
+                raise OutputError(f"output {self.shown}: {key} holds {got} bytes after its upload, the "
+                                  f"local file {path} {size}; upload again")
             entries[rel] = {**entry, "uploaded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             uploaded += 1
-            sent += st.st_size
+            sent += size
         manifest = {"format": FORMAT, "stage": stage, "committed_at": datetime.now(timezone.utc).isoformat(),
                     **(extra or {}), "files": entries}
         checked_manifest(manifest, stage, f"upload of {stage}")  # a file outside the stage's units is a bug here
@@ -252,11 +254,14 @@ class Output:
                 lock: Callable[[str], contextlib.AbstractContextManager] | None = None) -> dict:
         """Download every file the manifests of `stages` (default: all) name into the workspace `root`.
         Each manifest is checked first (`checked_manifest`, `inside`) and, with `pins` ({stage: fingerprint}),
-        must carry the pinned fingerprint: a checkpoint stage without a pin is refused then. Each unit of the stage (a
-        checkpoint folder, a cache version, a plot) is built under a temporary name beside it, every file's
-        size and SHA-256 checked, and swapped in whole, holding `lock(stage)` (the stage's workspace lock)
-        meanwhile. A file already there with the same size and SHA-256 is linked, not downloaded. Returns
-        {stage: manifest}."""
+        must carry the pinned fingerprint: a checkpoint stage without a pin is refused then. The workspace's
+        free space is checked next (resources/workspace.py `ensure_space`: what is not already there, +20%).
+        Each unit of the stage (a checkpoint folder, a cache version, a plot) is built under a temporary name
+        beside it, every file's size and SHA-256 checked, and swapped in whole, holding `lock(stage)` (the
+        stage's workspace lock) meanwhile. A file already there, or already verified by this restore, with
+        the same size and SHA-256 is linked, not downloaded. Returns {stage: manifest}."""
+        from habitus.resources.workspace import Workspace
+
         root = Path(root)
         chosen = list(stages) if stages is not None else self.stages()
         if not chosen:
@@ -282,66 +287,122 @@ class Output:
             for unit in units:
                 inside(root, root / unit)
             checked[stage] = (manifest, units)
-        done = {}
+        needed = sum(e["size"] for _, units in checked.values() for entries in units.values()
+                     for rel, e in entries.items() if _size_of(root / rel) != e["size"])
+        Workspace(root=str(root)).ensure_space(needed, f"restoring {', '.join(checked)} from {self.shown}")
+        done, verified = {}, {}
         for stage, (manifest, units) in checked.items():
             with lock(stage) if lock is not None else contextlib.nullcontext():
-                fetched = sum(self._restore_unit(root, unit, entries, keep=daily_stage(stage))
+                fetched = sum(self._restore_unit(root, unit, entries, daily_stage(stage), verified)
                               for unit, entries in sorted(units.items()))
-            self.log(f"output {self.shown}: {stage}: {fetched} file(s) restored, "
-                     f"{len(manifest['files']) - fetched} already in {root}")
+            self.log(f"output {self.shown}: {stage}: {fetched} file(s) downloaded, "
+                     f"{len(manifest['files']) - fetched} already in {root} or linked from a verified copy")
             done[stage] = manifest
         return done
 
-    def _restore_unit(self, root: Path, unit: str, entries: dict[str, dict], keep: bool) -> int:
+    def _restore_unit(self, root: Path, unit: str, entries: dict[str, dict], keep: bool,
+                      verified: dict[str, Path]) -> int:
         """Bring one unit (`root/unit`, a file or a folder) to what `entries` name, swapped in whole; `keep`:
-        files of the folder the manifest does not name stay (daily files). Returns the files downloaded."""
+        files of the folder the manifest does not name stay (daily files). `verified`: {SHA-256: a file of
+        this restore with those bytes}, updated. Returns the files downloaded."""
         from habitus.models.storage.files import atomic_path
 
         dest = inside(root, root / unit)
         local = _regular_files(dest)
         current = {rel: _same(dest / rel[len(unit) + 1:] if rel != unit else dest, e) for rel, e in entries.items()}
-        if all(current.values()) and (keep or set(local) == {rel[len(unit) + 1:] for rel in entries if rel != unit}):
-            return 0
         fetched = 0
-        with atomic_path(dest) as tmp:
-            if unit in entries:  # a single file (a plot)
-                self._retry(f"downloading {self._key(unit)}", lambda: self._fetch(unit, tmp, entries[unit]))
-                return 1
-            tmp.mkdir(parents=True)
-            for rel, entry in sorted(entries.items()):
-                sub = rel[len(unit) + 1:]
-                target = tmp / sub
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if current[rel]:
-                    _link_or_copy(dest / sub, target)
-                    continue
-                self._retry(f"downloading {self._key(rel)}", lambda r=rel, t=target, e=entry: self._fetch(r, t, e))
-                fetched += 1
-            if keep:
-                named = {rel[len(unit) + 1:] for rel in entries}
-                for sub in sorted(set(local) - named):
-                    (tmp / sub).parent.mkdir(parents=True, exist_ok=True)
-                    _link_or_copy(dest / sub, tmp / sub)
+        if not (all(current.values()) and (keep or set(local) == {rel[len(unit) + 1:] for rel in entries
+                                                                   if rel != unit})):
+            with atomic_path(dest) as tmp:
+                if unit in entries:  # a single file (a plot)
+                    fetched = self._bring(unit, tmp, entries[unit], verified)
+                else:
+                    tmp.mkdir(parents=True)
+                    for rel, entry in sorted(entries.items()):
+                        sub = rel[len(unit) + 1:]
+                        target = tmp / sub
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        if current[rel]:
+                            _link_or_copy(dest / sub, target)
+                        else:
+                            fetched += self._bring(rel, target, entry, verified)
+                    if keep:
+                        named = {rel[len(unit) + 1:] for rel in entries}
+                        for sub in sorted(set(local) - named):
+                            (tmp / sub).parent.mkdir(parents=True, exist_ok=True)
+                            _link_or_copy(dest / sub, tmp / sub)
+        verified.update({e["sha256"]: root / rel for rel, e in entries.items()})  # where they are now
         return fetched
 
+    def _bring(self, rel: str, target: Path, entry: dict, verified: dict[str, Path]) -> int:
+        """`target` with the bytes of `entry`: linked from a file this restore already verified, or downloaded
+        (1)."""
+        copy = verified.get(entry["sha256"])
+        if copy is not None and _size_of(copy) == entry["size"]:
+            _link_or_copy(copy, target)
+            return 0
+        self._fetch(rel, target, entry)
+        verified[entry["sha256"]] = target
+        return 1
+
     def _fetch(self, rel: str, dest: Path, entry: dict) -> None:
+        """Download `rel` to `dest`, retried; a retry goes on from the last byte received. At most the declared
+        size plus one byte is read: a longer object is refused there, a shorter one or other bytes at the end."""
+        key, size = self._key(rel), entry["size"]
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-        h = hashlib.sha256()
+        h, got = hashlib.sha256(), [0]
         try:
-            with self.fs.open_input_stream(self._key(rel)) as src, open(tmp, "wb") as out:
-                while block := src.read(CHUNK):
-                    h.update(block)
-                    out.write(block)
-            size = tmp.stat().st_size
-            if size != entry["size"] or h.hexdigest() != entry["sha256"]:
-                raise OutputError(f"output {self.shown}: {self._key(rel)} is {size} bytes with SHA-256 "
-                                  f"{h.hexdigest()[:16]}…, its manifest says {entry['size']} bytes, "
+            with open(tmp, "wb") as out:
+                def attempt():
+                    out.seek(got[0])
+                    out.truncate()
+                    with self.fs.open_input_file(key) as src:
+                        if got[0]:
+                            src.seek(got[0])
+                        while block := src.read(min(CHUNK, size - got[0] + 1)):
+                            if got[0] + len(block) > size:
+                                raise OutputError(f"output {self.shown}: {key} holds more than the {size} bytes its "
+                                                  f"manifest declares (refused after {got[0] + len(block)} bytes read); "
+                                                  f"check who can write to the store and upload that stage again")
+                            out.write(block)
+                            h.update(block)
+                            got[0] += len(block)
+
+                self._retry(f"downloading {key}", attempt)
+            if got[0] != size or h.hexdigest() != entry["sha256"]:
+                raise OutputError(f"output {self.shown}: {key} is {got[0]} bytes with SHA-256 "
+                                  f"{h.hexdigest()[:16]}…, its manifest says {size} bytes, "
                                   f"{entry['sha256'][:16]}…: an upload of it did not finish; upload that stage again")
             durable_replace(tmp, dest)  # a power cut never leaves a restored file half there under its name
         finally:
             if tmp.exists():
                 tmp.unlink()
+
+
+def _relative(root: Path, path: Path) -> str:
+    """`path` relative to the workspace `root`, as a key ('checkpoints/foundation/config.json')."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    if rel.startswith("..") or os.path.isabs(rel):
+        raise OutputError(f"{path} is not inside the workspace {root}; only workspace files are uploaded")
+    return Path(rel).as_posix()
+
+
+def _hash(f) -> tuple[str, int]:
+    h, n = hashlib.sha256(), 0
+    while block := f.read(CHUNK):
+        h.update(block)
+        n += len(block)
+    return h.hexdigest(), n
+
+
+def _size_of(path: Path) -> int | None:
+    """The size of the regular file (not a link) at `path`, or None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def _regular_files(folder: Path) -> list[str]:
@@ -359,11 +420,7 @@ def _regular_files(folder: Path) -> list[str]:
 
 def _same(path: Path, entry: dict) -> bool:
     """Whether `path` is a regular file (not a link) with the entry's size and SHA-256."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_size == entry["size"] and sha256_of(path) == entry["sha256"]
+    return _size_of(path) == entry["size"] and sha256_of(path) == entry["sha256"]
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -375,41 +432,3 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst, follow_symlinks=False)
     except OSError:
         shutil.copy2(src, dst, follow_symlinks=False)
-
-
-def _filesystem(url: str):
-    """(pyarrow FileSystem, base path without a trailing '/') for an output URL or folder."""
-    from pyarrow import fs as pafs
-
-    if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url):
-        if not os.path.isabs(url):
-            raise OutputError(f"output {shown_url(url)!r}: a folder must be an absolute path (the project loader resolves "
-                              f"relative ones against the config file)")
-        return pafs.LocalFileSystem(), url.rstrip("/") or "/"
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        raise OutputError(f"output {shown_url(url)!r}: credentials in the URL are not read (and would be logged); "
-                          f"give them as the store's variables (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*)")
-    if parts.scheme in ("s3", "s3a"):
-        if not parts.netloc:
-            raise OutputError(f"output {shown_url(url)!r}: name a bucket, s3://bucket/prefix/")
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        endpoint = query.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL_S3") or \
-            os.environ.get("AWS_ENDPOINT_URL")
-        region = query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        if region is None and not endpoint:  # AWS itself: the bucket's own region (one request)
-            try:
-                region = pafs.resolve_s3_region(parts.netloc)
-            except (OSError, ValueError):
-                region = None
-        kw = {"region": region or "us-east-1", "connect_timeout": 10, "request_timeout": 60,
-              "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3)}
-        if endpoint:
-            scheme, _, host = endpoint.rpartition("://")
-            kw.update(endpoint_override=host.rstrip("/"), scheme=query.get("scheme") or scheme or "https")
-        return pafs.S3FileSystem(**kw), f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
-    try:
-        filesystem, path = pafs.FileSystem.from_uri(url)
-    except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        raise OutputError(f"output {shown_url(url)!r}: pyarrow cannot open it ({e}); use s3://, gs://, abfs:// or a folder") from None
-    return filesystem, path.rstrip("/")

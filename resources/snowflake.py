@@ -22,7 +22,8 @@ import dagster as dg
 import pyarrow as pa
 
 from habitus.resources.errors import AUTH, WarehouseError, network_error
-from habitus.resources.remote import secret_values, CursorQueries, connect_error, value
+from habitus.resources.remote import CursorQueries, connect_error
+from habitus.resources.masking import secret_values, value
 from habitus.resources.sql import create_table_sql, delete_sql, limit0_sql, table_expr
 
 DIALECT = "snowflake"
@@ -112,8 +113,8 @@ class SnowflakeWarehouse(CursorQueries, dg.ConfigurableResource):
         return secret_values(self)
 
     def _where(self) -> str:
-        host = self.options.get("host") or f"{value(self.account)}.snowflakecomputing.com"
-        port = self.options.get("port")
+        host = value(self.options.get("host")) or f"{value(self.account)}.snowflakecomputing.com"
+        port = value(self.options.get("port"))
         return f"{host}:{port}" if port else str(host)
 
     def connect_kwargs(self) -> dict:

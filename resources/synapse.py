@@ -25,7 +25,8 @@ import pyarrow as pa
 from sqlglot import exp
 
 from habitus.resources.errors import WarehouseError
-from habitus.resources.remote import secret_values, CursorQueries, connect_error, value
+from habitus.resources.remote import CursorQueries, connect_error
+from habitus.resources.masking import secret_values, value
 from habitus.resources.sql import create_table_sql, delete_sql, table_expr
 
 DIALECT = "tsql"

@@ -12,6 +12,7 @@ that exists, and pruning never removes the serving one. Callers hold the model's
 """
 
 import os
+import re
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,10 +22,22 @@ from habitus.models.storage.files import atomic_path, fsync, read_json, recover,
 POINTER = "serving.json"
 INFO = "version.json"
 _TRASH = ".pruned-"  # a version being deleted: out of the listing already
+# a version's name: the first 16 hex digits of its weights' SHA-256 (config.json weights_sha256), the same form
+# as a cache folder's (resources/manifests.py); nothing else read from a file becomes a version's path
+FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 
 
 class VersionError(ValueError):
-    """A fingerprint that names no version, or names several."""
+    """A fingerprint that names no version, or names several, or is not a fingerprint."""
+
+
+def checked_fingerprint(fp, where: str) -> str:
+    """`fp` when it has the fingerprint form (16 hex digits: never `..`, a slash or an absolute path);
+    VersionError naming `where` (the file it was read from) otherwise."""
+    if not (isinstance(fp, str) and FINGERPRINT.fullmatch(fp)):
+        raise VersionError(f"{where}: {str(fp)[:80]!r} is not a version fingerprint (16 hex digits); the file was "
+                           f"not written by habitus: check who can write to the workspace, then retrain or restore")
+    return fp
 
 
 def now_iso() -> str:
@@ -36,14 +49,15 @@ class VersionStore:
         self.folder = Path(folder)
 
     def path(self, fingerprint: str) -> Path:
-        return self.folder / fingerprint
+        """The version's folder; VersionError when `fingerprint` is not one (never a path outside the store)."""
+        return self.folder / checked_fingerprint(fingerprint, f"a version of {self.folder}")
 
     def fingerprints(self) -> list[str]:
         """Every whole version, oldest first (by the time it was added)."""
         if not self.folder.is_dir():
             return []
-        found = [e.name for e in self.folder.iterdir() if e.is_dir() and not e.name.startswith(".")
-                 and (e / INFO).exists()]
+        found = [e.name for e in self.folder.iterdir() if FINGERPRINT.fullmatch(e.name) and e.is_dir()
+                 and not e.is_symlink() and (e / INFO).exists()]
         return sorted(found, key=lambda fp: (self.info(fp).get("added", ""), fp))
 
     def info(self, fingerprint: str) -> dict:
@@ -78,6 +92,8 @@ class VersionStore:
     def serving(self) -> str | None:
         """The serving fingerprint, when the pointer names a whole version."""
         fp = self.pointer()["serving"]
+        if fp is not None:
+            checked_fingerprint(fp, f"{self.folder / POINTER}: serving")
         return fp if fp and (self.path(fp) / INFO).exists() else None
 
     def serve(self, fingerprint: str, why: str) -> dict:
@@ -105,6 +121,8 @@ class VersionStore:
         for h in reversed(pointer["history"]):
             if h["fingerprint"] != current and (self.path(h["fingerprint"]) / INFO).exists():
                 return h["fingerprint"]
+        if current is None:
+            raise VersionError(f"no version serves yet in {self.folder}, so there is none to go back to")
         raise VersionError(f"no version served before {current} among those kept in {self.folder}")
 
     def prune(self, keep: int, keep_served: bool = True) -> list[str]:

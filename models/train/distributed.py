@@ -77,9 +77,21 @@ def from_env(device: str = "auto", timeout_s: float = 1800.0) -> Dist:
             if not os.environ.get(name):
                 raise RuntimeError(f"WORLD_SIZE={world} but {name} is not set: start several processes with "
                                    f"`torchrun --nproc_per_node N` (it sets them)")
-        torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
-                                             timeout=datetime.timedelta(seconds=timeout_s))
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", store=_store(rank, world, timeout_s),
+                                             rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
     return Dist(rank, world, local, dev)
+
+
+def _store(rank: int, world: int, timeout_s: float):
+    """The rendezvous store of torchrun's MASTER_ADDR:MASTER_PORT (its agent's when it hosts one), its
+    keys under the attempt's own prefix: after torchrun restarts the processes (--max-restarts), the
+    keys of the attempt that died are still there, and a rank that read its dead peer's address hung
+    connecting to it (seen: gloo's full-mesh connect, both ranks waiting, on a restarted 2-process run)."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                       is_master=not agent and rank == 0,
+                                       timeout=datetime.timedelta(seconds=timeout_s), multi_tenant=not agent)
+    return torch.distributed.PrefixStore(f"habitus/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def shard(plan: list, dist: Dist) -> list:
@@ -196,16 +208,16 @@ def weights_gap(model: nn.Module, dist: Dist) -> float:
 
 
 def autocast(precision: str, device: str):
-    """bf16 mixed precision (torch.autocast) on GPUs; fp32 is the plain context. It wraps a whole
-    training loop, so autocast's cache of casted weights is off: that cache lives until the context
-    exits, and the forward passes would keep reading the bf16 copy of the weights before the first
-    optimizer step (measured: no learning at all)."""
+    """bf16 mixed precision (torch.autocast, fp32 master weights) on GPUs, and on CPUs, where it is
+    fast with AVX-512 BF16 or AMX only and serves otherwise to run the GPU's precision path on a CPU
+    (the tests); fp32 is the plain context. It wraps a whole training loop, so autocast's cache of
+    casted weights is off: that cache lives until the context exits, and the forward passes would keep
+    reading the bf16 copy of the weights before the first optimizer step (measured: no learning at all)."""
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "bf16":
-        if not str(device).startswith("cuda"):
-            raise ValueError(f"bf16 training runs on GPUs (device {device!r}); use precision fp32 on CPUs")
-        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
+        kind = "cuda" if str(device).startswith("cuda") else "cpu"
+        return torch.autocast(kind, dtype=torch.bfloat16, cache_enabled=False)
     raise ValueError(f"unknown training precision {precision!r}; choose fp32 or bf16")
 
 

@@ -17,7 +17,7 @@ from habitus.models.data.features import FeatureSpec, chunk_at
 from habitus.models.storage.heap import keep_on_heap
 from habitus.models.data.items import SparseRows
 from habitus.models.data.labels import task_inputs
-from habitus.models.train.loop import (Log, TrainResult, batches, by_shard, chunk_plan, epoch_loss, fast_bf16, fused,
+from habitus.models.train.loop import (Log, TrainResult, by_shard, chunk_plan, epoch_loss, fast_bf16, fused,
                                        iso, processes, processes_info, seeded, state_copy, step)
 from habitus.models.nn.lora import apply_lora
 from habitus.models.nn.network import Model, NetConfig
@@ -41,10 +41,11 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     (models/nn/lora.py); only they and the head learn (merge_lora folds them in for scoring).
     Under torchrun (`dist`, by default read from its variables) each rank trains on its share of the
     entity chunks with DDP in lockstep; validation runs on all of it on every rank; only rank 0 logs.
+    `resume`: a killed run continues from its last saved state, in one process or several (the same number).
     `fixed`: a recipe already chosen (the refit, models/train/refit.py): its start, its epochs and the
     soup of its epochs, nothing chosen or scored at `val_cutoff` (there only the head's base rates)."""
     started = time.time()
-    dist, dev, log = processes(dist, device, log, resume)
+    dist, dev, log = processes(dist, device, log, None)  # (resumable under torchrun too: train_epochs)
     order, rng = seeded(cfg.seed, dist)  # (before the model: its fresh weights are drawn from torch's seed)
     spec = FeatureSpec.from_dict(foundation_info["feature_spec"])
     model = start_model(foundation_state, foundation_info, task, spec, dev, from_scratch, adapters)
@@ -55,7 +56,7 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     opt = optimizer(model, cfg, dev)
     if fixed is not None:
         return fixed_recipe(model, opt, task, spec, cfg, data, validation, train_cutoffs, foundation_state, fixed,
-                            order, rng, dist, log, started)
+                            order, rng, dist, log, started, resume)
     best, start = choose_start(model, task, spec, data, validation, train_cutoffs, foundation_state,
                                use_forecast=cfg.foundation_start and not from_scratch, log=log)
     curves, rows, best, snapshots = train_epochs(model, opt, task, cfg, data, validation, train_cutoffs, best, order,
@@ -94,7 +95,7 @@ class Fixed:
 
 def fixed_recipe(model: Model, opt, task: TaskSpec, spec: FeatureSpec, cfg: FinetuneConfig, data: "Features",
                  validation: "Validation", train_cutoffs, foundation_state: dict, fixed: Fixed, order, rng, dist: Dist,
-                 log: Log, started: float) -> TrainResult:
+                 log: Log, started: float, resume: Resumer | None = None) -> TrainResult:
     """finetune with `fixed`: the recorded start, max(soup) epochs, the recorded epochs' weights averaged;
     nothing scored on a validation cut-off."""
     if fixed.start != "baseline":
@@ -108,7 +109,7 @@ def fixed_recipe(model: Model, opt, task: TaskSpec, spec: FeatureSpec, cfg: Fine
     first = (math.nan, state_copy(model), -1)
     epochs = max(fixed.soup)
     curves, rows, _, snapshots = train_epochs(model, opt, task, dataclasses.replace(cfg, epochs=epochs), data,
-                                              validation, train_cutoffs, first, order, rng, dist, None, log,
+                                              validation, train_cutoffs, first, order, rng, dist, resume, log,
                                               scored=False)
     weights = {epoch + 1: state for _, state, epoch in [first, *snapshots]}
     chosen = [weights[e] for e in fixed.soup]
@@ -119,7 +120,8 @@ def fixed_recipe(model: Model, opt, task: TaskSpec, spec: FeatureSpec, cfg: Fine
     info = {"epochs": epochs, "soup_epochs": list(fixed.soup), "head_start": fixed.start,
             "seconds": round(time.time() - started, 2), "rows_seen": int(rows),
             "train_cutoffs": [iso(c) for c in train_cutoffs],
-            "val_target_mean": float(np.mean(data.y_mean)) if data.n_val else 0.0, "device": str(validation.dev)}
+            "val_target_mean": float(np.mean(data.y_mean)) if data.n_val else 0.0, "device": str(validation.dev),
+            **processes_info(dist)}
     return TrainResult(model, curves, info)
 
 
@@ -273,7 +275,7 @@ def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: F
     curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
     rows = 0
     modules = {"model": model, "opt": opt}
-    at = resume.restore(modules, rng) if resume is not None else None
+    at = resume.restore(modules, order, rng) if resume is not None else None
     if at:
         curves, rows, best = at["curves"], at["rows"], tuple(at["best"])
     snapshots = [tuple(snap) for snap in at["snapshots"]] if at else []
@@ -283,33 +285,50 @@ def train_epochs(model: Model, opt, task: TaskSpec, cfg: FinetuneConfig, data: F
     kept = (model.head.linear.weight,) if validation.train_negatives else ()  # a wide head: sparse row gradients
     if kept:
         model.head.sparse_rows = True
-    last = (data.first, np.arange(min(len(data.first[0]), cfg.batch_size)))  # a batch for padding steps (loss x 0)
+    # a batch for padding steps (loss x 0): its chunk's key and rows
+    last = (at["last"][0], at["last"][1]) if at and at["last"] else (None, np.arange(min(len(data.first[0]),
+                                                                                            cfg.batch_size)))
+
+    def position(epoch, work, i, perm, offset, losses) -> tuple[dict, dict]:
+        """(what every rank shares, this rank's own) at a step: the resumable state of the loop."""
+        return ({"epoch": epoch, "curves": curves, "best": list(best), "snapshots": [list(s) for s in snapshots]},
+                {"work": work, "next": i, "perm": perm, "offset": offset, "losses": losses, "rows": rows,
+                 "last": None if last[0] is None else [list(last[0]), last[1]]})
+
     for epoch in range(at["epoch"] if at else 0, cfg.epochs):
         net.train()
-        if at and epoch == at["epoch"]:  # resumed: the saved epoch's data order and losses so far
-            work, losses, first = at["work"], at["losses"], at["next"]
+        if at and epoch == at["epoch"]:  # resumed: the saved epoch's data order, place in it and losses so far
+            work, losses, first, perm, offset = at["work"], at["losses"], at["next"], at["perm"], at["offset"]
         else:
             work = by_shard([(s, lo, hi, c) for s, lo, hi in data.plan for c in train_cutoffs], order)
             if dist.enabled:  # this rank's entity chunks
                 work = [w for w in work if tuple(w[:3]) in mine]
-            losses, first = [], 0
+            losses, first, perm, offset = [], 0, None, 0
         for i, (s, lo, hi, cutoff) in enumerate(work[first:], first):
-            arrays = data.kept.get((s, lo, hi, int(cutoff)))
-            rows += len(arrays[0])
-            for b in batches(len(arrays[0]), cfg.batch_size, rng):
+            key = (int(s), int(lo), int(hi), int(cutoff))
+            arrays = data.kept.get(key)
+            if perm is None:  # a chunk begun (a resumed one has its order drawn and its rows counted)
+                rows += len(arrays[0])
+                perm = rng.permutation(len(arrays[0]))  # (as loop.batches draws it)
+            for j in range(offset, len(perm), cfg.batch_size):
+                b = perm[j:j + cfg.batch_size]
                 lock.real()
                 with validation.mixed():
                     loss = batch_loss(net, task, arrays, b, dev, rng, validation.train_negatives)
-                last = (arrays, b) if dist.enabled else last
+                last = (key, b) if dist.enabled else last
                 step(model, opt, loss, kept)
                 losses.append(loss.item())
-            if resume is not None:
-                resume.after_chunk(math.ceil(len(arrays[0]) / cfg.batch_size), modules, rng, lambda: {
-                    "epoch": epoch, "next": i + 1, "work": work, "losses": losses, "curves": curves,
-                    "rows": rows, "best": list(best), "snapshots": [list(snap) for snap in snapshots]})
+                if resume is not None:  # the chunk's rest, or the next chunk when this batch was its last
+                    done = j + cfg.batch_size >= len(perm)
+                    resume.after_step(modules, order, rng, lambda: position(
+                        epoch, work, i + done, None if done else perm, 0 if done else j + cfg.batch_size, losses))
+            perm, offset = None, 0
+        padding = (data.first, last[1]) if last[0] is None else (data.kept.get(last[0]), last[1])
         for _ in lock.padding():  # several processes: this rank's share is spent, the others' is not
-            loss = batch_loss(net, task, last[0], last[1], dev, rng, validation.train_negatives) * 0.0
+            loss = batch_loss(net, task, padding[0], padding[1], dev, rng, validation.train_negatives) * 0.0
             step(model, opt, loss, kept)
+            if resume is not None:
+                resume.after_step(modules, order, rng, lambda: position(epoch, work, len(work), None, 0, losses))
         curves["train_loss"].append(epoch_loss(losses, dist))
         if not scored:
             log(f"{task.task} epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}")

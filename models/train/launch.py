@@ -1,62 +1,50 @@
 """What torchrun runs in every process when training takes several: `python -m habitus.models.train.launch JOB_DIR`.
 
-The asset writes JOB_DIR/job.json (`foundation_job` / `scenario_job`: the cache version, the
-configs, the cut-offs, the device) and starts torchrun (habitus.resources.executor.TrainingExecutor.train).
-Every rank joins the process group (habitus.models.train.distributed.from_env) and trains its share of the
-entity chunks through the same `train_foundation` / `finetune` a single process runs; rank 0
-alone writes the result, JOB_DIR/result: a checkpoint (habitus.models.nn.checkpoint.save_checkpoint, written
-under a temporary name and renamed) holding the weights, the loss curves and the training info.
-`read_result` turns it back into the TrainResult that training in the asset's own process
-returns, so the asset goes on exactly as after that (its checkpoint, metadata and checks).
+The asset writes JOB_DIR/job.json (habitus.models.train.recipe.foundation_job / scenario_job: the cache
+version, the configs, the cut-offs, the device, the precision, where to save resumable state) and starts
+torchrun (habitus.resources.executor.TrainingExecutor.train). Every rank joins the process group
+(habitus.models.train.distributed.from_env) and trains its share of the entity chunks through
+`run_training`, the entry a single process runs too; rank 0 alone writes the result, JOB_DIR/result: a
+checkpoint (habitus.models.nn.checkpoint.save_checkpoint, written under a temporary name and renamed)
+holding the weights, the loss curves and the training info. `read_result` turns it back into the
+TrainResult that training in the asset's own process returns, so the asset goes on exactly as after
+that (its checkpoint, metadata and checks).
 
 A rank that fails writes its traceback to JOB_DIR/error-<rank>.txt, which the asset's failure
-quotes (`rank_errors`). Resumable training (habitus.models.train.resume) is single-process only: several
-processes start afresh.
+quotes (`rank_errors`). A job with "resume" saves its step state there (rank 0, every N steps): a
+torchrun restarted (`--max-restarts`, or the asset run again) continues from it with the same number
+of processes.
 """
-
 import json
 import os
 import sys
 import traceback
 from pathlib import Path
 
-from habitus.models.cache import Cache
 from habitus.models.data.features import FeatureSpec
 from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
 from habitus.models.nn.network import Model, NetConfig
 from habitus.models.tasks.scoring import build_model
 from habitus.models.tasks.spec import TaskSpec
-from habitus.models.train.config import FinetuneConfig, FoundationConfig, config_dict
-from habitus.models.train.distributed import autocast, close, from_env, weights_gap
-from habitus.models.train.finetune import finetune
-from habitus.models.train.foundation import train_foundation
+from habitus.models.train.distributed import close, from_env, weights_gap
 from habitus.models.train.loop import TrainResult
+from habitus.models.train.recipe import run_training
 
 JOB = "job.json"
 RESULT = "result"
-
-
-def foundation_job(cache, cfg: FoundationConfig, last_cutoff: int, device: str) -> dict:
-    return {"kind": "foundation", "cache": str(cache.path), "cache_fingerprint": cache.fingerprint,
-            "config": config_dict(cfg), "last_cutoff": int(last_cutoff), "device": device}
-
-
-def scenario_job(cache, foundation_path, foundation_sha256: str, task: TaskSpec, train_cutoffs, val_cutoff: int,
-                 cfg: FinetuneConfig, device: str) -> dict:
-    return {"kind": "scenario", "cache": str(cache.path), "cache_fingerprint": cache.fingerprint,
-            "foundation": str(foundation_path), "foundation_sha256": foundation_sha256, "task": task.to_dict(),
-            "train_cutoffs": [int(c) for c in train_cutoffs], "val_cutoff": int(val_cutoff),
-            "config": config_dict(cfg), "device": device}
 
 
 def child_env(extra: dict | None = None) -> dict:
     """The environment of a process this one starts to run `models/` (torchrun's ranks, the scoring
     processes of models/serve/parts.py): this one's, with the repository and every folder on sys.path
     outside the interpreter's own on PYTHONPATH, so the child imports what this process can (a
-    scenario's target function, say); `extra` on top."""
+    scenario's target function, say); `extra` on top. Site folders stay out: the child's interpreter
+    adds its own, and one put ahead of them (a virtual environment layered over another's packages)
+    would load the other installation's import hooks first."""
     root = str(Path(__file__).resolve().parents[2])  # the repository, not models/
     paths = [os.path.abspath(p or os.getcwd()) for p in sys.path
-             if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))]
+             if not str(Path(p or ".").resolve()).startswith((sys.prefix, sys.base_prefix))
+             and Path(p or ".").name not in ("site-packages", "dist-packages")]  # (the child's site finds its own)
     env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([root, *paths, *filter(None, [env.get("PYTHONPATH")])]))
     return env
@@ -66,32 +54,6 @@ def write_job(job_dir, job: dict) -> None:
     Path(job_dir, JOB).write_text(json.dumps(job, indent=2))
 
 
-def _foundation_config(d: dict) -> FoundationConfig:
-    return FoundationConfig(**{**d, "half_lives": tuple(d["half_lives"])})
-
-
-def train(job: dict, dist, log) -> tuple[TrainResult, dict]:
-    """Every rank: the job's training on its share of the data (train_foundation and finetune read
-    `dist`); returns the result and the feature spec its model reads."""
-    cache = Cache(job["cache"])
-    if cache.fingerprint != job["cache_fingerprint"]:
-        raise RuntimeError(f"the cache at {job['cache']} is not the version the asset chose "
-                           f"({cache.fingerprint[:16]} != {job['cache_fingerprint'][:16]})")
-    if job["kind"] == "foundation":
-        with autocast(job.get("precision", "fp32"), dist.device):  # bf16: mixed precision, fp32 master weights
-            result = train_foundation(cache, _foundation_config(job["config"]), job["last_cutoff"], device=dist.device,
-                                      log=log, dist=dist)
-        return result, result.info["feature_spec"]
-    state, foundation = load_checkpoint(job["foundation"])
-    if foundation["weights_sha256"] != job["foundation_sha256"]:
-        raise RuntimeError(f"the foundation checkpoint at {job['foundation']} changed after the asset read it; "
-                           f"materialize the scenario again")
-    with autocast(job.get("precision", "fp32"), dist.device):
-        result = finetune(cache, state, foundation, TaskSpec.from_dict(job["task"]), job["train_cutoffs"],
-                          job["val_cutoff"], FinetuneConfig(**job["config"]), device=dist.device, log=log, dist=dist)
-    return result, foundation["feature_spec"]
-
-
 def run(job_dir) -> None:
     """One rank of the launch: join, train, check that the ranks agree, rank 0 writes the result."""
     job_dir = Path(job_dir)
@@ -99,19 +61,26 @@ def run(job_dir) -> None:
     try:
         job = json.loads((job_dir / JOB).read_text())
         dist = from_env(job["device"])
-        result, spec = train(job, dist, _say)
+        result, spec = run_training(job, dist, _say)
         gap = weights_gap(result.model, dist)  # lockstep keeps the ranks' weights equal: 0.0
         result.info["weights_gap"] = gap
-        if dist.is_writer:
+        if writes(job, dist):
             if gap > 0:
                 _say(f"warning: the ranks' weights differ by up to {gap:.3g} after training; rank 0's are kept")
             save_checkpoint(job_dir / RESULT, result.model, {
                 "kind": job["kind"], "net": result.model.trunk.cfg.to_dict(), "feature_spec": spec,
-                "curves": result.curves, "info": result.info, "task": job.get("task")})
+                "curves": result.curves, "info": result.info,
+                "task": job["scenario"]["task"] if job["kind"] == "scenario" else None})
         close(dist)
     except BaseException:
         (job_dir / f"error-{rank}.txt").write_text(traceback.format_exc())
         raise
+
+
+def writes(job: dict, dist) -> bool:
+    """Whether this rank writes the result and the resumable state: rank 0, and with "every_node" (nodes
+    that each read their own job folder) the first process of every node."""
+    return dist.is_writer or bool(job.get("every_node") and dist.local_rank == 0)
 
 
 def read_result(job_dir, device: str = "cpu") -> TrainResult:

@@ -11,6 +11,7 @@ and its checkpoint says so (config.json "refit").
 """
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -20,10 +21,10 @@ from habitus.models.data.features import DAY, FeatureSpec
 from habitus.models.heads.stacked_head import HeadStack
 from habitus.models.heads.stacked_rows import Rows, collect
 from habitus.models.heads.stacking import refit_stack
-from habitus.models.nn.lora import merge_lora
 from habitus.models.train.config import ScenarioConfig
-from habitus.models.train.finetune import Fixed, finetune
+from habitus.models.train.finetune import Fixed
 from habitus.models.train.loop import Log, TrainResult, iso
+from habitus.models.train.recipe import Training, fine_tune
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Refit:
         """config.json's "refit": what was trained again and on which cut-offs."""
         info = self.trained.info
         return {"refit": True, "train_cutoffs": [iso(c) for c in self.cutoffs], "epochs": info["epochs"],
+                "processes": info.get("processes", 1), "precision": info.get("precision", "fp32"),
                 "soup_epochs": info["soup_epochs"], "head_start": info["head_start"],
                 "head": ({"chosen": "network", "weight": 0.0} if self.head is None
                          else {"chosen": self.head.chosen, "weight": self.head.weight}),
@@ -66,9 +68,12 @@ def refit_skipped(cache: Cache, cfg: ScenarioConfig, info: dict) -> str | None:
 
 
 def refit(cache: Cache, foundation_state: dict, foundation_info: dict, cfg: ScenarioConfig, measured: TrainResult,
-          head: HeadStack | None, *, device: str, log: Log = print) -> Refit:
+          head: HeadStack | None, *, device: str, log: Log = print,
+          launch: Callable[[Training], TrainResult] | None = None) -> Refit:
     """The recipe of `measured` (its start, its soup's epochs) and of `head` (its trees' rounds and
-    weight) trained again on refit_cutoffs(cfg); nothing chosen, nothing scored on validation."""
+    weight) trained again on refit_cutoffs(cfg); nothing chosen, nothing scored on validation.
+    `launch`: what trained the measured network (the executor: the same processes, precision and
+    resume); None: in this process."""
     cutoffs = refit_cutoffs(cfg)
     window = cfg.task.target.window_days * DAY
     if max(cutoffs) + window > data_end(cache):
@@ -78,11 +83,9 @@ def refit(cache: Cache, foundation_state: dict, foundation_info: dict, cfg: Scen
     fixed = Fixed(info.get("head_start", "baseline"), tuple(info["soup_epochs"]))
     log(f"{cfg.name}: refit on the cut-offs {', '.join(iso(c)[:10] for c in cutoffs)} (start {fixed.start}, "
         f"epochs averaged {list(fixed.soup)}; nothing chosen on validation)")
-    # (the head's base rates read the newest training cut-off: a training target, not a validation one)
-    trained = finetune(cache, foundation_state, foundation_info, cfg.task, list(cutoffs), max(cutoffs), cfg.finetune,
-                       device=device, log=log, from_scratch=cfg.from_scratch, adapters=cfg.lora, fixed=fixed)
-    if cfg.lora is not None:
-        trained.model = merge_lora(trained.model)
+    t = Training(cfg, cutoffs, fixed)
+    trained = launch(t) if launch is not None else fine_tune(cache, foundation_state, foundation_info, t,
+                                                             device=device, log=log)
     served = None
     if head is not None and head.weight == 0:  # the network alone serves: the trees are never read
         served = head

@@ -12,6 +12,14 @@ and plain values (JSON). A state is used only when its fingerprint matches the r
 same config, same cut-offs) and its tensors match their recorded SHA-256; otherwise training starts
 from the beginning. A resumed run ends with the same weights as an uninterrupted one, because every
 source of randomness is restored along with the position in the data.
+
+Under torchrun (`dist` with several ranks) the ranks save together, at the same optimizer step
+(`after_step`: lockstep keeps their step counts equal): the weights and optimizer state are the same
+on every rank and rank 0 writes them once; what differs by rank (its position in its share of the
+data, its batch generator, torch's generator) is gathered to rank 0 and written beside them, one entry
+per rank, and each rank takes its own entry back. Every rank reads the same folder (on several
+machines a shared one, or each machine its own, which its first process writes: `writes`); ranks that
+find different states refuse to go on.
 """
 
 import json
@@ -25,21 +33,24 @@ from safetensors.torch import load_file, save_file
 
 from habitus.models.storage.files import atomic_path, file_sha256
 from habitus.models.train.config import SAVE_EVERY_STEPS
+from habitus.models.train.distributed import Dist
 
-_FORMAT = 1
+_FORMAT = 2
 
 
 class Resumer:
     """Saves and restores a training loop's state in `folder` for the run whose inputs hash to `fingerprint`."""
 
     def __init__(self, folder: str | os.PathLike, fingerprint: str, every_steps: int = SAVE_EVERY_STEPS,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, dist: Dist | None = None, writes: bool | None = None):
         if every_steps < 1:
             raise ValueError(f"every_steps must be >= 1, got {every_steps}")
         self.folder = Path(folder)
         self.fingerprint = fingerprint
         self.every_steps = every_steps
         self.log = log
+        self.dist = dist or Dist()
+        self.writes = self.dist.is_writer if writes is None else writes  # (several: rank 0, or each node's first)
         self.saves = 0
         self.step = 0  # optimizer steps done by the run, restored with the state
         self._last_saved_step = 0
@@ -56,9 +67,34 @@ class Resumer:
         if self.step - self._last_saved_step >= self.every_steps:
             self.save(self.step, modules, rng, loop())
 
-    def save(self, step: int, modules: dict, rng: np.random.Generator, loop: dict) -> None:
-        """Write the state atomically. `modules`: name -> object with state_dict() (model, optimizer,
-        scheduler); `loop`: the loop's own position and counters (JSON values and tensors)."""
+    def after_step(self, modules: dict, rng: np.random.Generator, own_rng: np.random.Generator,
+                   loop: Callable[[], tuple[dict, dict]]) -> None:
+        """Called by a training loop after every optimizer step, on every rank: saves the state once
+        `every_steps` steps have passed since the last save. `loop()` builds (the position every rank
+        shares, this rank's own) only when a save is due; `rng` draws what every rank draws alike (the
+        data order), `own_rng` this rank's own draws (the same generator in one process)."""
+        self.step += 1
+        if self.step - self._last_saved_step >= self.every_steps:
+            shared, own = loop()
+            self.save(self.step, modules, rng, shared, own_rng, own)
+
+    def save(self, step: int, modules: dict, rng: np.random.Generator, loop: dict,
+             own_rng: np.random.Generator | None = None, own: dict | None = None) -> None:
+        """Write the state atomically (rank 0, or each node's first process on nodes that do not share a
+        folder; every rank calls it at the same step under torchrun).
+        `modules`: name -> object with state_dict() (model, optimizer, scheduler), the same on every
+        rank; `loop`: the loop's position and counters every rank shares (JSON values and tensors);
+        `own`, `own_rng`: this rank's own position and generator."""
+        mine = {"loop": own or {}, "numpy_rng": None if own_rng is None else own_rng.bit_generator.state,
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        ranks = [mine]
+        if self.dist.enabled:  # (in memory, between the ranks: pickled by torch, never written)
+            ranks = [None] * self.dist.world
+            torch.distributed.all_gather_object(ranks, mine)
+        self._last_saved_step = int(step)
+        if not self.writes:
+            return
         tensors: dict[str, torch.Tensor] = {}
         body = {
             "format": _FORMAT,
@@ -67,35 +103,54 @@ class Resumer:
             "modules": {name: _split(m.state_dict(), tensors, f"modules.{name}") for name, m in modules.items()},
             "loop": _split(loop, tensors, "loop"),
             "numpy_rng": _split(rng.bit_generator.state, tensors, "numpy_rng"),
-            "torch_rng": _split(torch.get_rng_state(), tensors, "torch_rng"),
-            "cuda_rng": _split(torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [], tensors,
-                               "cuda_rng"),
+            "ranks": [_split(r, tensors, f"ranks.{i}") for i, r in enumerate(ranks)],
         }
         with atomic_path(self.latest) as tmp:
             tmp.mkdir(parents=True)
             save_file(tensors, str(tmp / "state.safetensors"))
             body["tensors_sha256"] = file_sha256(tmp / "state.safetensors")
             (tmp / "state.json").write_text(json.dumps(body, allow_nan=True))
-        self._last_saved_step = int(step)
         self.saves += 1
 
-    def restore(self, modules: dict, rng: np.random.Generator) -> dict | None:
-        """Load the saved state into `modules` and `rng` and return the loop's saved position, or None
-        (nothing saved, or saved by a run with other inputs, or damaged: training starts afresh)."""
+    def restore(self, modules: dict, rng: np.random.Generator, own_rng: np.random.Generator | None = None
+                ) -> dict | None:
+        """Load the saved state into `modules`, `rng` and `own_rng` (this rank's entry) and return the
+        loop's saved position (the shared one with this rank's own on top), or None (nothing saved, or
+        saved by a run with other inputs or another number of processes, or damaged: training starts
+        afresh). Under torchrun every rank must find the same state."""
         body = self._read()
+        if body is not None and len(body["ranks"]) != self.dist.world:
+            self.log(f"the state saved in {self.latest} is of {len(body['ranks'])} processes, not "
+                     f"{self.dist.world}; starting afresh")
+            body = None
+        self._agree(-1 if body is None else body["step"])
         if body is None:
             return None
         tensors = load_file(str(self.latest / "state.safetensors"))
         for name, m in modules.items():
             m.load_state_dict(_join(body["modules"][name], tensors))
         rng.bit_generator.state = _join(body["numpy_rng"], tensors)
-        torch.set_rng_state(_join(body["torch_rng"], tensors))
-        cuda = _join(body["cuda_rng"], tensors)
+        mine = _join(body["ranks"][self.dist.rank], tensors)
+        if own_rng is not None and mine["numpy_rng"] is not None:
+            own_rng.bit_generator.state = mine["numpy_rng"]
+        torch.set_rng_state(mine["torch_rng"])
+        cuda = mine["cuda_rng"]
         if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
         self.step = self._last_saved_step = body["step"]
         self.log(f"resuming from the state saved at step {body['step']} in {self.latest}")
-        return _join(body["loop"], tensors)
+        return {**_join(body["loop"], tensors), **mine["loop"]}
+
+    def _agree(self, step: int) -> None:
+        """Under torchrun: every rank found the state of the same step (or none)."""
+        if not self.dist.enabled:
+            return
+        t = torch.tensor([step, -step], dtype=torch.int64, device=self.dist.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        if int(t[0]) != -int(t[1]):
+            raise RuntimeError(f"the ranks found different saved states in {self.folder} (steps {-int(t[1])} to "
+                               f"{int(t[0])}): every node must read the same resume folder (a shared filesystem), or "
+                               f"each keep its own (`habitus train` on every node)")
 
     def _read(self) -> dict | None:
         state_json, state_st = self.latest / "state.json", self.latest / "state.safetensors"

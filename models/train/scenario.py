@@ -20,14 +20,12 @@ from habitus.models.evaluate.holdout import LOWER_IS_BETTER, Holdout, headline, 
 from habitus.models.heads.stacked_head import HeadStack, fit_head, save_head
 from habitus.models.heads.stacking import StackConfig
 from habitus.models.nn.checkpoint import save_checkpoint
-from habitus.models.nn.lora import merge_lora
 from habitus.models.nn.network import load_trunk
-from habitus.models.storage.files import combine
 from habitus.models.tasks import task as task_of
 from habitus.models.train.config import ScenarioConfig, config_dict
 from habitus.models.train.distributed import autocast
-from habitus.models.train.finetune import finetune
 from habitus.models.train.loop import Log, TrainResult, iso, resolve_device
+from habitus.models.train.recipe import MODES, Training, fine_tune, fingerprint
 from habitus.models.train.refit import Refit, refit, refit_skipped
 from habitus.models.train.resume import Resumer
 
@@ -61,18 +59,20 @@ class ScenarioRun:
 
 def train_scenario(cache: Cache, foundation_state: dict, foundation_info: dict, cfg: ScenarioConfig, *,
                    path: str | Path | None = None, device: str = "auto", log: Log = print, precision: str = "fp32",
-                   resume_dir: str | Path | None = None, launch: Callable[[], TrainResult] | None = None,
+                   resume_dir: str | Path | None = None, launch: Callable[[Training], TrainResult] | None = None,
                    train_cache: Cache | None = None, baselines: bool = True,
                    stack: StackConfig | None = None) -> ScenarioRun:
     """The scenario `cfg` fine-tuned from the foundation checkpoint (`foundation_state`, `foundation_info`
     as models/nn/checkpoint.load_checkpoint reads them), its head chosen on validation, scored on the
     hold-out at cfg.test_cutoff next to its baselines; with `path`, saved there as a checkpoint.
 
-    `precision`: fp32, or bf16 (torch.autocast around the loop, fp32 master weights; GPUs).
-    `resume_dir`: a killed run continues from its last state saved there (every cfg.save_every_steps
-    steps; the same foundation, task, settings and cut-offs only).
-    `launch`: fine-tunes in several processes (resources/executor.py's torchrun) and returns rank 0's
-    result; None: in this process. `train_cache`: the entities whose labels train the network, the
+    `precision`: fp32, or bf16 (torch.autocast around the loop, fp32 master weights).
+    `resume_dir`: a killed run continues from its last state saved there, a folder per training
+    (scenario, refit; every cfg.save_every_steps steps; the same foundation, task, settings and
+    cut-offs only); cleared once the checkpoint is written.
+    `launch`: trains the network of a Training (the measured run, then the refit) and returns its
+    result: resources/executor.py's TrainingExecutor.train, in this process or under torchrun, with its
+    own precision and resume folder; None: in this process with `precision` and `resume_dir`. `train_cache`: the entities whose labels train the network, the
     head and the trees (default `cache`; the hold-out always scores every entity of `cache`).
     `baselines`: False leaves LightGBM out (the task's own simple baselines stay). `stack`: the candidates of the
     head chosen on validation (models/heads/stacking.py; default StackConfig()). `cfg.refit`: after the
@@ -80,12 +80,18 @@ def train_scenario(cache: Cache, foundation_state: dict, foundation_info: dict, 
     saved and served (models/train/refit.py); the report stays the measured model's."""
     train = cache if train_cache is None else train_cache
     device = str(resolve_device(device))
-    # a killed run continues from its last saved state (same foundation, task, config and cut-offs only)
-    resume = None if resume_dir is None else Resumer(resume_dir, resume_fingerprint(foundation_info, cfg),
-                                                     every_steps=cfg.save_every_steps, log=log)
+
+    def in_process(t: Training) -> TrainResult:
+        # a killed run continues from its last saved state (same foundation, task, config and cut-offs only)
+        resume = None if resume_dir is None else Resumer(
+            Path(resume_dir, t.mode), fingerprint(foundation_info["weights_sha256"], t, precision, 1),
+            every_steps=cfg.save_every_steps, log=log)
+        with autocast(precision, device):  # bf16: torch.autocast around the loop, fp32 master weights
+            return fine_tune(train, foundation_state, foundation_info, t, device=device, log=log, resume=resume)
+
+    launch = launch or in_process
     clock = Clock()
-    trained = fine_tune(train, foundation_state, foundation_info, cfg, device=device, log=log, precision=precision,
-                        resume=resume, launch=launch)
+    trained = launch(Training(cfg))
     seconds = {"finetune": clock.lap()}
     spec = FeatureSpec.from_dict(foundation_info["feature_spec"])
     task = cfg.task
@@ -108,7 +114,8 @@ def train_scenario(cache: Cache, foundation_state: dict, foundation_info: dict, 
     if cfg.refit and refit_skipped(train, cfg, trained.info):
         log(f"{cfg.name}: no refit ({refit_skipped(train, cfg, trained.info)}): the measured model is served")
     elif cfg.refit:  # the same recipe on cut-offs through the test cut-off; the hold-out stays the measured one's
-        served = refit(train, foundation_state, foundation_info, cfg, trained, head, device=device, log=log)
+        served = refit(train, foundation_state, foundation_info, cfg, trained, head, device=device, log=log,
+                       launch=launch)
         seconds["refit"] = clock.lap()
     served_scores = holdout.scores if served is None else score_holdout(
         served.trained.model, cache, spec, task, cfg.test_cutoff, constant=trained.info["val_target_mean"],
@@ -121,8 +128,8 @@ def train_scenario(cache: Cache, foundation_state: dict, foundation_info: dict, 
         + ", ".join(f"{b} {m.get(key, float('nan')):.4f}" for b, m in run.report["baselines"].items()))
     if path is not None:
         save_scenario(run, cache, foundation_info, cfg, path)
-        if resume is not None:
-            resume.clear()
+        for mode in MODES if resume_dir is not None else ():
+            Resumer(Path(resume_dir, mode), "").clear()
     return run
 
 
@@ -136,35 +143,6 @@ class Clock:
         now = time.perf_counter()
         seconds, self.last = now - self.last, now
         return seconds
-
-
-def fine_tune(cache: Cache, foundation_state: dict, foundation_info: dict, cfg: ScenarioConfig, *, device: str,
-              log: Log, precision: str = "fp32", resume: Resumer | None = None,
-              launch: Callable[[], TrainResult] | None = None) -> TrainResult:
-    """The network of the scenario: LoRA adapters (merged into plain weights for scoring), every weight
-    in several processes (`launch`), or every weight in this one."""
-    if cfg.lora is not None:
-        if launch is not None:
-            log(f"{cfg.name}: LoRA fine-tuning runs in this one process (processes > 1 is for full fine-tuning)")
-        log(f"{cfg.name}: LoRA rank {cfg.lora.rank}, alpha {cfg.lora.alpha}")
-    elif launch is not None:
-        log("fine-tuning in several processes under torchrun (DDP, entity chunks sharded by rank); a killed run "
-            "starts afresh (resumable saves need processes: 1)")
-        return launch()
-    with autocast(precision, device):  # bf16: torch.autocast around the loop, fp32 master weights
-        result = finetune(cache, foundation_state, foundation_info, cfg.task, list(cfg.train_cutoffs), cfg.val_cutoff,
-                          cfg.finetune, device=device, log=log, from_scratch=cfg.from_scratch, adapters=cfg.lora,
-                          resume=resume)
-    if cfg.lora is not None:
-        result.model = merge_lora(result.model)
-    return result
-
-
-def resume_fingerprint(foundation_info: dict, cfg: ScenarioConfig) -> str:
-    """What a saved training state must match to be continued."""
-    lora = [config_dict(cfg.lora)] if cfg.lora else []
-    return combine(foundation_info["weights_sha256"], cfg.task.to_dict(), config_dict(cfg.finetune),
-                   list(cfg.train_cutoffs), cfg.val_cutoff, *lora, *(["from scratch"] if cfg.from_scratch else []))
 
 
 def save_scenario(run: ScenarioRun, cache: Cache, foundation_info: dict, cfg: ScenarioConfig, path) -> None:

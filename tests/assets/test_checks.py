@@ -324,13 +324,13 @@ def test_beats_baselines_check(tmp_path, demo):
     assert "auroc 0.8100 beats the best baseline (lightgbm: 0.7800" in good.description
     _fake_scenario(project, "churn", beats=False)
     bad = _checks(project, key)["beats_baselines"]
-    assert not bad.passed and bad.severity == ERROR
+    assert not bad.passed and bad.severity == WARN  # a model result, not an error: the loser never serves
     assert "auroc 0.7000 does not beat the best baseline (lightgbm: 0.7800" in bad.description
 
 
 def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, instance):
-    """A scenario that passed is promoted; retrained into a worse model it fails its blocking check,
-    predictions in that run do not happen, and later runs score with the checkpoint that passed."""
+    """A scenario that passed is promoted; retrained into a worse model it fails its check (WARN), and
+    predictions, in that run and later ones, score with the checkpoint that passed."""
     root, warehouse = copy
     scenarios = {"churn": {"task": "binary", "epochs": 1, "train_cutoffs": 1,
                            "target": {"no_event": "purchases", "within": "14d"}}}
@@ -357,9 +357,10 @@ def test_a_worse_model_keeps_the_previous_checkpoint_serving(copy, monkeypatch, 
     bad = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"]
     assert bad != good
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert checks == {"beats_baselines": False}
-    assert result.asset_materializations_for_node("predictions__churn") == []  # blocked in that run
+    assert checks["beats_baselines"] is False and result.success
     assert versions(ws, "churn").serving() == good[:16]
+    meta = result.asset_materializations_for_node("predictions__churn")[0].metadata  # scored by the one that passed
+    assert meta["model_fingerprint"].text == good[:16]
 
     scored = _run(project, [predictions], instance=instance, partition_key="2026-05-31")
     assert scored.success
@@ -403,9 +404,10 @@ def test_a_deliberately_bad_scenario_fails_its_check_and_the_passed_checkpoint_k
     assert report["beats_baselines"] is False and report["weights_sha256"] != good
     assert report["metrics"]["model"]["auroc"] < max(b["auroc"] for b in report["metrics"]["baselines"].values())
     check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "beats_baselines")
-    assert not check.passed and check.severity == ERROR and "does not beat the best baseline" in check.description
-    assert result.asset_materializations_for_node("predictions__churn") == []  # blocked in that run
-    # the next day's scoring uses the checkpoint that passed, not the newest one
+    assert not check.passed and check.severity == WARN and "does not beat the best baseline" in check.description
+    # the same run's and the next day's scoring use the checkpoint that passed, not the newest one
+    meta = result.asset_materializations_for_node("predictions__churn")[0].metadata
+    assert meta["model_fingerprint"].text == good[:16]
     assert serving_checkpoint(ws, "churn") == (versions(ws, "churn").path(good[:16]), True)
     scored = _run(bad_project, [predictions], instance=instance, partition_key="2026-05-31")
     assert scored.success

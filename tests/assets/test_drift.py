@@ -83,7 +83,7 @@ def test_versions_rollback_and_drift_checks_over_appended_days(tmp_path, instanc
     capsys.readouterr()
     assert main(["versions", "churn", "--config", config]) == 0
     listing = capsys.readouterr().out
-    assert f"3 version(s) kept, serving {trained[2]}" in listing
+    assert f"churn: serving the version {trained[2]} (beat its baselines); 3 version(s) kept" in listing
     assert all(f"{fp}  " in listing for fp in trained) and listing.count(" auroc ") == 3
 
     driver = sensor_driver(defs, instance, resources)

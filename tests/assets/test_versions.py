@@ -7,9 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from habitus.assets.serving import keep_version, passed_path, rollback, serving_checkpoint, serving_note, versions
+from habitus.assets.serving import (keep_version, passed_path, rollback, serving_checkpoint, serving_note, versions,
+                                    versions_table)
 from habitus.models.storage.versions import INFO, VersionError
-from habitus.pipelines.cli import main, versions_table
+from habitus.pipelines.cli import main
 from habitus.pipelines.config import load_project
 from habitus.resources.workspace import Workspace
 
@@ -97,12 +98,19 @@ def test_the_cli_lists_versions_and_rolls_back(ws, tmp_path, small_project, caps
     a, b = train(ws, 1), train(ws, 2)
     assert main(["versions", "churn", "--config", str(config)]) == 0
     out = capsys.readouterr().out
-    assert f"2 version(s) kept, serving {b}" in out and a in out
+    assert f"churn: serving the version {b} (beat its baselines); 2 version(s) kept" in out and a in out
     assert main(["rollback", "churn", "--config", str(config)]) == 0
     assert f"version {a} serves from now on" in capsys.readouterr().out
+    assert main(["versions", "--config", str(config)]) == 0  # every scenario: what serves and why
+    assert f"churn: serving the version {a} (rollback from {b}); 2 version(s) kept" in capsys.readouterr().out
     assert main(["rollback", "churn", "--to", "0303", "--config", str(config)]) == 2
     assert "names no version" in capsys.readouterr().err
     assert main(["versions", "spend", "--config", str(config)]) == 2
+    capsys.readouterr()
+    other = small_project.write(tmp_path, small_project.config(scenarios={"churn": small_project.churn(),
+                                                                         "later": small_project.churn()}))
+    assert main(["versions", "--config", str(other)]) == 0
+    assert "later: not trained yet (materialize scenario/later)" in capsys.readouterr().out
     assert versions(ws, "churn").serving() == a
 
 

@@ -136,3 +136,118 @@ def check_refused(store: Store, prefix_key: str, home: Path, *, key=None, cache_
     assert store.snapshot() == before_store  # nothing written or deleted in the store, in or out of the prefix
     assert local_files(home) == before_home  # nor outside (or inside) the workspaces
     assert not (home / "fresh").exists() or local_files(home / "fresh") == {}
+
+
+class Counted:
+    """A filesystem whose reads are counted (`read`: {key: bytes returned to the caller}, `opened`: keys
+    opened for reading, in order)."""
+
+    def __init__(self, fs):
+        self._fs, self.read, self.opened = fs, {}, []
+
+    def open_input_file(self, key):
+        self.opened.append(key)
+        return _CountedFile(self, key, self._fs.open_input_file(key))
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+
+class _CountedFile:
+    def __init__(self, owner, key, f):
+        self._owner, self._key, self._f = owner, key, f
+
+    def read(self, n=-1):
+        block = self._f.read(n)
+        self._owner.read[self._key] = self._owner.read.get(self._key, 0) + len(block)
+        return block
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+def _json(store: Store, key: str) -> dict:
+    with store.fs.open_input_stream(key) as f:
+        return json.loads(f.read())
+
+
+def _store_manifest(store: Store, prefix_key: str, manifest: dict) -> None:
+    from habitus.resources.manifests import fingerprint
+
+    manifest["fingerprint"] = fingerprint(manifest)
+    store.put(f"{prefix_key}/manifests/foundation.json", json.dumps(manifest).encode())
+
+
+def check_tampered_reupload(store: Store, prefix_key: str, home: Path) -> None:
+    """Same-size bytes swapped into the store with their hash in the manifest (the local file's size and mtime
+    kept there): the next upload hashes the local file, sends it again and logs the genuine fingerprint; a
+    restore pinned to it returns the genuine bytes, and refuses the swapped bytes once they come back."""
+    import pytest
+
+    from habitus.resources.output import OutputError
+    from habitus.resources.workspace import Workspace
+
+    ws, weights = home / "ws", "checkpoints/foundation/model.safetensors"
+    genuine = (ws / weights).read_bytes()
+    manifest = _json(store, f"{prefix_key}/manifests/foundation.json")
+    pin = manifest["fingerprint"]
+    swapped = os.urandom(len(genuine))
+    store.put(f"{prefix_key}/{weights}", swapped)
+    manifest["files"][weights].update(sha256=hashlib.sha256(swapped).hexdigest(),
+                                      mtime_ns=(ws / weights).stat().st_mtime_ns)
+    _store_manifest(store, prefix_key, manifest)
+    logs = []
+    assert Workspace(root=str(ws), output=store.url).upload_stage("foundation", log=logs.append)["uploaded"] == 1
+    assert logs[-1].endswith(f"fingerprint {pin}"), logs[-1]
+    with store.fs.open_input_stream(f"{prefix_key}/{weights}") as f:
+        assert f.read() == genuine
+    Workspace(root=str(home / "a"), output=store.url, output_pins={"foundation": pin}).restore(log=lambda _: None)
+    assert (home / "a" / weights).read_bytes() == genuine
+    store.put(f"{prefix_key}/{weights}", swapped)  # the bytes swapped again, the manifest left as uploaded
+    with pytest.raises(OutputError, match=r"model.safetensors is \d+ bytes with SHA-256 .* manifest says"):
+        Workspace(root=str(home / "b"), output=store.url, output_pins={"foundation": pin}).restore(log=lambda _: None)
+    _store_manifest(store, prefix_key, manifest)  # and their hash in the manifest again
+    with pytest.raises(OutputError, match=f"is not the pinned {pin}"):
+        Workspace(root=str(home / "b"), output=store.url, output_pins={"foundation": pin}).restore(log=lambda _: None)
+    assert not (home / "b" / weights).exists()
+
+
+def check_lying_size(store: Store, prefix_key: str, home: Path) -> int:
+    """An 8 MB object whose manifest entry declares 10 bytes (and the SHA-256 of its first 10): restore
+    refuses it after at most the declared size plus one chunk read, nothing left behind. Returns the bytes
+    read."""
+    import pytest
+
+    from habitus.resources.output import CHUNK, Output, OutputError
+    from habitus.resources.workspace import Workspace
+
+    plot = "checkpoints/foundation_loss.png"
+    big = os.urandom(8 << 20)
+    store.put(f"{prefix_key}/{plot}", big)
+    manifest = _json(store, f"{prefix_key}/manifests/foundation.json")
+    manifest["files"][plot] = {"size": 10, "sha256": hashlib.sha256(big[:10]).hexdigest()}
+    _store_manifest(store, prefix_key, manifest)
+    counted, opened = [], Output.__init__
+
+    def counting(self, *args, **kw):
+        opened(self, *args, **kw)
+        self.fs = Counted(self.fs)
+        counted.append(self.fs)
+
+    Output.__init__ = counting
+    try:
+        with pytest.raises(OutputError, match=f"{plot} holds more than the 10 bytes its manifest declares"):
+            Workspace(root=str(home / "fresh"), output=store.url).restore(log=lambda _: None)
+    finally:
+        Output.__init__ = opened
+    read = sum(fs.read.get(f"{prefix_key}/{plot}", 0) for fs in counted)
+    assert sum(fs.opened.count(f"{prefix_key}/{plot}") for fs in counted) == 1  # not retried: the same each time
+    assert read <= 10 + CHUNK, read
+    assert not (home / "fresh" / plot).exists() and not [p for p in home.rglob(".*") if ".tmp-" in p.name]
+    return read

@@ -77,7 +77,8 @@ def test_killed_during_training_resumes_from_its_saved_state(faults, clean, tmp_
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     assert any(re.search(stage_line, s) for s in seen), "".join(seen)[-3000:]
-    state = folder / "ws" / "resume" / ("foundation" if "foundation" in stage_line else "scenarios/churn") / "latest"
+    # (a scenario keeps the measured run's state and the refit's apart: scenarios/<name>/<scenario|refit>)
+    state = folder / "ws" / "resume" / ("foundation" if "foundation" in stage_line else "scenarios/churn/scenario") / "latest"
     assert (state / "state.json").exists() and (state / "state.safetensors").exists()
     assert faults.half_written(folder / "ws") == []
     rc, out, _ = faults.run(folder, *verbose)

@@ -153,3 +153,13 @@ def test_output_urls_are_logged_without_credentials_or_query(tmp_path):
                log=logs.append).stages()
     assert logs and all("token=zz" not in line and "s3://bucket/p" in line for line in logs)
     assert "token=zz" not in str(e.value)
+
+
+def test_a_tampered_reupload_is_hashed_again_and_the_pinned_restore_refuses_the_swapped_bytes(tmp_path):
+    store, prefix = _local(tmp_path / "home")
+    _h.check_tampered_reupload(store, prefix, tmp_path / "home")
+
+
+def test_an_object_longer_than_its_declared_size_is_refused_after_one_chunk_at_most(tmp_path):
+    store, prefix = _local(tmp_path / "home")
+    assert _h.check_lying_size(store, prefix, tmp_path / "home") <= 11  # the declared 10 bytes and one more

@@ -78,8 +78,11 @@ def test_a_planted_secret_appears_in_no_output_of_a_run(faults, tmp_path):
     the secret is in none of the workspace files, the Dagster storage (event logs, run records) or the
     console output; nor in the error of a run that uses that connection and fails."""
     # and nine more keys of other spellings, one of them a secret by origin only (TEN_KEYS, below)
+    # and values that mix a secret with text or nest it (tests/faults/test_secret_origins.py)
     vault = {"type": "snowflake", "account": "acme", "user": "svc", "password": "${HABITUS_TEST_PASSWORD}",
-             **{k: f"${{HABITUS_T_S{i}}}" for i, k in enumerate(TEN_KEYS) if i}}
+             **{k: f"${{HABITUS_T_S{i}}}" for i, k in enumerate(TEN_KEYS) if i},
+             "dsn": "snowflake://svc:${HABITUS_TEST_PASSWORD}@acme/db", "token_note": "pw-${HABITUS_TEST_PASSWORD}",
+             "session_parameters": {"a": {"b": "${HABITUS_TEST_PASSWORD}", "c": ["x-${HABITUS_TEST_PASSWORD}"]}}}
     config = {**faults.config, "connections": {**faults.config["connections"], "vault": vault}}
     folder = faults.project(tmp_path / "run", config)
     env = {"HABITUS_TEST_PASSWORD": SECRET, **{f"HABITUS_T_S{i}": f"v{i}-{SECRET}" for i in range(1, len(TEN_KEYS))}}
@@ -195,9 +198,9 @@ def test_secrets_by_origin_under_ten_spellings_are_masked_everywhere(tmp_path, m
     for text in shown:
         for v in values.values():
             assert v not in text and SECRET not in text, text[:500]
-    # every one of them reaches the resource as an EnvVar of its own variable
-    names = {getattr(v, "env_var_name", None) for v in [vault.password, *vault.options.values()]}
-    assert names >= set(values)
+    # every one of them reaches the resource as its reference, as written, and the driver as its value
+    assert {vault.password, *vault.options.values()} >= {f"${{{var}}}" for var in values}
+    assert sorted(vault.connect_kwargs()[k] for k in TEN_KEYS) == sorted(values.values())
 
 
 def test_a_yaml_alias_bomb_is_refused_at_once_naming_the_file(tmp_path):

@@ -82,3 +82,13 @@ def test_a_clean_manifest_on_s3_restores_byte_for_byte(s3, tmp_path):
     done = Workspace(root=str(fresh), output=store.url).restore(log=lambda _: None)
     for rel in done["foundation"]["files"]:
         assert (fresh / rel).read_bytes() == (tmp_path / "home" / "ws" / rel).read_bytes()
+
+
+def test_a_tampered_reupload_on_s3_is_hashed_again_and_the_pinned_restore_refuses_the_swapped_bytes(s3, tmp_path):
+    store, prefix = _store(s3, tmp_path / "home")
+    H.check_tampered_reupload(store, prefix, tmp_path / "home")
+
+
+def test_an_s3_object_longer_than_its_declared_size_is_refused_after_one_chunk_at_most(s3, tmp_path):
+    store, prefix = _store(s3, tmp_path / "home")
+    H.check_lying_size(store, prefix, tmp_path / "home")

@@ -69,9 +69,11 @@ def test_both_loops_train_under_bf16_autocast_with_fp32_master_weights(world):
     assert stale[0].curves["val_loss"][-1] > 3 * plain[0].curves["val_loss"][-1]
 
 
-def test_bf16_is_refused_on_cpu_and_unknown_precisions_named():
-    with pytest.raises(ValueError, match="bf16 training runs on GPUs"):
-        autocast("bf16", "cpu")
+def test_bf16_is_the_uncached_autocast_of_the_device_and_unknown_precisions_named():
+    with autocast("bf16", "cpu"):
+        assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_cache_enabled()
+        assert torch.ones(2, 2).matmul(torch.ones(2, 2)).dtype == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu")
     with pytest.raises(ValueError, match="unknown training precision 'fp16'"):
         autocast("fp16", "cuda")
 

@@ -30,12 +30,12 @@ import torch
 from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
 from habitus.models.evaluate.holdout import protocol
 from habitus.models.data.features import DAY, FeatureSpec, chunk_at, featurize
-from habitus.models.train.launch import foundation_job, scenario_job
+from habitus.models.train.recipe import Training, foundation_job, scenario_job
 from habitus.models.data.targets import TargetSpec, foundation_target
 from habitus.models.train.finetune import finetune
 from habitus.models.train.foundation import foundation_loss, train_foundation
 from habitus.models.train.loop import chunk_plan
-from habitus.models.train.config import FinetuneConfig, FoundationConfig
+from habitus.models.train.config import FinetuneConfig, FoundationConfig, ScenarioConfig
 from habitus.models.tasks.spec import TaskSpec
 from habitus.resources.executor import ExecutorError, TrainingExecutor
 
@@ -100,8 +100,9 @@ def test_foundation_and_scenarios_in_two_processes_match_one(world, tmp_path):
     for task, cfg in ((CHURN, FINETUNE), (items, FINETUNE), (labels, wide)):
         single = finetune(cache, state, config, task, list(plan.train_cutoffs), plan.val_cutoff, cfg,
                           device="cpu", log=lambda _: None)
-        ddp = TWO.train(scenario_job(cache, tmp_path / "foundation", config["weights_sha256"], task,
-                                     plan.train_cutoffs, plan.val_cutoff, cfg, "cpu"), "cpu", log=lambda _: None)
+        t = Training(ScenarioConfig(task.task, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff, cfg))
+        ddp = TWO.train(scenario_job(cache, tmp_path / "foundation", config["weights_sha256"], t, "cpu"), "cpu",
+                        log=lambda _: None)
         assert ddp.info.get("sampled_negatives") == single.info.get("sampled_negatives") == \
             (2 if task is labels else None), task.task
         assert ddp.info["weights_gap"] == 0.0, task.task
@@ -117,8 +118,8 @@ def test_a_failing_rank_fails_the_training_with_its_error(world, tmp_path):
     cache, test_cutoff = world
     save_checkpoint(tmp_path / "foundation", torch.nn.Linear(1, 1), {})
     plan = protocol(test_cutoff, HORIZON, 3, cache.time_range[0])
-    job = scenario_job(cache, tmp_path / "foundation", "not-the-digest-the-asset-read", CHURN, plan.train_cutoffs,
-                       plan.val_cutoff, FINETUNE, "cpu")
+    t = Training(ScenarioConfig("churn", CHURN, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff, FINETUNE))
+    job = scenario_job(cache, tmp_path / "foundation", "not-the-digest-the-asset-read", t, "cpu")
     with pytest.raises(ExecutorError, match="(?s)torchrun exited with status 1.*rank 0:.*changed after the asset "
                                             "read it"):
         TWO.train(job, "cpu", log=lambda _: None)

@@ -3,6 +3,8 @@ main job, the report as a table, a day scored through the API equal to what the 
 that name the scenario, the day or the setting to change."""
 
 import json
+import os
+from datetime import datetime, timezone
 
 import pyarrow.parquet as pq
 import pytest
@@ -50,7 +52,7 @@ def test_errors_name_the_scenario_the_day_or_the_setting(tmp_path, small_project
 
 
 @pytest.mark.slow
-def test_materialize_report_predict_and_embed_a_day(project):
+def test_materialize_report_predict_and_embed_a_day(project, capfd):
     result = project.materialize()
     assert result["prediction_days"] == ["2026-10-31"] and not result["stopped"]
 
@@ -71,8 +73,28 @@ def test_materialize_report_predict_and_embed_a_day(project):
     # a day not scored yet: the predictions asset scores it, from the checkpoint serving the scenario
     day = project.workspace.predictions("churn") / "2026-10-15.parquet"
     assert not day.exists()
+    extracted = sorted(project.workspace.sources("purchases").glob("*.parquet"))
+    after_the_data = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
+    for f in extracted:  # each extracted after its time window closed (the data ends on 2026-10-31)
+        os.utime(f, (after_the_data, after_the_data))
+    lines = []
+    project.log = lines.append
+    capfd.readouterr()
     scores = project.predict("churn", "2026-10-15")
+    # nothing extracted again, and the runner's own lines, not Dagster's log
+    assert "the sources are extracted up to that day already" in lines
+    assert not any(line.startswith("materializing source/") for line in lines), lines
+    assert "materializing predictions for 2026-10-15 ..." in lines
+    assert " - dagster - " not in capfd.readouterr().err
     assert scores.equals(pq.read_table(day))
+    # a partition extracted while its window was open is extracted again: its days may have grown
+    before = datetime(2026, 10, 20, tzinfo=timezone.utc).timestamp()
+    os.utime(extracted[-1], (before, before))
+    lines.clear()
+    project.predict("churn", "2026-10-16")
+    project.log = lambda line: None
+    assert any(line.startswith(f"materializing source/purchases (1 partitions, {extracted[-1].stem}")
+               for line in lines), lines
     serving = json.loads((serving_checkpoint(project.workspace, "churn")[0] / "config.json").read_text())
     assert set(scores.column("model_fingerprint").to_pylist()) == {serving["weights_sha256"][:16]}
     assert str(scores.column("as_of")[0].as_py()) == "2026-10-16 00:00:00"

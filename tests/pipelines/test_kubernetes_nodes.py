@@ -88,11 +88,12 @@ def test_one_pod_per_node_wired_by_its_index(tmp_path):
     assert volumes["habitus-workspace"]["persistentVolumeClaim"]["claimName"] == "habitus-workspace"
     assert {"name": "habitus-workspace", "mountPath": "/data/workspace"} in container["volumeMounts"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
-    # the command an asset with nnodes prints, with pod 0 hosting the store at its DNS name
+    # torchrun on several nodes (its processes restarted up to 3 times, resuming), pod 0 hosting the store
+    # at its DNS name
     command = container["command"][2]
     assert container["command"][:2] == ["sh", "-c"]
     assert ("python -m torch.distributed.run --nnodes 4 --rdzv-backend c10d --rdzv-endpoint fm-1101-0.fm-1101:29400 "
-            "--rdzv-id fm-1101 --rdzv-conf is_host=$HOST,read_timeout=600 --nproc_per_node 8 "
+            "--rdzv-id fm-1101 --max-restarts 3 --rdzv-conf is_host=$HOST,read_timeout=600 --nproc_per_node 8 "
             "-m habitus.models.train.launch /data/workspace/jobs/f1") in command
     assert '"${JOB_COMPLETION_INDEX:?set by the indexed Job}" = 0 ]; then HOST=1; else HOST=0' in command
     assert container["ports"] == [{"name": "rendezvous", "containerPort": 29400}]

@@ -71,6 +71,13 @@ def test_a_training_job_then_a_scoring_job_elsewhere(layout, monkeypatch, capsys
     model = layout / "opt/ml/model"
     failure = _env(monkeypatch, layout, "local-disk/train", model)
     config = str(layout / "opt/ml/input/data/config/project.yaml")
+    # spend (the scenario with a "training mean" baseline) passes whatever it scores: this test reads its
+    # network's int8 scores on the scoring machine; churn's verdict is its own (a loss serves its baseline)
+    import habitus.models.train.scenario as recipe
+
+    verdict = recipe.beats_baselines
+    monkeypatch.setattr(recipe, "beats_baselines",
+                        lambda task, report: "training mean" in report["baselines"] or verdict(task, report))
 
     _finished(main(["train", "--config", config, "--stage", "foundation"]), failure)
     assert json.loads((model / "manifests" / "foundation.json").read_text())["files"]
@@ -95,7 +102,12 @@ def test_a_training_job_then_a_scoring_job_elsewhere(layout, monkeypatch, capsys
     other = layout / "local-disk/score"
     table = pq.read_table(other / "predictions/churn/2026-10-30.parquet")
     assert table.num_rows > 300
-    assert set(table.column("model_fingerprint").to_pylist()) == {trained["weights_sha256"][:16]}
+    # what the training job left serving: the trained model where it beat its baselines, else the best
+    # baseline's (a version of kind "baseline"), carried by the upload to the scoring machine
+    served = json.loads((model / "checkpoints/passed/churn/config.json").read_text())
+    assert (served["weights_sha256"] == trained["weights_sha256"] if trained["beats_baselines"]
+            else served["kind"] == "baseline")
+    assert set(table.column("model_fingerprint").to_pylist()) == {served["weights_sha256"][:16]}
     assert pq.read_metadata(other / "embeddings/2026-10-30.parquet").num_rows > 300
     uploaded = json.loads((scored_out / "manifests/predictions/churn.json").read_text())["files"]
     assert list(uploaded) == ["predictions/churn/2026-10-30.parquet"]
@@ -111,11 +123,38 @@ def test_a_training_job_then_a_scoring_job_elsewhere(layout, monkeypatch, capsys
     assert 0 < spend["training"]["trainable_parameters"] < weights / 2  # the adapters and the head only
     assert _scores(other, "spend", int8=False) != pytest.approx(_scores(other, "spend", int8=True), abs=0)
     assert _scores(other, "spend", int8=True) == pytest.approx(_written(other, "spend"), abs=1e-6)
-    assert _scores(other, "churn", int8=False) == pytest.approx(_written(other, "churn"), abs=1e-6)
+    if served.get("kind") != "baseline":
+        assert _scores(other, "churn", int8=False) == pytest.approx(_written(other, "churn"), abs=1e-6)
+    else:  # LightGBM's saved model (or the rule) scored it on the scoring machine
+        assert _baseline_scores(other, "churn", served) == pytest.approx(_written(other, "churn"), abs=1e-6)
 
 
 def _written(ws: Path, name: str) -> list[float]:
     return pq.read_table(ws / f"predictions/{name}/2026-10-30.parquet").column("score").to_pylist()
+
+
+def _baseline_scores(ws: Path, name: str, served: dict) -> list[float]:
+    """The scenario's scores of 2026-10-30 from the baseline version serving it: LightGBM's saved model on
+    the hand features of the eligible entities (a rule: the task's own rule)."""
+    from datetime import datetime, timezone
+
+    from habitus.assets.serving import serving_checkpoint
+    from habitus.models.cache import Cache
+    from habitus.models.data.features import FeatureSpec
+    from habitus.models.evaluate.baselines import LIGHTGBM_FILE, _dataset
+    from habitus.models.storage.files import read_json
+    from habitus.models.tasks.spec import TaskSpec
+    from habitus.resources.workspace import Workspace
+
+    assert served["baseline"] == "lightgbm", served["baseline"]
+    import lightgbm as lgb
+
+    workspace = Workspace(root=str(ws))
+    cache = Cache(workspace.cache_root / read_json(workspace.cache_root / "current.json")["folder"])
+    booster = lgb.Booster(model_file=str(serving_checkpoint(workspace, name)[0] / LIGHTGBM_FILE))
+    cutoff = int(datetime(2026, 10, 31, tzinfo=timezone.utc).timestamp())
+    x, _ = _dataset(cache, FeatureSpec.from_dict(served["feature_spec"]), TaskSpec.from_dict(served["task"]), [cutoff])
+    return booster.predict(x).tolist()
 
 
 def _scores(ws: Path, name: str, *, int8: bool) -> list[float]:

@@ -25,7 +25,6 @@ def test_cpu_device_threads_and_the_plain_precision():
     ({"inference_precision": "int4"}, "inference_precision 'int4'"),
     ({"device": "tpu"}, "device 'tpu': choose auto, cpu, cuda"),
     ({"device": "cuda:1", "processes": 2}, "names one GPU but processes is 2"),
-    ({"device": "cpu", "precision": "bf16"}, "bf16 trains on GPUs"),
 ])
 def test_settings_that_cannot_work_are_refused_with_the_fix(settings, message):
     with pytest.raises(ExecutorError, match=message):
@@ -42,6 +41,15 @@ def test_torchrun_command():
     cmd = TrainingExecutor(processes=4).torchrun_command(["-m", "habitus.models.train.distributed", "cpu"])
     assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "-m",
                        "habitus.models.train.distributed", "cpu"]
+    # several nodes: the rendezvous, this node's rank, and torchrun's restarts (3 unless said)
+    node = TrainingExecutor(processes=2, nnodes=3, node_rank=1, rdzv_endpoint="n0:29400", rdzv_id="j7")
+    assert node.torchrun_command(["x.py"])[3:] == ["--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                                   "n0:29400", "--rdzv-id", "j7", "--node-rank", "1",
+                                                   "--max-restarts", "3", "--nproc_per_node", "2", "x.py"]
+    assert "--max-restarts" not in TrainingExecutor(processes=2, nnodes=2, rdzv_endpoint="n0:1",
+                                                    max_restarts=0).torchrun_command(["x.py"])
+    with pytest.raises(ExecutorError, match="an asset starts the nodes through `habitus train --nnodes 2"):
+        TrainingExecutor(device="cpu", nnodes=2, rdzv_endpoint="n0:1").train({}, "cpu")
 
 
 @pytest.mark.slow

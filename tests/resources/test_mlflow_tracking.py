@@ -11,14 +11,20 @@ import pytest
 
 from habitus.assets.tracking import check_installed, track_scenario, tracked_rollback
 from habitus.pipelines.config import load_project
-from habitus.resources.mlflow_tracking import MlflowMissing, Tracker, numbers, redact, require
+from habitus.resources.masking import redact_url
+from habitus.resources.mlflow_tracking import MlflowMissing, Tracker, numbers, require
 from habitus.resources.workspace import Workspace
 
 
-def test_redact_hides_a_password_only():
-    assert redact("https://bob:s3cret@mlflow.example.com:8443/x") == "https://bob:***@mlflow.example.com:8443/x"
-    assert redact("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
-    assert redact("databricks") == "databricks"
+def test_redact_url_hides_user_password_and_tokens():
+    assert redact_url("https://bob:s3cret@mlflow.example.com:8443/x") == "https://***@mlflow.example.com:8443/x"
+    assert redact_url("https://ghp_tok3n@mlflow.example.com/x") == "https://***@mlflow.example.com/x"  # a token as user
+    assert redact_url("https://u:pa/ss?w@h:5000/api?token=t0k&run=1#top") == "https://***@h:5000/api?token=***&run=1#top"
+    assert redact_url("https://h/p?X-Amz-Signature=abc&sig=def&api_key=ghi&x=1") == (
+        "https://h/p?X-Amz-Signature=***&sig=***&api_key=***&x=1")
+    assert redact_url("https://h/users?email=a@b.c") == "https://h/users?email=a@b.c"  # an @ after the host: kept
+    assert redact_url("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert redact_url("databricks") == "databricks"
 
 
 def test_metric_names_are_ones_mlflow_takes():
@@ -35,7 +41,7 @@ def test_the_block_reads_the_environment_and_its_password_stays_out_of_the_publi
     assert (project.mlflow.experiment, project.mlflow.model_prefix, project.mlflow.alias) == (
         "habitus", "habitus-", "serving")
     assert "s3cret" not in json.dumps(project.public_dict())
-    assert project.public_dict()["mlflow"]["tracking_uri"] == "https://bob:***@mlflow.example.com"
+    assert project.public_dict()["mlflow"]["tracking_uri"] == "https://***@mlflow.example.com"
 
 
 def test_a_missing_client_names_the_extra_before_anything_moves(tmp_path, monkeypatch):
@@ -70,6 +76,6 @@ def test_a_server_that_does_not_answer_is_a_warning_naming_it(tmp_path, small_pr
     assert tracker.follow_pointer("churn", "a" * 16) is None
     assert tracker.log_foundation({"hidden": 16}, {"train_loss": [1.0]}, {}) is None
     assert time.monotonic() - start < 60
-    assert len(warnings) == 3 and all(w.startswith("MLflow at http://bob:***@127.0.0.1:9: ") for w in warnings)
+    assert len(warnings) == 3 and all(w.startswith("MLflow at http://***@127.0.0.1:9: ") for w in warnings)
     assert "version aaaaaaaaaaaaaaaa is kept in the workspace" in warnings[0]
     assert "serves all the same" in warnings[1]

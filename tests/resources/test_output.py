@@ -97,7 +97,6 @@ from habitus.resources.output import Output
 from habitus.resources.workspace import Workspace
 
 def half_then_die(self, src, key):  # the process dies with half of one file sent
-    self._mkdir(key)
     data = Path(src).read_bytes()
     out = self.fs.open_output_stream(key)
     out.write(data[: len(data) // 2])
