@@ -100,8 +100,8 @@ def lightgbm_per_label(train: Rows, val: Rows, test: Rows, seed: int, with_affin
             out[:, j] = sub.y[0, j]
             continue
         model = lgb.LGBMClassifier(**params)
-        model.fit(x(sub, j), np.ascontiguousarray(sub.y[:, j]), eval_set=[(x(val, j), np.ascontiguousarray(val.y[:, j]))],
-                  callbacks=[lgb.early_stopping(15, verbose=False)])
+        model.fit(x(sub, j), np.ascontiguousarray(sub.y[:, j]),
+                  eval_set=[(x(val, j), np.ascontiguousarray(val.y[:, j]))], callbacks=[lgb.early_stopping(15, verbose=False)])
         out[:, j] = model.predict_proba(x(test, j))[:, 1]
     return out
 
@@ -179,7 +179,8 @@ def main() -> None:
     quality.TAFENG = Path(args.tafeng)
     seeds = [int(s) for s in args.seeds.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(args.dataset, args.customers, seeds, Path(tmp), log=lambda m: print(m, file=sys.stderr, flush=True))
+        result = run(args.dataset, args.customers, seeds, Path(tmp),
+                     log=lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(result, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -25,7 +25,7 @@ class Rows:
     embedding: np.ndarray  # [n, hidden] the foundation trunk's representation
     y: np.ndarray  # [n] targets, or [n, len(labels)] 0/1 (multilabel)
     network: np.ndarray | None = None  # [n] or [n, len(labels)]: the network's probabilities / amounts
-    affinity: np.ndarray | None = None  # [n, len(labels), width]: per-label co-occurrence affinity (models/data/affinity.py)
+    affinity: np.ndarray | None = None  # [n, len(labels), width]: per-label affinity (models/data/affinity.py)
 
     def __len__(self) -> int:
         return len(self.entities)

@@ -142,11 +142,14 @@ def test_a_wide_multilabel_head_stacks_its_most_frequent_labels_only(world, tmp_
     state, config = load_checkpoint(path)
     loaded_model, loaded_spec, loaded_task = load_model(state, config)
     loaded = load_head(path, config)
+    assert head.affinity is not None and np.array_equal(loaded.affinity.centroids["product_id"],
+                                                        head.affinity.centroids["product_id"])
     every = len(task.target.labels)
     entities, (labels, values) = _predicted(loaded_model, cache, loaded_spec, loaded_task, plan.test_cutoff, loaded,
                                             k=every)
     names = np.asarray(loaded_task.target.labels)  # (label_names None: the predictions name them by vocabulary)
-    rows = collect(cache, spec, task, head.trunk, plan.test_cutoff, labels=head.labels, model=model)
+    rows = collect(cache, spec, task, head.trunk, plan.test_cutoff, labels=head.labels, model=model,
+                   affinity=head.affinity)
     np.testing.assert_array_equal(entities, rows.entities)
     chosen = head.stack.predict(rows)  # [n, 3]: the covered labels' blend
     network = _network_all(model, cache, spec, task, plan.test_cutoff)
