@@ -84,8 +84,11 @@ def paired(y, arms_a: list, arms_b: list, resamples: int = 1000, seed: int = 0) 
 def lightgbm_per_label(train: Rows, val: Rows, test: Rows, seed: int, with_affinity: bool) -> np.ndarray:
     """The baseline's per-label LightGBM (models/tasks/multilabel.py's parameters) over the hand features
     (+ each label's own affinity columns)."""
+    import warnings
+
     import lightgbm as lgb
 
+    warnings.filterwarnings("ignore", message=".*'eval_set' is deprecated")  # (as baselines.lightgbm_scores)
     params = dict(n_estimators=100, learning_rate=0.1, num_leaves=15, min_child_samples=50, subsample=0.8,
                   subsample_freq=1, colsample_bytree=0.8, max_bin=63, random_state=seed, verbose=-1, n_jobs=1)
     rows = np.random.default_rng(seed).permutation(len(train))[:MULTILABEL_ROWS]

@@ -16,7 +16,7 @@ from habitus.models.tasks.scoring import scores
 from habitus.models.train.config import FinetuneConfig
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacking import StackConfig, score
-from habitus.models.heads.stacked_head import STACK_FILE, TRUNK_FILE, fit_head, load_head, save_head
+from habitus.models.heads.stacked_head import AFFINITY_FILE, STACK_FILE, TRUNK_FILE, fit_head, load_head, save_head
 from habitus.models.nn.network import load_trunk
 from habitus.models.heads.stacked_rows import collect
 from habitus.models.data.targets import TargetSpec
@@ -74,6 +74,7 @@ def test_the_chosen_head_is_evaluated_saved_and_predicts_what_was_evaluated(worl
     cache, test_cutoff, foundation, spec = world
     task, plan, model, head = _scenario(world, name)
     assert head is not None and head.chosen == "blend" and head.weight == 0.5
+    assert head.affinity is None  # per-label affinity is for label heads only: churn and amounts read none
     # (chunks as collect's and predict's: a trunk's matrix products round by their batch, which can move a
     # tree's split on an amount by a float's last bit)
     held = score_holdout(model, cache, spec, task, plan.test_cutoff, head=head, chunk_entities=8192)
@@ -126,6 +127,17 @@ def test_a_changed_stack_file_is_refused(world, tmp_path):
         load_head(path, config)
     (path / TRUNK_FILE).unlink()
     with pytest.raises(CheckpointError, match="missing"):
+        load_head(path, config)
+
+
+def test_a_changed_affinity_file_is_refused(world, tmp_path):
+    cache, test_cutoff, foundation, spec = world
+    task, plan, model, head = _scenario(world, "multilabel")
+    path = _save(tmp_path, model, task, foundation, head)
+    state, config = load_checkpoint(path)
+    assert AFFINITY_FILE in config["stack"]["files"] and config["stack"]["affinity"]["levels"] == ["product_id"]
+    (path / AFFINITY_FILE).write_bytes((path / AFFINITY_FILE).read_bytes()[:-4] + b"\0\0\0\0")
+    with pytest.raises(CheckpointError, match="changed after training"):
         load_head(path, config)
 
 
