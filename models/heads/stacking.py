@@ -64,8 +64,9 @@ class StackConfig:
     choice_rule: str = "one_se"
     se_blocks: int = 10
     max_labels: int = 50  # multilabel: labels with trees (the rest keep the network's score)
-    # label heads: each label's trees also read its co-occurrence affinity (models/data/affinity.py)
-    affinity: bool = True
+    # label heads: each label's trees also read its co-occurrence affinity (models/data/affinity.py); off
+    # until it is measured to win in the served head (docs/journal/quality.md, 2026-12-05)
+    affinity: bool = False
     multilabel_rows: int = MULTILABEL_ROWS  # training rows per label's model
     # the baseline's LightGBM parameters (habitus.models.evaluate.baselines.lightgbm_scores), so the two differ by their inputs
     n_estimators: int = 400

@@ -74,7 +74,7 @@ def test_the_chosen_head_is_evaluated_saved_and_predicts_what_was_evaluated(worl
     cache, test_cutoff, foundation, spec = world
     task, plan, model, head = _scenario(world, name)
     assert head is not None and head.chosen == "blend" and head.weight == 0.5
-    assert head.affinity is None  # per-label affinity is for label heads only: churn and amounts read none
+    assert head.affinity is None  # per-label affinity is for label heads only (and off by default)
     # (chunks as collect's and predict's: a trunk's matrix products round by their batch, which can move a
     # tree's split on an amount by a float's last bit)
     held = score_holdout(model, cache, spec, task, plan.test_cutoff, head=head, chunk_entities=8192)
@@ -132,7 +132,7 @@ def test_a_changed_stack_file_is_refused(world, tmp_path):
 
 def test_a_changed_affinity_file_is_refused(world, tmp_path):
     cache, test_cutoff, foundation, spec = world
-    task, plan, model, head = _scenario(world, "multilabel")
+    task, plan, model, head = _scenario(world, "multilabel", StackConfig(**{**FORCED.to_dict(), "affinity": True}))
     path = _save(tmp_path, model, task, foundation, head)
     state, config = load_checkpoint(path)
     assert AFFINITY_FILE in config["stack"]["files"] and config["stack"]["affinity"]["levels"] == ["product_id"]
@@ -143,7 +143,8 @@ def test_a_changed_affinity_file_is_refused(world, tmp_path):
 
 def test_a_wide_multilabel_head_stacks_its_most_frequent_labels_only(world, tmp_path):
     cache, test_cutoff, foundation, spec = world
-    task, plan, model, head = _scenario(world, "multilabel", StackConfig(**{**FORCED.to_dict(), "max_labels": 3}))
+    task, plan, model, head = _scenario(world, "multilabel",
+                                        StackConfig(**{**FORCED.to_dict(), "max_labels": 3, "affinity": True}))
     assert head is not None and len(head.labels) == 3
     report = evaluate(model, cache, spec, task, plan.test_cutoff, head=head)
     plain = evaluate(model, cache, spec, task, plan.test_cutoff)
