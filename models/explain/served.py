@@ -124,9 +124,6 @@ class ServedExplainer:
 
     def __init__(self, model, head, spec, task, groups: Groups, *, device: str = "cpu", **integration):
         self.head, self.spec, self.task = head, spec, task
-        if getattr(head, "affinity", None) is not None:
-            raise ValueError("this head's trees read per-label co-occurrence affinity (StackConfig.affinity), which "
-                             "explanations do not attribute yet; explain a head fitted without it")
         self.stack = head.stack
         self.w = float(head.weight)
         rule = task_of(task).stacking

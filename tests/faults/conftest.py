@@ -106,9 +106,6 @@ class Harness:
                     load_checkpoint(path.parent)  # verifies the SHA-256 recorded in config.json
                 elif path.name == "stack_trunk.safetensors":  # the head chosen on validation (stacking_head)
                     assert load_head(path.parent, json.loads((path.parent / "config.json").read_text())) is not None
-                elif path.name == "stack_affinity.safetensors":  # a label head's affinity (verified by its SHA-256)
-                    head = load_head(path.parent, json.loads((path.parent / "config.json").read_text()))
-                    assert head is not None and head.affinity is not None
                 elif path.name == "state.safetensors":  # resumable training state (habitus.models.train.resume)
                     body = json.loads((path.parent / "state.json").read_text())
                     assert body["tensors_sha256"] == file_sha256(path), "state does not match its state.json"

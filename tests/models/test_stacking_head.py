@@ -16,7 +16,7 @@ from habitus.models.tasks.scoring import scores
 from habitus.models.train.config import FinetuneConfig
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.heads.stacking import StackConfig, score
-from habitus.models.heads.stacked_head import AFFINITY_FILE, STACK_FILE, TRUNK_FILE, fit_head, load_head, save_head
+from habitus.models.heads.stacked_head import STACK_FILE, TRUNK_FILE, fit_head, load_head, save_head
 from habitus.models.nn.network import load_trunk
 from habitus.models.heads.stacked_rows import collect
 from habitus.models.data.targets import TargetSpec
@@ -74,7 +74,6 @@ def test_the_chosen_head_is_evaluated_saved_and_predicts_what_was_evaluated(worl
     cache, test_cutoff, foundation, spec = world
     task, plan, model, head = _scenario(world, name)
     assert head is not None and head.chosen == "blend" and head.weight == 0.5
-    assert head.affinity is None  # per-label affinity is for label heads only (and off by default)
     # (chunks as collect's and predict's: a trunk's matrix products round by their batch, which can move a
     # tree's split on an amount by a float's last bit)
     held = score_holdout(model, cache, spec, task, plan.test_cutoff, head=head, chunk_entities=8192)
@@ -130,21 +129,9 @@ def test_a_changed_stack_file_is_refused(world, tmp_path):
         load_head(path, config)
 
 
-def test_a_changed_affinity_file_is_refused(world, tmp_path):
-    cache, test_cutoff, foundation, spec = world
-    task, plan, model, head = _scenario(world, "multilabel", StackConfig(**{**FORCED.to_dict(), "affinity": True}))
-    path = _save(tmp_path, model, task, foundation, head)
-    state, config = load_checkpoint(path)
-    assert AFFINITY_FILE in config["stack"]["files"] and config["stack"]["affinity"]["levels"] == ["product_id"]
-    (path / AFFINITY_FILE).write_bytes((path / AFFINITY_FILE).read_bytes()[:-4] + b"\0\0\0\0")
-    with pytest.raises(CheckpointError, match="changed after training"):
-        load_head(path, config)
-
-
 def test_a_wide_multilabel_head_stacks_its_most_frequent_labels_only(world, tmp_path):
     cache, test_cutoff, foundation, spec = world
-    task, plan, model, head = _scenario(world, "multilabel",
-                                        StackConfig(**{**FORCED.to_dict(), "max_labels": 3, "affinity": True}))
+    task, plan, model, head = _scenario(world, "multilabel", StackConfig(**{**FORCED.to_dict(), "max_labels": 3}))
     assert head is not None and len(head.labels) == 3
     report = evaluate(model, cache, spec, task, plan.test_cutoff, head=head)
     plain = evaluate(model, cache, spec, task, plan.test_cutoff)
@@ -155,14 +142,11 @@ def test_a_wide_multilabel_head_stacks_its_most_frequent_labels_only(world, tmp_
     state, config = load_checkpoint(path)
     loaded_model, loaded_spec, loaded_task = load_model(state, config)
     loaded = load_head(path, config)
-    assert head.affinity is not None and np.array_equal(loaded.affinity.centroids["product_id"],
-                                                        head.affinity.centroids["product_id"])
     every = len(task.target.labels)
     entities, (labels, values) = _predicted(loaded_model, cache, loaded_spec, loaded_task, plan.test_cutoff, loaded,
                                             k=every)
     names = np.asarray(loaded_task.target.labels)  # (label_names None: the predictions name them by vocabulary)
-    rows = collect(cache, spec, task, head.trunk, plan.test_cutoff, labels=head.labels, model=model,
-                   affinity=head.affinity)
+    rows = collect(cache, spec, task, head.trunk, plan.test_cutoff, labels=head.labels, model=model)
     np.testing.assert_array_equal(entities, rows.entities)
     chosen = head.stack.predict(rows)  # [n, 3]: the covered labels' blend
     network = _network_all(model, cache, spec, task, plan.test_cutoff)
