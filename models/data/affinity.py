@@ -22,7 +22,6 @@ Everything is fitted on events at or before the cut-off only: features at a cut-
 whether or not later events exist.
 """
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -190,19 +189,3 @@ def affinity_features(cache: Cache, cutoff: int, column: str, labels, *, entitie
         if (at >= 0).any():
             out[at[at >= 0]] = aff.features(chunk)[at >= 0]
     return out
-
-
-def affinity_state(aff: Affinity) -> tuple[dict[str, np.ndarray], dict]:
-    """(arrays, plain values) an Affinity saves as: its vectors and centroids per level, its labels;
-    its column, levels and settings."""
-    arrays = {"labels": aff.labels}
-    for i, c in enumerate(aff.levels):
-        arrays[f"vectors_{i}"], arrays[f"centroids_{i}"] = aff.levels[c], aff.centroids[c]
-    return arrays, {"column": aff.column, "levels": list(aff.levels), "config": dataclasses.asdict(aff.cfg)}
-
-
-def affinity_from_state(arrays: dict[str, np.ndarray], meta: dict) -> Affinity:
-    levels = {c: np.asarray(arrays[f"vectors_{i}"], np.float32) for i, c in enumerate(meta["levels"])}
-    centroids = {c: np.asarray(arrays[f"centroids_{i}"], np.float32) for i, c in enumerate(meta["levels"])}
-    return Affinity(meta["column"], np.asarray(arrays["labels"], np.int64), levels, centroids,
-                    AffinityConfig(**meta["config"]))
