@@ -1,0 +1,165 @@
+"""Per-label co-occurrence affinity (models/data/affinity.py, `affinity_features`) added to the baseline's
+LightGBM, with and without, on a temporal hold-out: a paired entity bootstrap interval of the difference.
+
+    python bench/affinity.py --dataset tafeng [--seeds 0,1,2] [--json out.json] [--scores out.npz]
+    python bench/affinity.py --dataset demo --customers 20000
+
+The protocol is bench/quality.py's (its dataset specs and propensity task, imported): at every cut-off
+(training, validation, test) the affinity is fitted on that cut-off's past only. "lightgbm" is the
+baseline's per-label LightGBM (models/tasks/multilabel.py's parameters, the same training rows, early
+stopped on the validation cut-off) over the hand features, with and without each label's own
+affinity columns (the panel's reference arm "LightGBM + per-label co-occurrence affinity"). The
+hand features come from the stack's rows (models/heads/stacked_rows.collect, which needs a
+foundation trunk: one is trained, its representation is not read).
+
+Macro AUROC at the test cut-off over the labels with both classes; the interval is a paired bootstrap
+over test entities (this script's own, 200 resamples, the seeds' mean difference in each resample).
+"""
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import quality  # noqa: E402
+from quality import dataset_parser, dataset_spec, tasks  # noqa: E402
+
+from habitus.models.cache import Cache, build_cache  # noqa: E402
+from habitus.models.data.affinity import affinity_features  # noqa: E402
+from habitus.models.data.features import DAY, FeatureSpec  # noqa: E402
+from habitus.models.evaluate.baselines import MULTILABEL_ROWS, most_frequent_labels  # noqa: E402
+from habitus.models.evaluate.holdout import protocol  # noqa: E402
+from habitus.models.heads.stacked_rows import Rows, collect  # noqa: E402
+from habitus.models.heads.stacking import StackConfig  # noqa: E402
+from habitus.models.nn.network import load_trunk  # noqa: E402
+from habitus.models.train.config import TRAIN_CUTOFFS, FoundationConfig  # noqa: E402
+from habitus.models.train.foundation import train_foundation  # noqa: E402
+
+
+def weighted_macro_auroc(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """[resamples] macro AUROC of scores `s` [n, labels] for 0/1 `y` [n, labels] under entity weights
+    `w` [resamples, n] (a bootstrap's multiplicities; ones: the plain figure). Ties count a half."""
+    out = np.zeros((len(w), y.shape[1]))
+    for j in range(y.shape[1]):
+        order = np.argsort(s[:, j], kind="stable")
+        sj, yj = s[order, j], y[order, j]
+        starts = np.r_[0, np.flatnonzero(np.diff(sj)) + 1]
+        wp = np.add.reduceat(w[:, order] * yj, starts, axis=1)
+        wn = np.add.reduceat(w[:, order] * (1 - yj), starts, axis=1)
+        below = np.cumsum(wn, axis=1) - wn
+        pos, neg = wp.sum(1), wn.sum(1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[:, j] = (wp * (below + 0.5 * wn)).sum(1) / (pos * neg)
+    return np.nanmean(out, axis=1)
+
+
+def paired(y, arms_a: list, arms_b: list, resamples: int = 200, seed: int = 0) -> dict:
+    """mean over seeds of macro AUROC (a) - (b), with a paired entity bootstrap 95% interval."""
+    keep = (y.min(0) < y.max(0))
+    y = y[:, keep]
+    rng = np.random.default_rng(seed)
+    ones = np.ones((1, len(y)))
+    w = rng.multinomial(len(y), np.full(len(y), 1 / len(y)), size=resamples).astype(np.float64)
+    a = [weighted_macro_auroc(y, s[:, keep], np.r_[ones, w]) for s in arms_a]
+    b = [weighted_macro_auroc(y, s[:, keep], np.r_[ones, w]) for s in arms_b]
+    diff = np.mean(a, 0) - np.mean(b, 0)
+    lo, hi = np.quantile(diff[1:], [0.025, 0.975])
+    return {"a": float(np.mean([x[0] for x in a])), "b": float(np.mean([x[0] for x in b])),
+            "a_seeds": [round(float(x[0]), 4) for x in a], "b_seeds": [round(float(x[0]), 4) for x in b],
+            "diff": float(diff[0]), "low": float(lo), "high": float(hi)}
+
+
+def lightgbm_per_label(train: tuple, val: tuple, test: tuple, seed: int, with_affinity: bool) -> np.ndarray:
+    """The baseline's per-label LightGBM (models/tasks/multilabel.py's parameters) over the hand features
+    (+ each label's own affinity columns)."""
+    import warnings
+
+    import lightgbm as lgb
+
+    warnings.filterwarnings("ignore", message=".*'eval_set' is deprecated")  # (as baselines.lightgbm_scores)
+    params = dict(n_estimators=100, learning_rate=0.1, num_leaves=15, min_child_samples=50, subsample=0.8,
+                  subsample_freq=1, colsample_bytree=0.8, max_bin=63, random_state=seed, verbose=-1, n_jobs=1)
+    rows = np.random.default_rng(seed).permutation(len(train[0]))[:MULTILABEL_ROWS]
+    sub = (train[0].take(rows), train[1][rows])
+    out = np.zeros(test[0].y.shape, np.float32)
+
+    def x(r: tuple, j: int) -> np.ndarray:  # (Rows, affinity [n, labels, width])
+        return np.concatenate([r[0].hand, r[1][:, j, :]], 1) if with_affinity else r[0].hand
+
+    y, y_val = sub[0].y, val[0].y
+    for j in range(y.shape[1]):
+        if y[:, j].min() == y[:, j].max():
+            out[:, j] = y[0, j]
+            continue
+        model = lgb.LGBMClassifier(**params)
+        model.fit(x(sub, j), np.ascontiguousarray(y[:, j]),
+                  eval_set=[(x(val, j), np.ascontiguousarray(y_val[:, j]))], callbacks=[lgb.early_stopping(15, verbose=False)])
+        out[:, j] = model.predict_proba(x(test, j))[:, 1]
+    return out
+
+
+def run(dataset: str, customers: int, seeds: list[int], workdir: Path, log=print, scores: Path | None = None) -> dict:
+    spec, test_cutoff, params = dataset_spec(dataset, customers, workdir)
+    cache = Cache(build_cache(spec, workdir / "cache", log=lambda _: None))
+    fcfg = FoundationConfig()
+    foundation = train_foundation(cache, fcfg, test_cutoff - fcfg.horizon_days * DAY, log=lambda _: None)
+    fspec = FeatureSpec.from_dict(foundation.info["feature_spec"])
+    trunk = load_trunk(foundation.model.state_dict(), foundation.info["net"]).float().eval()
+    task = tasks(cache, test_cutoff, params)["propensity"]
+    plan = protocol(test_cutoff, task.target.window_days, TRAIN_CUTOFFS, cache.time_range[0])
+    labels = most_frequent_labels(cache, task, plan.train_cutoffs, StackConfig().max_labels)
+    values = np.asarray(task.target.labels)[labels] if labels is not None else np.asarray(task.target.labels)
+    fit_s, rows = [], {}
+    for name, cutoffs in (("train", plan.train_cutoffs), ("val", [plan.val_cutoff]), ("test", [plan.test_cutoff])):
+        parts = []
+        for c in cutoffs:
+            r = collect(cache, fspec, task, trunk, c, labels=labels)  # (the hand features, in the holdout's order)
+            t0 = time.time()
+            parts.append((r, affinity_features(cache, c, task.target.column, values, entities=r.entities)))
+            fit_s.append(time.time() - t0)
+        rows[name] = (Rows(*(np.concatenate([getattr(p[0], k) for p in parts])
+                             for k in ("entities", "hand", "embedding", "y"))),
+                      np.concatenate([p[1] for p in parts]))
+    log(f"affinity: fit + features {np.mean(fit_s):.1f}s per cut-off; rows train {len(rows['train'][0])}, "
+        f"val {len(rows['val'][0])}, test {len(rows['test'][0])}, affinity width {rows['test'][1].shape[2]}")
+    lgbm = {True: [], False: []}
+    for seed in seeds:
+        for with_aff in (True, False):
+            lgbm[with_aff].append(lightgbm_per_label(rows["train"], rows["val"], rows["test"], seed, with_aff))
+        log(f"seed {seed} done")
+    y = rows["test"][0].y
+    if scores is not None:  # the test scores, before the bootstrap
+        np.savez_compressed(scores, y=y, entities=rows["test"][0].entities, lightgbm_with=np.stack(lgbm[True]),
+                            lightgbm_without=np.stack(lgbm[False]))
+    result = {"dataset": dataset, "seeds": seeds, "labels": int(y.shape[1]), "test_entities": int(len(y)),
+              "affinity_s_per_cutoff": round(float(np.mean(fit_s)), 2),
+              "lightgbm_with_minus_without": paired(y, lgbm[True], lgbm[False])}
+    v = result["lightgbm_with_minus_without"]
+    log(f"lightgbm with - without: {v['a']:.4f} - {v['b']:.4f} = {v['diff']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}]")
+    return result
+
+
+def main() -> None:
+    parser = dataset_parser(__doc__)
+    parser.add_argument("--seeds", default="0,1,2", help="the trees' seeds (comma-separated)")
+    parser.add_argument("--tafeng", default=str(quality.TAFENG), help="the Ta-Feng folder (shared/data/tafeng)")
+    parser.add_argument("--scores", help="also save the test scores (.npz) here, before the bootstrap")
+    args = parser.parse_args()
+    quality.TAFENG = Path(args.tafeng)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run(args.dataset, args.customers, seeds, Path(tmp),
+                     log=lambda m: print(m, file=sys.stderr, flush=True), scores=None if args.scores is None else Path(args.scores))
+    print(json.dumps(result, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
