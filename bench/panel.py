@@ -73,6 +73,17 @@ COMPARISONS = [
     ("habitus - lightgbm (same 10%)", "habitus", "lightgbm"),
     ("habitus - lightgbm on all labels", "habitus", "lightgbm all labels"),
     ("pretrained - scratch (network)", "network", "scratch"))]
+
+
+def practitioner_arm(cache, fspec, task, plan, *, dataset: str, seed: int, train_cache):
+    return practitioner_scores(cache, fspec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff,
+                               parent_column=PARENT.get(dataset), seed=seed, train_cache=train_cache)
+
+
+# the hand-built reference models of label rows, beside the recipe's arms: name -> fit(cache, feature
+# spec, task, plan, dataset=, seed=, train_cache=) -> LabelScores of the test entities in evaluate's
+# order. Another reference is one entry here and its lines in COMPARISONS.
+LABEL_ARMS = {"practitioner": practitioner_arm}
 # rows whose comparison is against the stronger of two LightGBMs: (row, bar, floor)
 STRONGER_ROWS = {"propensity": (None, None), "propensity_500": (0.02, 0.0)}
 # panel rows over the datasets' means: (row, comparison, bar, floor)
@@ -171,7 +182,7 @@ def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], dra
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         spec, test_cutoff, params = dataset_spec(dataset, customers, tmp)
-        source, column, positive, meaning = withheld.ATTRIBUTES[dataset]
+        _, column, positive, meaning = withheld.ATTRIBUTES[dataset]
         table = next(t for t in spec.entity_attributes if column in t.columns)
         spec = dataclasses.replace(spec, entity_attributes=[
             dataclasses.replace(t, columns={c: k for c, k in t.columns.items() if c != column})
@@ -204,11 +215,9 @@ def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], dra
                 few = subset if row.endswith("_10pct") or row == "withheld" else None
                 run = train_arms(cache, state, foundation.info, task, plan, row, few, seed=seed)
                 y, labels, ents, arms = arm_set(run)
-                if task_of(task).label_outputs:
-                    arms["practitioner"] = practitioner_scores(
-                        cache, fspec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff,
-                        parent_column=PARENT.get(dataset), seed=seed, train_cache=few)
-                    arms["practitioner"] = (arms["practitioner"].labels, arms["practitioner"].scores)
+                for name, fit in LABEL_ARMS.items() if task_of(task).label_outputs else ():
+                    found = fit(cache, fspec, task, plan, dataset=dataset, seed=seed, train_cache=few)
+                    arms[name] = (found.labels, found.scores)
                 if few is None:
                     full_lightgbm[row] = arms.get("lightgbm")
                 elif full_lightgbm.get(base) is not None:
@@ -225,8 +234,7 @@ def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], dra
                 found = paired_many(ys, dict(zip(names, scores)), [(a, b) for _, a, b in group], draws, seed=seed)
                 result.update({name: dataclasses.asdict(found[(a, b)]) for name, a, b in group})
             if ents is not None:
-                label_values = None if labels is None else [
-                    task_of(task).label_values(cache, task)[i] for i in range(len(task.target.labels))]
+                label_values = None if labels is None else list(task_of(task).label_values(cache, task))
                 oracle = oracle_rows(dataset, tmp, cache, ents, test_cutoff, task.target.window_days, base,
                                      label_values)
                 if oracle is not None:
@@ -298,7 +306,7 @@ def aggregate(runs: dict, smoke: bool) -> list[dict]:
 SCHEMA = ("dataset", "task", "comparison", "mean", "lo", "hi", "bar", "floor", "verdict", "seeds", "oracle", "oracle_gap")
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], draws: int) -> str:
     fmt = lambda v, f="+.4f": "-" if v is None else format(v, f)  # noqa: E731
     lines = [f"{'dataset':<22} {'task':<17} {'comparison':<50} {'mean':>8} {'95% interval':>19} {'bar':>7} "
              f"{'floor':>7} {'verdict':<10} {'seeds':<8} {'a':>7} {'b':>7} {'oracle gap':>10}"]
@@ -308,7 +316,7 @@ def table(rows: list[dict]) -> str:
                      f"{r['verdict'] or '-':<10} {','.join(map(str, r['seeds'])):<8} {fmt(r['a'], '.4f'):>7} "
                      f"{fmt(r['b'], '.4f'):>7} {fmt(r['oracle_gap']):>10}")
     lines.append("mean: arm a - arm b (AUROC; macro AUROC over labels), paired on the same entities; a, b: the arms' "
-                 "means; interval: Var = s^2_seed / S + mean bootstrap variance (B = 1,000)")
+                 f"means; interval: Var = s^2_seed / S + mean bootstrap variance (B = {draws:,})")
     return "\n".join(lines)
 
 
@@ -359,7 +367,7 @@ def main() -> None:
             write(path, seed_run(dataset, args.customers, seed, rows, args.draws, log, save=lambda r, p=path: write(p, r)))
     runs = {d: {s: r for s, r in v.items() if s in seeds} for d, v in load_state(state).items() if d in datasets}
     out = aggregate(runs, smoke=all(d in SMOKE for d in datasets))
-    print(table(out))
+    print(table(out, args.draws))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": [{k: r[k] for k in SCHEMA} for r in out]}, indent=2))
 

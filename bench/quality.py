@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import os
 import sys
 import tempfile
 import time
@@ -52,7 +53,7 @@ from habitus.models.heads.stacking import StackConfig  # noqa: E402
 from habitus.models.tasks.spec import TaskSpec  # noqa: E402
 from habitus.models.tasks import task as task_of  # noqa: E402
 
-TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
+TAFENG = Path(os.environ.get("HABITUS_TAFENG", ROOT.parent / "shared" / "data" / "tafeng"))  # a worktree: set it
 DATASETS = ("tafeng", "demo", "movielens")
 TASKS = ("churn", "propensity", "spend", "next_items", "embedding_probe")
 LABEL_SHARE_TASKS = ("churn", "propensity")  # the rows `<task>_<share>pct` of --label-share

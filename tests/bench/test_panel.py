@@ -160,3 +160,58 @@ def test_parent_is_the_category_a_labels_events_carry_most():
     np.testing.assert_array_equal(parent_of(cache, task, "category", CUTOFF), [2, 1])
     # 20 days earlier brand 3 had no event yet: the missing value 0
     np.testing.assert_array_equal(parent_of(cache, task, "category", CUTOFF - 20 * DAY), [0, 1])
+
+
+def test_every_arm_is_captured_on_the_same_entities_as_its_report(tmp_path):
+    """bench/quality.py's train_arms with bench/arm_scores.py: the scores recorded for each arm give back
+    the metrics each hold-out reported, on one list of entities, for one-score and label tasks."""
+    import calendar
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from quality import train_arms
+
+    from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache
+    from habitus.models.data.labels import top_values
+    from habitus.models.evaluate.holdout import protocol
+    from habitus.models.tasks.metrics import macro_auroc
+    from habitus.models.train.config import FoundationConfig
+    from habitus.models.train.foundation import train_foundation
+
+    rng, n, t0 = np.random.default_rng(0), 6000, calendar.timegm((2026, 1, 1, 0, 0, 0))
+    customer = rng.integers(0, 300, n)
+    stop = t0 + rng.uniform(40, 160, 300) * DAY  # each customer buys until its own day
+    ts = t0 + rng.uniform(0, 1, n) * (stop[customer] - t0)
+    pq.write_table(pa.table({
+        "customer_id": pa.array([f"c{i:03d}" for i in customer]),
+        "ts": pa.array(ts.astype(np.int64), pa.int64()).cast(pa.timestamp("s")),
+        "product_id": pa.array([f"p{(c % 6) * 3 + j}" for c, j in zip(customer, rng.integers(0, 5, n))])}),
+        tmp_path / "purchases.parquet")
+    spec = CacheSpec("customer_id", [TableInput("purchases", [str(tmp_path / "purchases.parquet")],
+                                                {"product_id": "categorical"}, timestamp="ts")])
+    cache = Cache(build_cache(spec, tmp_path / "cache", log=lambda _: None))
+    test_cutoff = t0 + 126 * DAY
+    foundation = train_foundation(cache, FoundationConfig(horizon_days=14, hidden=16, layers=1, epochs=1, batch_size=32,
+                                                          buckets=16, chunk_entities=64),
+                                  test_cutoff - 14 * DAY, device="cpu", log=lambda _: None)
+    info = {**foundation.info, "weights_sha256": "f" * 64}
+    for task, score in ((TaskSpec("binary", TargetSpec("no_event", 14, active_days=30)), auroc),
+                        (TaskSpec("multilabel", TargetSpec("any_event", 14, "product_id",
+                                                           top_values(cache, "product_id", test_cutoff, 8))),
+                         macro_auroc)):
+        plan = protocol(test_cutoff, 14, 3, cache.time_range[0])
+        arms = train_arms(cache, foundation.model.state_dict(), info, task, plan, "row", seed=1)
+        first = arms.records["run"][0]
+        key = "auroc" if score is auroc else "macro_auroc"
+        assert score(first["y"], first["scores"]["model"]) == pytest.approx(arms.run.report["model"][key], abs=1e-6)
+        assert score(first["y"], first["scores"]["lightgbm"]) == pytest.approx(
+            arms.run.report["baselines"]["lightgbm"][key], abs=1e-6)
+        if "network" in arms.run.report:
+            assert score(first["y"], first["scores"]["network"]) == pytest.approx(arms.run.report["network"][key], abs=1e-6)
+        for name in ("scratch", "bare"):
+            rec = arms.records[name][0]
+            np.testing.assert_array_equal(rec["entities"], first["entities"])
+            assert score(rec["y"], rec["scores"]["model"]) == pytest.approx(
+                getattr(arms, name).report["model"][key], abs=1e-6)
+        assert len(first["entities"]) == arms.run.report["entities"] > 50
