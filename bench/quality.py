@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import os
 import sys
 import tempfile
 import time
@@ -33,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from arm_scores import captured, seeded_lightgbm  # noqa: E402
 from label_share import EntitySubset, labeled_entities, lightgbm_trained_on  # noqa: E402
 from movielens import movielens_spec  # noqa: E402
 from probe import embedding_probe  # noqa: E402
@@ -51,7 +53,7 @@ from habitus.models.heads.stacking import StackConfig  # noqa: E402
 from habitus.models.tasks.spec import TaskSpec  # noqa: E402
 from habitus.models.tasks import task as task_of  # noqa: E402
 
-TAFENG = ROOT.parent / "shared" / "data" / "tafeng"
+TAFENG = Path(os.environ.get("HABITUS_TAFENG", ROOT.parent / "shared" / "data" / "tafeng"))  # a worktree: set it
 DATASETS = ("tafeng", "demo", "movielens")
 TASKS = ("churn", "propensity", "spend", "next_items", "embedding_probe")
 LABEL_SHARE_TASKS = ("churn", "propensity")  # the rows `<task>_<share>pct` of --label-share
@@ -196,23 +198,50 @@ def finetune_config(row: str) -> FinetuneConfig:
     return FinetuneConfig(epochs=EPOCHS.get(row, FinetuneConfig.epochs))
 
 
+@dataclasses.dataclass
+class Arms:
+    """A row's three recipe runs (models/train/scenario.py's ScenarioRun): the served recipe (with
+    LightGBM), the network from scratch and the served recipe without the foundation; `records`: what
+    each hold-out scored, entity by entity ({"run", "scratch", "bare"}: bench/arm_scores.py's records)."""
+    run: object
+    scratch: object
+    bare: object
+    records: list
+
+
+def train_arms(cache: Cache, state: dict, foundation_info: dict, task: TaskSpec, plan, name: str,
+               train_cache: Cache | None = None, seed: int = 0) -> Arms:
+    """The scenario as its asset trains it (models/train/scenario.py: the fine-tuned network, the head
+    chosen on validation, LightGBM), the same network from scratch and the served recipe from a random
+    trunk, trained on `train_cache` (default: the whole cache; an EntitySubset for the few-labels
+    rows), all scored at the test cut-off on every eligible entity of `cache`. `seed` seeds the
+    fine-tuning, the head's trees and LightGBM."""
+    quiet = lambda msg: print(f"  {name}: {msg}", file=sys.stderr) if " start" in msg or "re-ranking" in msg else None  # noqa: E731
+    cfg = ScenarioConfig(name, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff,
+                         dataclasses.replace(finetune_config(name), seed=seed),
+                         refit=False)  # (the hold-out is the measured model's either way)
+    stack = StackConfig(seed=seed)
+    records = {}
+    with captured() as records["run"], seeded_lightgbm(seed):
+        # LightGBM of the few-labels rows: fitted on the labeled entities, scored on all of them
+        with lightgbm_trained_on(train_cache, plan.test_cutoff) if train_cache is not None else contextlib.nullcontext():
+            run = train_scenario(cache, state, foundation_info, cfg, log=quiet, train_cache=train_cache, stack=stack)
+    with captured() as records["scratch"]:
+        scratch = train_scenario(cache, state, foundation_info, dataclasses.replace(cfg, from_scratch=True, head="network"),
+                                 log=quiet, train_cache=train_cache, baselines=False, stack=stack)
+    with captured() as records["bare"]:
+        # the served recipe without the foundation model: a random trunk, and no representation in the trees
+        bare = train_scenario(cache, state, foundation_info, dataclasses.replace(cfg, from_scratch=True), log=quiet,
+                              train_cache=train_cache, baselines=False,
+                              stack=dataclasses.replace(stack, components=0))
+    return Arms(run, scratch, bare, records)
+
+
 def score_task(cache: Cache, state: dict, foundation_info: dict, task: TaskSpec, plan, name: str,
                train_cache: Cache | None = None) -> list[dict]:
-    """The scenario as its asset trains it (models/train/scenario.py: the fine-tuned network, the head
-    chosen on validation, LightGBM), and the same network from scratch, trained on `train_cache`
-    (default: the whole cache; an EntitySubset for the few-labels rows), all scored at the test
-    cut-off on every eligible entity of `cache`."""
-    quiet = lambda msg: print(f"  {name}: {msg}", file=sys.stderr) if " start" in msg or "re-ranking" in msg else None  # noqa: E731
-    cfg = ScenarioConfig(name, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff, finetune_config(name),
-                         refit=False)  # (the hold-out is the measured model's either way)
-    # LightGBM of the few-labels rows: fitted on the labeled entities, scored on all of them
-    with lightgbm_trained_on(train_cache, plan.test_cutoff) if train_cache is not None else contextlib.nullcontext():
-        run = train_scenario(cache, state, foundation_info, cfg, log=quiet, train_cache=train_cache)
-    scratch = train_scenario(cache, state, foundation_info, dataclasses.replace(cfg, from_scratch=True, head="network"),
-                             log=quiet, train_cache=train_cache, baselines=False)
-    # the served recipe without the foundation model: a random trunk, and no representation in the trees
-    bare = train_scenario(cache, state, foundation_info, dataclasses.replace(cfg, from_scratch=True), log=quiet,
-                          train_cache=train_cache, baselines=False, stack=StackConfig(components=0))
+    """The rows of train_arms's runs, metric by metric."""
+    arms = train_arms(cache, state, foundation_info, task, plan, name, train_cache)
+    run, scratch, bare = arms.run, arms.scratch, arms.bare
     report, no_pretrain, tuned, head = run.report, scratch.report["model"], run.trained, run.head
     metrics = task_of(task).report_metrics(task)
     rows = []
