@@ -30,8 +30,9 @@ def test_cutoff(project, cache) -> int:
     return day_floor(cache.time_range[1]) + DAY - longest * DAY
 
 
-def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDefinition:
-    """`op_tags`: the training step's tags from the wiring (on Kubernetes its GPU pod, pipelines/kubernetes.py)."""
+def build_foundation_asset(project, op_tags: dict | None = None, node_group=None) -> dg.AssetsDefinition:
+    """`op_tags`: the training step's tags from the wiring (on Kubernetes its GPU pod, pipelines/kubernetes.py);
+    `node_group(what)`: TrainingExecutor.train's `group` on several nodes, or None (pipelines/kubernetes_nodes.py)."""
     @dg.asset(key=FOUNDATION_KEY, deps=[CACHE_KEY], group_name="training", kinds={"pytorch", "safetensors"},
               op_tags=op_tags or {},
               description="Self-supervised model: predicts each entity's next window from its history")
@@ -56,11 +57,7 @@ def build_foundation_asset(project, op_tags: dict | None = None) -> dg.AssetsDef
         # in this process or under torchrun (rank 0's result comes back); a killed run continues from its
         # last saved state (same cache, config, cut-off and processes only)
         folder = workspace.resume("foundation")
-        group = None
-        if project.kubernetes is not None:  # several nodes: an indexed Job of pods on the workspace claim
-            from habitus.pipelines.kubernetes_nodes import group_of
-
-            group = group_of(project, "foundation", "foundation")
+        group = node_group("foundation") if node_group else None  # several nodes: an indexed Job of pods
         result = executor.train(foundation_job(cache, cfg, last_cutoff, device), device, log=context.log.info,
                                 resume=(folder, project.foundation.save_every_steps), group=group)
         info = result.info

@@ -46,8 +46,10 @@ def scenario_config(name: str, scenario, cache, cutoff: int, spill_dir: str | No
                           save_every_steps=scenario.save_every_steps, head=scenario.head, refit=scenario.refit)
 
 
-def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = None) -> dg.AssetsDefinition:
-    """`op_tags`: the training step's tags from the wiring (on Kubernetes its GPU pod, pipelines/kubernetes.py)."""
+def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = None,
+                         node_group=None) -> dg.AssetsDefinition:
+    """`op_tags`: the training step's tags from the wiring (on Kubernetes its GPU pod, pipelines/kubernetes.py);
+    `node_group(what)`: TrainingExecutor.train's `group` on several nodes, or None (pipelines/kubernetes_nodes.py)."""
     @dg.asset(key=scenario_key(name), deps=[FOUNDATION_KEY], group_name="scenarios", kinds={"pytorch", "safetensors"},
               op_tags=op_tags or {}, description=f"{scenario.task} scenario fine-tuned from the foundation model")
     @locked(f"scenario/{name}")
@@ -69,11 +71,8 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         if same is not None and (workspace.scenario(name) / "config.json").exists():
             return not_trained(context, workspace, name, same)
         # the measured run and the refit, each in this process or under torchrun, resumable in spill/<mode>
-        group = None
-        if project.kubernetes is not None:  # several nodes: an indexed Job of pods on the workspace claim
-            from habitus.pipelines.kubernetes_nodes import group_of
-
-            group = lambda t: group_of(project, "scenarios", f"{name}-{t.mode}")  # noqa: E731
+        # several nodes: an indexed Job of pods on the workspace claim, from the wiring
+        group = (lambda t: node_group(f"{name}-{t.mode}")) if node_group else None  # noqa: E731
         launch = lambda t: executor.train(  # noqa: E731
             scenario_job(cache, workspace.foundation, foundation["weights_sha256"], t, device), device,
             log=context.log.info, resume=(spill / t.mode, cfg.save_every_steps), group=group and group(t))

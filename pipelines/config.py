@@ -25,6 +25,7 @@ from habitus.pipelines.config_operations import (KubernetesSettings, RealizedSet
                                                 ScheduleSettings)
 from habitus.pipelines.config_file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
 from habitus.pipelines.config_tracking import MlflowSettings
+from habitus.resources.masking import redact_url
 
 DEFAULT_CONFIG = "examples/demo.yaml"
 _DURATION = re.compile(r"^\s*(\d+)\s*([dw])\s*$")
@@ -337,11 +338,9 @@ class Project(Strict):
     @field_validator("output")
     @classmethod
     def _output_url(cls, v: str | None) -> str | None:
-        from habitus.resources.manifests import shown_url  # the URL without user info or query
-
         m = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://", v or "")
         if m and m.group(1) not in ("s3", "s3a", "gs", "gcs", "abfs", "abfss", "file"):
-            raise ValueError(f"output {shown_url(v)!r}: use s3://, gs://, abfs:// (pyarrow.fs) or a folder (resources/output.py)")
+            raise ValueError(f"output {redact_url(v)!r}: use s3://, gs://, abfs:// (pyarrow.fs) or a folder (resources/output.py)")
         return v
 
     @model_validator(mode="after")
@@ -410,8 +409,6 @@ class Project(Strict):
         d = self.model_dump(mode="json")
         d["connections"] = {k: {"type": v["type"]} for k, v in d["connections"].items()}
         if d.get("mlflow"):  # a tracking URI may carry a password
-            from habitus.resources.masking import redact_url
-
             d["mlflow"]["tracking_uri"] = redact_url(d["mlflow"]["tracking_uri"])
         return d
 

@@ -22,6 +22,7 @@ from habitus.assets.sources import build_source_asset, connection_key
 from habitus.pipelines.config import Project, load_project
 from habitus.pipelines.jobs import build_jobs
 from habitus.pipelines.kubernetes import pod_tags
+from habitus.pipelines.kubernetes_nodes import group_of
 from habitus.pipelines.monitoring import build_realized_sensor, realized_job
 from habitus.pipelines.partitions import events_partitions, predictions_partitions
 from habitus.pipelines.schedules import build_schedules
@@ -113,8 +114,10 @@ def connection_resource(name: str, conn) -> dg.ConfigurableResource:
 def build_assets(project: Project) -> list[dg.AssetsDefinition]:
     assets = [build_source_asset(project, s, events_partitions(s) if s.role == "events" else None)
               for s in project.sources]
-    assets += [build_cache_asset(project), build_foundation_asset(project, pod_tags(project, "foundation"))]
-    assets += [build_scenario_asset(project, name, sc, pod_tags(project, "scenarios"))
+    assets += [build_cache_asset(project), build_foundation_asset(
+        project, pod_tags(project, "foundation"), node_group=lambda what: group_of(project, "foundation", what))]
+    assets += [build_scenario_asset(project, name, sc, pod_tags(project, "scenarios"),
+                                    node_group=lambda what: group_of(project, "scenarios", what))
                for name, sc in project.scenarios.items()]
     daily = predictions_partitions(project)
     assets += [build_predictions_asset(project, name, daily) for name in project.prediction_scenarios]

@@ -33,7 +33,7 @@ opens every folder below its root without following a link and refuses a link me
 no upload, restore or clean-up writes, reads or deletes through a link planted there. Upload hashes every
 file it sends from the bytes it sends (never trusting the store's manifest for a hash) and checks the
 key's size after the move. Restore checks the free space first (the training preflight's check,
-resources/workspace.py `ensure_space`), reads at most a file's declared size plus one byte (a longer
+resources/space.py `ensure_space`), reads at most a file's declared size plus one byte (a longer
 object is refused there), resumes a download cut by a store error where it stopped, and links rather than
 downloads a file whose bytes it already verified (another unit or stage with the same SHA-256). A
 manifest larger than 64 MB, nested deeper than 16 levels or holding an integer of more than 20 digits is
@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from habitus.models.storage.files import durable_replace, is_disk_full
+from habitus.resources.space import ensure_space
 from habitus.resources.stores import open_regular, open_store
 from habitus.resources.manifests import (MANIFESTS, MAX_MANIFEST_BYTES, STAGE_NAME, OutputError, checked_manifest,
                                         daily_stage, fingerprint, inside, parsed_manifest, sha256_of, shown_url,
@@ -255,13 +256,11 @@ class Output:
         """Download every file the manifests of `stages` (default: all) name into the workspace `root`.
         Each manifest is checked first (`checked_manifest`, `inside`) and, with `pins` ({stage: fingerprint}),
         must carry the pinned fingerprint: a checkpoint stage without a pin is refused then. The workspace's
-        free space is checked next (resources/workspace.py `ensure_space`: what is not already there, +20%).
+        free space is checked next (resources/space.py `ensure_space`: what is not already there, +20%).
         Each unit of the stage (a checkpoint folder, a cache version, a plot) is built under a temporary name
         beside it, every file's size and SHA-256 checked, and swapped in whole, holding `lock(stage)` (the
         stage's workspace lock) meanwhile. A file already there, or already verified by this restore, with
         the same size and SHA-256 is linked, not downloaded. Returns {stage: manifest}."""
-        from habitus.resources.workspace import Workspace
-
         root = Path(root)
         chosen = list(stages) if stages is not None else self.stages()
         if not chosen:
@@ -289,7 +288,7 @@ class Output:
             checked[stage] = (manifest, units)
         needed = sum(e["size"] for _, units in checked.values() for entries in units.values()
                      for rel, e in entries.items() if _size_of(root / rel) != e["size"])
-        Workspace(root=str(root)).ensure_space(needed, f"restoring {', '.join(checked)} from {self.shown}")
+        ensure_space(root, needed, f"restoring {', '.join(checked)} from {self.shown}")
         done, verified = {}, {}
         for stage, (manifest, units) in checked.items():
             with lock(stage) if lock is not None else contextlib.nullcontext():

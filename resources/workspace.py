@@ -16,17 +16,13 @@ returned (resources/output.py): after training, never during it.
 
 import functools
 import re
-import shutil
 from pathlib import Path
 
 import dagster as dg
 
+from habitus.resources.space import HEADROOM, WorkspaceError, ensure_space  # noqa: F401 (both are imported from here)
+
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-HEADROOM = 1.2
-
-
-class WorkspaceError(ValueError):
-    pass
 
 
 def locked(name: str):
@@ -216,14 +212,7 @@ class Workspace(dg.ConfigurableResource):
 
     def ensure_space(self, needed_bytes: int, what: str) -> dict:
         """Refuse to start when the free space is below what the step needs plus 20% headroom."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(self.path).free
-        need = int(needed_bytes * HEADROOM)
-        if free < need:
-            raise WorkspaceError(f"not enough free space in the workspace {self.path} for {what}: "
-                                 f"{free / 1e9:.2f} GB free, {need / 1e9:.2f} GB needed "
-                                 f"({needed_bytes / 1e9:.2f} GB + 20% headroom); free space or move the workspace")
-        return {"free_gb": round(free / 1e9, 3), "needed_gb": round(need / 1e9, 3)}
+        return ensure_space(self.path, needed_bytes, what)
 
 
 def _files(paths: list[Path]) -> list[Path]:

@@ -28,7 +28,7 @@ from habitus.models.tasks.scoring import build_model
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.train.distributed import close, from_env, weights_gap
 from habitus.models.train.loop import TrainResult
-from habitus.models.train.recipe import run_training
+from habitus.models.train.recipe import run_training, writes
 
 JOB = "job.json"
 RESULT = "result"
@@ -75,12 +75,6 @@ def run(job_dir) -> None:
     except BaseException:
         (job_dir / f"error-{rank}.txt").write_text(traceback.format_exc())
         raise
-
-
-def writes(job: dict, dist) -> bool:
-    """Whether this rank writes the result and the resumable state: rank 0, and with "every_node" (nodes
-    that each read their own job folder) the first process of every node."""
-    return dist.is_writer or bool(job.get("every_node") and dist.local_rank == 0)
 
 
 def read_result(job_dir, device: str = "cpu") -> TrainResult:

@@ -150,11 +150,15 @@ def run_training(job: dict, dist: Dist, log: Log) -> tuple[TrainResult, dict]:
     return result, spec
 
 
+def writes(job: dict, dist) -> bool:
+    """Whether this rank writes the result and the resumable state: rank 0, and with "every_node" (nodes
+    that each read their own job folder) the first process of every node."""
+    return dist.is_writer or bool(job.get("every_node") and dist.local_rank == 0)
+
+
 def _resumer(job: dict, fp: str, dist: Dist, log: Log) -> Resumer | None:
     r = job.get("resume")
     if r is None:
         return None
-    from habitus.models.train.launch import writes
-
     return Resumer(Path(r["folder"]), fp, every_steps=r["every_steps"], log=log if dist.is_writer else (lambda _: None),
                    dist=dist, writes=writes(job, dist))

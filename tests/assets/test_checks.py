@@ -261,7 +261,7 @@ def test_free_space_for_training(demo, monkeypatch):
     check = _checks(demo[2], CACHE)["free_space_for_training"]
     assert check.passed and check.metadata["source_bytes"].value > 0
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr("habitus.resources.workspace.shutil.disk_usage", lambda _: Usage(10**12, 10**12 - 1000, 1000))
+    monkeypatch.setattr("habitus.resources.space.shutil.disk_usage", lambda _: Usage(10**12, 10**12 - 1000, 1000))
     check = _checks(demo[2], CACHE)["free_space_for_training"]
     assert not check.passed and check.severity == ERROR
     assert "not enough free space in the workspace" in check.description
@@ -273,7 +273,7 @@ def test_no_space_blocks_training_in_the_same_run(copy, monkeypatch):
     _extract_all(project)
     Usage = namedtuple("Usage", "total used free")
     # room for the cache (it checks for itself first) but not for sources + 100 MB of checkpoints + 20%
-    monkeypatch.setattr("habitus.resources.workspace.shutil.disk_usage", lambda _: Usage(10**12, 0, 50 * 2**20))
+    monkeypatch.setattr("habitus.resources.space.shutil.disk_usage", lambda _: Usage(10**12, 0, 50 * 2**20))
     result = _run(project, [CACHE, dg.AssetKey("foundation_model")])
     assert not result.success
     assert result.asset_materializations_for_node("foundation_model") == []

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import habitus.resources.workspace as workspace_module
+import habitus.resources.space as space_module
 from habitus.resources.manifests import MAX_DEPTH, MAX_MANIFEST_BYTES, shown_url
 from habitus.resources.output import CHUNK, Output, OutputError
 from habitus.resources.workspace import Workspace, WorkspaceError
@@ -104,12 +104,12 @@ def test_a_mismatch_is_not_retried_and_a_second_restore_downloads_nothing(tmp_pa
 def test_restore_checks_the_free_space_first_with_the_training_preflight(tmp_path, monkeypatch):
     ws, store = _uploaded(tmp_path)
     size = sum(p.stat().st_size for p in ws.rglob("*") if p.is_file())
-    real = workspace_module.shutil.disk_usage
+    real = space_module.shutil.disk_usage
 
     def small(path):
         return real(path)._replace(free=size)  # less than the stage needs with its 20% headroom
 
-    monkeypatch.setattr(workspace_module.shutil, "disk_usage", small)
+    monkeypatch.setattr(space_module.shutil, "disk_usage", small)
     out = Output(str(store), log=lambda _: None)
     out.fs = Counted(out.fs)
     with pytest.raises(WorkspaceError, match=r"not enough free space in the workspace .* for restoring scenario/churn"):
