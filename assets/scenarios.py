@@ -5,6 +5,7 @@ entities in the same run. A scenario whose cache, foundation and settings are th
 (assets/serving.py's `unchanged`). One whose model loses to its best baseline, none having beaten
 it before, serves that baseline (assets/serving.py's `serve_baseline`)."""
 
+import dataclasses
 import math
 
 import dagster as dg
@@ -124,7 +125,9 @@ def training_fingerprints(cfg: ScenarioConfig, cache, foundation: dict, precisio
     """What a training of the scenario depends on: the cache version, the foundation checkpoint, and the
     settings (the recipe as it trains: task, fine-tuning, LoRA, cut-offs, head, refit, precision)."""
     # (one process: how many train it does not change what is asked of the training)
-    settings = combine(fingerprint(foundation["weights_sha256"], Training(cfg), precision, 1), cfg.test_cutoff,
+    # (where features spill is not what is trained: a workspace moved or restored elsewhere trains nothing again)
+    same = dataclasses.replace(cfg, finetune=dataclasses.replace(cfg.finetune, spill_dir=None))
+    settings = combine(fingerprint(foundation["weights_sha256"], Training(same), precision, 1), cfg.test_cutoff,
                        cfg.head, cfg.refit)
     return {"cache": cache.fingerprint[:16], "foundation": foundation["weights_sha256"][:16], "settings": settings[:16]}
 

@@ -115,6 +115,10 @@ class Harness:
                     assert raw.startswith(b"\x89PNG") and raw.endswith(b"IEND\xaeB`\x82"), "truncated PNG"
                 elif path.suffix == ".lock":
                     pass  # a lock file's record may be empty (released) or name its holder
+                elif path.name.startswith("lightgbm") and path.suffix == ".txt":  # a served baseline's booster
+                    import lightgbm
+
+                    lightgbm.Booster(model_file=str(path))
                 else:
                     problems.append(f"{rel}: unexpected file")
             except Exception as e:  # noqa: BLE001 - any failure to read is the finding
