@@ -289,7 +289,6 @@ def _day(text: str) -> str:
 
 
 def main(command: str, argv: list[str]) -> int:
-    from habitus.assets.checks import PROMOTION_GATE
     from habitus.pipelines.report import report
     from habitus.pipelines.config import ConfigError, load_project
     from habitus.resources.manifests import shown_url
@@ -349,8 +348,8 @@ def main(command: str, argv: list[str]) -> int:
     print(f"\nhabitus {command} finished in {time.time() - started:.0f}s; asset checks: {result['checks_passed']} "
           f"passed, {len(result['checks_failed'])} failed\n")
     print(report(project, result["prediction_day"]))
-    # as in `habitus materialize`: a model that loses to its baselines is not promoted, not a failed job
-    blocking = [f for f in result["checks_failed"] if "(error)" in f and f" {PROMOTION_GATE} (" not in f]
+    # as in `habitus materialize`: error checks fail the job; beats_baselines is a warning (the baseline serves)
+    blocking = [f for f in result["checks_failed"] if "(error)" in f]
     if blocking:
         _fail(f"habitus {command}: {len(blocking)} blocking check(s) failed: " + "; ".join(blocking), "")
         return 1
