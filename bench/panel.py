@@ -166,9 +166,11 @@ def probe_arms(foundation, cache, fspec, target, plan) -> tuple[np.ndarray, dict
     return sets["test"][0], out
 
 
-def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], draws: int, log, save=None) -> dict:
+def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], draws: int, log, save=None,
+             done: dict | None = None) -> dict:
     """One seed of one dataset: {row: {comparison: {diff, var, a, b}, "oracle": figure}} and timings;
-    `save(result)` after each row (the result so far, "complete": False)."""
+    `save(result)` after each row (the result so far, "complete": False). The rows of `done` (a killed
+    run's saved result) are kept, not run again: every arm is seeded, so they would come out the same."""
     from habitus.models.cache import Cache, build_cache
     from habitus.models.data.features import DAY, FeatureSpec
     from habitus.models.data.targets import TargetSpec
@@ -178,7 +180,8 @@ def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], dra
     from habitus.models.train.config import TRAIN_CUTOFFS, FoundationConfig
     from habitus.models.train.foundation import train_foundation
 
-    t0, out, seconds = time.time(), {}, {}
+    t0 = time.time()
+    out, seconds = dict((done or {}).get("rows", {})), dict((done or {}).get("seconds", {}))
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         spec, test_cutoff, params = dataset_spec(dataset, customers, tmp)
@@ -203,6 +206,8 @@ def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], dra
         subset = EntitySubset(cache, labeled_entities(cache, SHARE, seed=seed))
         full_lightgbm = {}
         for row in rows:
+            if row in out:
+                continue
             base = row.removesuffix("_10pct")
             task = specs.get("churn" if row == "probe" else base)
             if task is None:  # (the wide row on a dataset without one)
@@ -362,9 +367,11 @@ def main() -> None:
     for seed in [] if args.report_only else seeds:
         for dataset in datasets:
             path = state / f"{dataset}-seed{seed}.json"
-            if path.exists() and json.loads(path.read_text()).get("complete"):
+            done = json.loads(path.read_text()) if path.exists() else None
+            if done and done.get("complete"):
                 continue
-            write(path, seed_run(dataset, args.customers, seed, rows, args.draws, log, save=lambda r, p=path: write(p, r)))
+            write(path, seed_run(dataset, args.customers, seed, rows, args.draws, log, done=done,
+                                 save=lambda r, p=path: write(p, r)))
     runs = {d: {s: r for s, r in v.items() if s in seeds} for d, v in load_state(state).items() if d in datasets}
     out = aggregate(runs, smoke=all(d in SMOKE for d in datasets))
     print(table(out, args.draws))
