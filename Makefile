@@ -104,7 +104,7 @@ ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 # the manual into .habitus/site (open .habitus/site/index.html); --strict: a broken link or anchor, or a
 # page left out of the navigation, fails. The config reference is generated first from the schema.
 docs: $(VENV)/.installed-docs
-	$(PY) -m habitus.pipelines.config_reference --write
+	$(PY) -m habitus.pipelines.config.reference --write
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:

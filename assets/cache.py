@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 from habitus.assets.sources import events_partitions, source_key, stale_partitions
 from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache, infer_column_type
 from habitus.models.storage.files import folder_bytes, read_json, write_json
-from habitus.resources.workspace import Workspace, locked
+from habitus.resources.store.workspace import Workspace, locked
 
 CACHE_KEY = dg.AssetKey("cache")
 # the volume below which models are unreliable (the product's data guidelines; `habitus init` warns by the
-# same rule, habitus.pipelines.init_suggest)
+# same rule, habitus.pipelines.init.suggest)
 MIN_ENTITIES, MIN_EVENTS_PER_MONTH, MIN_HISTORY_DAYS, MIN_HISTORY_DAYS_INFREQUENT = 10_000, 100_000, 90, 365
 INFREQUENT_GAP_DAYS = 14  # a typical gap between two active days longer than two weeks: an infrequent domain
 

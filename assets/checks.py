@@ -48,7 +48,7 @@ from habitus.assets.scenarios import scenario_key
 from habitus.assets.serving import serving_note
 from habitus.assets.sources import connection_key, source_key
 from habitus.models.storage.files import read_json
-from habitus.resources.workspace import HEADROOM, WorkspaceError
+from habitus.resources.store.workspace import HEADROOM, WorkspaceError
 
 EPOCH = datetime(1970, 1, 1)
 
@@ -147,7 +147,7 @@ def source_checks(project, source) -> list[dg.AssetChecksDefinition]:
                     description=f"No row of table {source.table!r} is dated in the future or before 1970 (such rows "
                                 f"fall outside every partition and are never extracted)")
     def timestamps_plausible(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from habitus.resources.sql import utc_naive
+        from habitus.resources.warehouses.sql import utc_naive
 
         first, last = (utc_naive(t) for t in getattr(context.resources, conn_key).time_range(source.table,
                                                                                               source.timestamp))

@@ -34,7 +34,7 @@ from habitus.models.serve.parts import Scorer
 from habitus.models.serve.predict import embed, embedding_width
 from habitus.models.nn.quantize import for_inference
 from habitus.models.storage.files import combine
-from habitus.resources.workspace import Workspace, locked
+from habitus.resources.store.workspace import Workspace, locked
 
 EMBEDDINGS_KEY = dg.AssetKey("embeddings")
 

@@ -15,7 +15,7 @@ import dagster as dg
 from habitus.assets.plots import importance_chart
 from habitus.assets.predictions import scoring_asset, scoring_inputs, write_days
 from habitus.assets.serving import CHECKPOINT_NOTE, serves_baseline, serving_checkpoint, serving_note
-from habitus.resources.workspace import locked
+from habitus.resources.store.workspace import locked
 
 
 def explanations_key(name: str) -> dg.AssetKey:

@@ -16,8 +16,8 @@ from habitus.models.storage.files import combine, read_json
 from habitus.models.data.features import DAY
 from habitus.models.train.loop import day_floor
 from habitus.models.train.config import config_dict
-from habitus.resources.executor import TrainingExecutor
-from habitus.resources.workspace import Workspace, locked
+from habitus.resources.training.executor import TrainingExecutor
+from habitus.resources.store.workspace import Workspace, locked
 
 FOUNDATION_KEY = dg.AssetKey("foundation_model")
 
@@ -31,8 +31,8 @@ def test_cutoff(project, cache) -> int:
 
 
 def build_foundation_asset(project, op_tags: dict | None = None, node_group=None) -> dg.AssetsDefinition:
-    """`op_tags`: the training step's tags from the wiring (on Kubernetes its GPU pod, pipelines/kubernetes.py);
-    `node_group(what)`: TrainingExecutor.train's `group` on several nodes, or None (pipelines/kubernetes_nodes.py)."""
+    """`op_tags`: the training step's tags from the wiring (on Kubernetes its GPU pod, pipelines/orchestration/kubernetes.py);
+    `node_group(what)`: TrainingExecutor.train's `group` on several nodes, or None (pipelines/orchestration/kubernetes_nodes.py)."""
     @dg.asset(key=FOUNDATION_KEY, deps=[CACHE_KEY], group_name="training", kinds={"pytorch", "safetensors"},
               op_tags=op_tags or {},
               description="Self-supervised model: predicts each entity's next window from its history")

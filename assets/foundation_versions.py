@@ -10,7 +10,7 @@
 The versions live in a folder of their own, next to `checkpoints/versions/` (the scenarios' versions,
 one folder per scenario name) rather than inside it: no scenario name can ever reach it, whatever names
 the config allows. `habitus versions foundation` and `habitus rollback foundation` name this store;
-config validation refuses a scenario called `foundation` (pipelines/config.py), so that word is never
+config validation refuses a scenario called `foundation` (pipelines/config/project.py), so that word is never
 ambiguous on the command line or in the `rollback` job's config.
 
 A foundation has no baseline, so there is no gate: each training keeps its checkpoint as a version and

@@ -28,8 +28,8 @@ from habitus.models.nn.quantize import for_inference
 from habitus.models.storage.files import DiskFullError, combine, durable_replace, is_disk_full
 from habitus.models.heads.stacked_head import load_head
 from habitus.models.tasks import task as task_of
-from habitus.resources.executor import TrainingExecutor
-from habitus.resources.workspace import Workspace, locked
+from habitus.resources.training.executor import TrainingExecutor
+from habitus.resources.store.workspace import Workspace, locked
 
 
 def scoring_asset(key: dg.AssetKey, name: str, partitions_def, sink, kinds: set[str], description: str):

@@ -5,7 +5,7 @@ version that scored them) and, once the cache holds every day of the scenario's 
 (its newest event day is D + window or later), scores them against the targets that window realized,
 next to the task's baselines as of the end of D on the same entities (models/evaluate/realized.py).
 Before that the partition is not materialized (the run succeeds, saying when it can be), and the
-sensor `realized_after_cache` (pipelines/monitoring.py) requests exactly the days whose window the
+sensor `realized_after_cache` (pipelines/orchestration/monitoring.py) requests exactly the days whose window the
 newest cache completes. It writes <workspace>/realized/<name>/<D>.json and float metadata that the UI
 plots over the partitions: realized_<metric>, baseline_<name>, holdout_<metric>.
 

@@ -25,8 +25,8 @@ from habitus.models.tasks.spec import TaskSpec
 from habitus.models.train.config import LoraConfig, ScenarioConfig
 from habitus.models.train.recipe import Training, fingerprint, scenario_job
 from habitus.models.train.scenario import metrics_table, train_scenario
-from habitus.resources.executor import TrainingExecutor
-from habitus.resources.workspace import Workspace, locked
+from habitus.resources.training.executor import TrainingExecutor
+from habitus.resources.store.workspace import Workspace, locked
 
 
 def scenario_key(name: str) -> dg.AssetKey:
@@ -34,7 +34,7 @@ def scenario_key(name: str) -> dg.AssetKey:
 
 
 def scenario_config(name: str, scenario, cache, cutoff: int, spill_dir: str | None = None) -> ScenarioConfig:
-    """The project's scenario settings (pipelines/config.py) as the recipe takes them: the one translation.
+    """The project's scenario settings (pipelines/config/project.py) as the recipe takes them: the one translation.
     Its task type builds the target (models/tasks/); label sets are chosen from history before the hold-out."""
     try:
         target = task_of(scenario.task).target_spec(name, scenario.target, cache, cutoff)
@@ -49,8 +49,8 @@ def scenario_config(name: str, scenario, cache, cutoff: int, spill_dir: str | No
 
 def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = None,
                          node_group=None) -> dg.AssetsDefinition:
-    """`op_tags`: the training step's tags from the wiring (on Kubernetes its GPU pod, pipelines/kubernetes.py);
-    `node_group(what)`: TrainingExecutor.train's `group` on several nodes, or None (pipelines/kubernetes_nodes.py)."""
+    """`op_tags`: the training step's tags from the wiring (on Kubernetes its GPU pod, pipelines/orchestration/kubernetes.py);
+    `node_group(what)`: TrainingExecutor.train's `group` on several nodes, or None (pipelines/orchestration/kubernetes_nodes.py)."""
     @dg.asset(key=scenario_key(name), deps=[FOUNDATION_KEY], group_name="scenarios", kinds={"pytorch", "safetensors"},
               op_tags=op_tags or {}, description=f"{scenario.task} scenario fine-tuned from the foundation model")
     @locked(f"scenario/{name}")

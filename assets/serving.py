@@ -17,7 +17,7 @@ a version of kind "baseline", so predictions are never worse than the best basel
 `rollback` moves the pointer to any kept version. The newest `versions.keep` versions and every one
 that served are kept (`versions.keep_served`); the serving one never goes. Each move also copies the
 serving version to `checkpoints/passed/<name>/`, which uploads carry to machines that only score
-(resources/output.py). A scenario with no pointer is served from that copy (a restored or older
+(resources/store/output.py). A scenario with no pointer is served from that copy (a restored or older
 workspace), else from its newest checkpoint, and the predictions say so.
 """
 
@@ -101,7 +101,7 @@ def keep_version(workspace, name: str, holdout_scores=None, keep: int = 5, keep_
 
 def _serve(workspace, name: str, fp: str, why: str) -> None:
     """Move the pointer, then mirror the serving version into the passed folder: what an upload carries to
-    a machine that only scores (resources/output.py), where no pointer is (serving_checkpoint falls back
+    a machine that only scores (resources/store/output.py), where no pointer is (serving_checkpoint falls back
     to it). Killed in between, the pointer already names the version; the next move mirrors again."""
     store = versions(workspace, name)
     store.serve(fp, why)

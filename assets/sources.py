@@ -16,9 +16,9 @@ import dagster as dg
 import pyarrow as pa
 
 from habitus.models.storage.files import combine, read_json, write_json
-from habitus.resources.canonical import write_canonical_parquet
-from habitus.resources.retries import extraction_retry_policy, retry_transient_only
-from habitus.resources.workspace import Workspace, locked
+from habitus.resources.warehouses.canonical import write_canonical_parquet
+from habitus.resources.warehouses.retries import extraction_retry_policy, retry_transient_only
+from habitus.resources.store.workspace import Workspace, locked
 
 
 def events_partitions(source) -> dg.TimeWindowPartitionsDefinition:
@@ -45,7 +45,7 @@ EXTRACTIONS = "extractions.json"
 def extraction_fingerprint(source, where: str | None = ...) -> str:
     """What a partition of `source` is extracted with: its table, columns and row filter (normalized
     SQL, so reformatting the filter changes nothing). `where` overrides the source's."""
-    from habitus.resources import row_filter
+    from habitus.resources.warehouses import row_filter
 
     where = source.where if where is ... else where
     return combine("extraction", source.table, list(source.columns), row_filter.sql(where, "duckdb") if where else None)
@@ -89,7 +89,7 @@ def check_row_filter(source, schema: pa.Schema) -> None:
     """A `where:` naming a column the table does not have fails before any query, naming it."""
     if not source.where:
         return
-    from habitus.resources import row_filter
+    from habitus.resources.warehouses import row_filter
 
     missing = [c for c in row_filter.columns(source.where) if c not in schema.names]
     if missing:
@@ -112,7 +112,7 @@ def check_time_column(source, schema: pa.Schema) -> None:
 
 
 def _write_partition(batches, path, schema: pa.Schema, source, entity: str) -> int:
-    """Canonical Parquet (resources/canonical.py): the same data gives the same bytes from any
+    """Canonical Parquet (resources/warehouses/canonical.py): the same data gives the same bytes from any
     connector, so the cache built from it keeps its fingerprint."""
     first = [c for c in (entity if source.role != "attributes" else source.key, source.timestamp) if c]
     return write_canonical_parquet(batches, path, schema, first=first, table=source.table)
@@ -133,7 +133,7 @@ def build_source_asset(project, source, partitions_def) -> dg.AssetsDefinition:
         kinds={project.connections[source.connection].type, "parquet"},
         code_version=extraction_fingerprint(source)[:16],
         description=f"{source.role} table {source.table!r} from connection {source.connection!r}",
-        # transient warehouse errors only (resources/retries.py), as the config's `retries:` says
+        # transient warehouse errors only (resources/warehouses/retries.py), as the config's `retries:` says
         retry_policy=extraction_retry_policy(**project.extraction_retries(source).model_dump()),
     )
     @retry_transient_only

@@ -1,11 +1,11 @@
-"""The hooks of the `mlflow:` block (resources/mlflow_tracking.py) in the assets and the rollback: each a no-op
+"""The hooks of the `mlflow:` block (resources/training/mlflow_tracking.py) in the assets and the rollback: each a no-op
 when the block is not set. Training checks the client is installed before it starts, logs after the checkpoint
 and its version are written; the alias follows the serving pointer after each training and rollback."""
 
 import dagster as dg
 
 from habitus.assets.serving import rollback, versions
-from habitus.resources.mlflow_tracking import MlflowMissing, Tracker, require
+from habitus.resources.training.mlflow_tracking import MlflowMissing, Tracker, require
 
 
 def check_installed(settings) -> None:

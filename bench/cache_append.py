@@ -20,7 +20,7 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache  # noqa: E402
-from habitus.pipelines.demo_data import generate_demo_warehouse  # noqa: E402
+from habitus.pipelines.demo.data import generate_demo_warehouse  # noqa: E402
 from tables import text_table  # noqa: E402
 
 

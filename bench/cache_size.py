@@ -36,13 +36,13 @@ def build(name: str, work: Path, customers: int) -> tuple[Path, int]:
 
     os.environ["HABITUS_WORKSPACE"] = str(work / "ws")
     if name == "demo":
-        from habitus.pipelines.demo_data import generate_demo_warehouse
+        from habitus.pipelines.demo.data import generate_demo_warehouse
 
         os.environ["HABITUS_DEMO_WAREHOUSE"] = str(work / "warehouse.duckdb")
         generate_demo_warehouse(work / "warehouse.duckdb", customers=customers, products=max(100, customers // 10))
     from habitus.assets.cache import current_cache
-    from habitus.pipelines.config import load_project
-    from habitus.pipelines.definitions import build_assets, build_resources
+    from habitus.pipelines.config.project import load_project
+    from habitus.pipelines.orchestration.build import build_assets, build_resources
 
     project = load_project(CONFIGS[name])
     assets, resources = build_assets(project), build_resources(project)

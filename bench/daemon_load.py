@@ -60,8 +60,9 @@ def sensor_ticks(config: Path, instance) -> list[dict]:
     import dagster as dg
     import duckdb
 
-    from habitus.pipelines.config import load_project
-    from habitus.pipelines.definitions import build_definitions, build_resources
+    from habitus.pipelines.config.project import load_project
+    from habitus.pipelines.definitions import build_definitions
+    from habitus.pipelines.orchestration.build import build_resources
 
     project = load_project(config)
     defs = build_definitions(project)

@@ -54,16 +54,16 @@ def _peak_mb() -> float:
 
 def _warehouse(kind: str, spec: dict):
     if kind == "duckdb":
-        from habitus.resources.duckdb import DuckDBWarehouse
+        from habitus.resources.warehouses.duckdb import DuckDBWarehouse
         return DuckDBWarehouse(path=spec["path"])
     if kind in ("parquet", "s3"):
-        from habitus.resources.parquet import ParquetWarehouse
+        from habitus.resources.warehouses.parquet import ParquetWarehouse
         return ParquetWarehouse(path=spec["path"], endpoint=spec.get("endpoint"))
     if kind == "clickhouse":
-        from habitus.resources.clickhouse import ClickHouseWarehouse
+        from habitus.resources.warehouses.clickhouse import ClickHouseWarehouse
         return ClickHouseWarehouse(interface="chdb", options={"path": spec["path"]})
     if kind == "snowflake":
-        from habitus.resources.snowflake import SnowflakeWarehouse
+        from habitus.resources.warehouses.snowflake import SnowflakeWarehouse
         return SnowflakeWarehouse(account="fakesnow", user="fake", password="snow", database="BENCH",
                                   schema_name="PUBLIC", options={"host": "127.0.0.1", "port": spec["port"],
                                                                  "protocol": "http"})
@@ -72,7 +72,7 @@ def _warehouse(kind: str, spec: dict):
 
 def _direct(kind: str, spec: dict, table: str):
     """The same projection fetched whole by the driver: the baseline a naive extractor would use."""
-    from habitus.resources.sql import select_sql
+    from habitus.resources.warehouses.sql import select_sql
 
     if kind == "duckdb":
         import duckdb

@@ -11,7 +11,7 @@ Three measurements per source, each in a fresh process:
              rows for Hive) and written to one Parquet file: what a hand-written extractor does
     read     the connector's read() streamed in 65,536-row batches to Parquet
     extract  what the source asset runs: read() -> canonical types -> rows sorted out of core by
-             DuckDB -> canonical Parquet (resources/canonical.py), identical bytes from every source
+             DuckDB -> canonical Parquet (resources/warehouses/canonical.py), identical bytes from every source
 
 "peak MB" is the process's peak RSS above its RSS after imports and connecting. Servers run on
 loopback (moto, fakesnow, bqemulator, Spark Thrift server, chDB in-process): the numbers measure
@@ -44,11 +44,11 @@ TABLE = "events"
 
 def _warehouse(kind: str, spec: dict):
     if kind == "bigquery":
-        from habitus.resources.bigquery import BigQueryWarehouse
+        from habitus.resources.warehouses.bigquery import BigQueryWarehouse
         return BigQueryWarehouse(name="bench", project="bench", dataset=spec["dataset"], api_endpoint=spec["rest"],
                                  grpc_endpoint=spec["grpc"])
     if kind == "hive":
-        from habitus.resources.hive import HiveWarehouse
+        from habitus.resources.warehouses.hive import HiveWarehouse
         return HiveWarehouse(name="bench", host="127.0.0.1", port=spec["port"], username="bench", auth="NONE",
                              database=spec.get("database", "default"))
     return em._warehouse(kind, spec)
@@ -58,7 +58,7 @@ def _direct(kind: str, spec: dict, wh):
     """The same projection fetched whole by the driver, as an Arrow table."""
     import pyarrow as pa
 
-    from habitus.resources.sql import select_sql
+    from habitus.resources.warehouses.sql import select_sql
 
     if kind == "bigquery":
         client = wh._client()
@@ -70,14 +70,14 @@ def _direct(kind: str, spec: dict, wh):
         cur.execute(select_sql("hive", TABLE, COLUMNS))
         rows = cur.fetchall()
         schema = wh.schema(TABLE)
-        from habitus.resources.remote import column_array
+        from habitus.resources.warehouses.remote import column_array
         cols = list(zip(*rows)) if rows else [[] for _ in COLUMNS]
         return pa.table({c: column_array(list(v), schema.field(c).type, c) for c, v in zip(COLUMNS, cols)})
     return em._direct(kind, spec, TABLE)
 
 
 def child(kind: str, spec: dict, mode: str) -> dict:
-    from habitus.resources.canonical import write_canonical_parquet
+    from habitus.resources.warehouses.canonical import write_canonical_parquet
 
     wh = _warehouse(kind, spec)
     writes = {

@@ -50,7 +50,7 @@ def run_once(what: str, processes: int, cache_path: str, checkpoint: str, out: s
     from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
     from habitus.models.serve.parts import Parts, Pool, Scorer, staging
     from habitus.models.storage.files import combine
-    from habitus.resources.executor import TrainingExecutor
+    from habitus.resources.training.executor import TrainingExecutor
 
     cache = Cache(cache_path)
     config = load_checkpoint(checkpoint)[1]

@@ -1,7 +1,7 @@
 """The demo's oracle: each task's best possible score, from the simulator's own latent state.
 
-The demo warehouse (pipelines/demo_data.py) is drawn from a behavioural model
-(pipelines/demo_simulation.py): every customer has a churn day, a visit rate, category and price-tier
+The demo warehouse (pipelines/demo/data.py) is drawn from a behavioural model
+(pipelines/demo/simulation.py): every customer has a churn day, a visit rate, category and price-tier
 tastes, favourite brands and staple products, fixed before the first visit. Given that state, visits
 are independent Poisson draws per day and the items of a basket independent draws per item, so what
 happens after a cut-off does not depend on what happened before it. The probability of a window's
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from habitus.pipelines import demo_simulation as sim
+from habitus.pipelines.demo import simulation as sim
 
 DAY = 86_400
 FIRST_VISIT = 0.7  # the share of sign-ups during the period who make a first visit that day (_simulate_visits)

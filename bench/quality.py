@@ -80,7 +80,7 @@ def tafeng_spec() -> tuple[CacheSpec, int, dict]:
 
 def demo_spec(customers: int, folder: Path) -> tuple[CacheSpec, int, dict]:
     import duckdb
-    from habitus.pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo.data import generate_demo_warehouse
 
     db = folder / "demo.duckdb"
     generate_demo_warehouse(db, customers=customers)

@@ -3,7 +3,7 @@ trunk with the last N events against the aggregate trunk alone, on the same enti
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sequence_cost.py [--customers 5000] [--lengths 32,64]
 
-The demo generator's warehouse (pipelines/demo_data.py), one cut-off, every entity; each figure is
+The demo generator's warehouse (pipelines/demo/data.py), one cut-off, every entity; each figure is
 the median of `--repeats` passes, reported as entities/s and as the ratio to the aggregate trunk."""
 
 import argparse

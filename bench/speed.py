@@ -5,7 +5,7 @@
     .venv/bin/python bench/speed.py --datasets tafeng --device cuda
     .venv/bin/python bench/speed.py --datasets 1m,10m,100m --json speed.json   # hours on 2 cores, ~12 GB of disk
 
-Datasets: the demo generator (pipelines/demo_data.py) scaled by customers (17,500 customers give
+Datasets: the demo generator (pipelines/demo/data.py) scaled by customers (17,500 customers give
 about 1M purchases, 175,000 about 10M, with 20,000 products so that a 16,000-label propensity scenario
 has its labels; 1.75M customers and 100,000 products about 100M, written a block of customers at a
 time) and ../shared/data/tafeng (817k real events). At 100m the variants and references (LoRA,
@@ -100,8 +100,8 @@ class Stage:
     """What a stage needs: the project, its workspace and the current cache (after `cache`)."""
 
     def __init__(self, config: str, device: str):
-        from habitus.pipelines.config import load_project
-        from habitus.resources.workspace import Workspace
+        from habitus.pipelines.config.project import load_project
+        from habitus.resources.store.workspace import Workspace
 
         self.project = load_project(config)
         self.workspace = Workspace(root=self.project.workspace)
@@ -134,7 +134,7 @@ def _timed(fn):
 
 
 def stage_generate(st: Stage, customers: int, products: int) -> dict:
-    from habitus.pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo.data import generate_demo_warehouse
 
     path = st.project.connections["warehouse"].path
     counts, seconds = _timed(lambda: generate_demo_warehouse(path, customers=customers, products=products))
@@ -147,9 +147,9 @@ def stage_extract(st: Stage) -> dict:
     import pyarrow as pa
 
     from habitus.assets.sources import wanted_columns
-    from habitus.pipelines.definitions import connection_resource
-    from habitus.pipelines.partitions import events_partitions
-    from habitus.resources.canonical import write_canonical_parquet
+    from habitus.pipelines.orchestration.build import connection_resource
+    from habitus.pipelines.orchestration.partitions import events_partitions
+    from habitus.resources.warehouses.canonical import write_canonical_parquet
 
     def extract():
         events = 0

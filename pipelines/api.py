@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from habitus.pipelines.config import ConfigError, ExecutorSettings, load_project
-from habitus.pipelines.managed import with_executor
+from habitus.pipelines.config.project import ConfigError, ExecutorSettings, load_project
+from habitus.pipelines.run.managed import with_executor
 
 __all__ = ["Project", "ProjectError"]
 
@@ -44,7 +44,7 @@ class Project:
             ("fp32", "int8", "bf16"), inference_processes.
 
     Runs go to $DAGSTER_HOME's instance when it is set (they then show in `make ui`), else to an ephemeral
-    one. Attributes: `config` (the validated project, pipelines/config.py) and `workspace`.
+    one. Attributes: `config` (the validated project, pipelines/config/project.py) and `workspace`.
     """
 
     def __init__(self, config: str | os.PathLike | None = None, *, log=print, **executor):
@@ -52,7 +52,7 @@ class Project:
         if unknown:
             raise TypeError(f"habitus.Project: unknown executor setting(s) {', '.join(unknown)}; known: "
                             f"{', '.join(ExecutorSettings.model_fields)}")
-        from habitus.resources.workspace import Workspace
+        from habitus.resources.store.workspace import Workspace
 
         self.config = with_executor(load_project(config), SimpleNamespace(**executor))
         self.workspace = Workspace(root=self.config.workspace)
@@ -97,7 +97,7 @@ class Project:
             except StageFailed as e:
                 raise ProjectError(f"a stage failed: {e} (materialize(verbose=True) shows Dagster's log)") from None
         if result["stopped"]:
-            from habitus.pipelines.report import failed_checks_table
+            from habitus.pipelines.run.report import failed_checks_table
 
             raise ProjectError(f"stopped: {result['stopped']}\n{failed_checks_table(result['failures'])}")
         return result
@@ -105,8 +105,8 @@ class Project:
     def _materialize_selected(self, names: list[str], days: list[str], verbose: bool) -> dict:
         import dagster as dg
 
-        from habitus.pipelines.definitions import build_assets
-        from habitus.pipelines.managed import Runner
+        from habitus.pipelines.orchestration.build import build_assets
+        from habitus.pipelines.run.managed import Runner
 
         by_name = {a.key.to_user_string(): a for a in build_assets(self.config)}
         unknown = [n for n in names if n not in by_name]
@@ -136,7 +136,7 @@ class Project:
         `habitus report` prints it: one row per scenario with scenario, task, metric, model, best_baseline
         (which baseline), baseline (its value on the same labels), lower_is_better, beats_baselines and
         entities (hold-out entities). A scenario not trained yet has nulls. `.to_pandas()` for a frame."""
-        from habitus.pipelines.report import holdout_rows
+        from habitus.pipelines.run.report import holdout_rows
 
         rows = holdout_rows(self.config)
         schema = pa.schema([("scenario", pa.string()), ("task", pa.string()), ("metric", pa.string()),
@@ -194,7 +194,7 @@ class Project:
         """The day's file at `path`, scored first (managed.score) unless it is there and was written by the
         checkpoint whose config is `checkpoint`."""
         from habitus.models.storage.files import read_json
-        from habitus.pipelines.managed import score
+        from habitus.pipelines.run.managed import score
 
         if not checkpoint.exists() and not self.config.output:
             raise ProjectError(f"{model} is not trained in the workspace {self.config.workspace} (no "

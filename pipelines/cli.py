@@ -10,7 +10,7 @@
     habitus demo-data     write the generated retail warehouse into a DuckDB file
     habitus init          look at a connection's tables and print a suggested project config
     habitus train | score --date D | embed --date D | upload | restore
-                          managed-job entry points, no Dagster instance needed (pipelines/managed.py)
+                          managed-job entry points, no Dagster instance needed (pipelines/run/managed.py)
 
 `materialize` and `demo` score the newest day of the data, or `--date D`, or every day of
 `--from D1 --to D2` (a backfill). A day D scores as of the end of D: events up to D+1 00:00 UTC.
@@ -35,9 +35,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from habitus.pipelines.config import ConfigError, load_project
-from habitus.pipelines.instance import dagster_instance
-from habitus.pipelines.report import failed_checks_table, failure_line, report
+from habitus.pipelines.config.project import ConfigError, load_project
+from habitus.pipelines.orchestration.instance import dagster_instance
+from habitus.pipelines.run.report import failed_checks_table, failure_line, report
 
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_STAGE_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -55,7 +55,7 @@ def scoring_days(project, day: str | None = None, first: str | None = None, last
     that names the setting. [] means the newest day of the data (decided once the cache exists)."""
     from datetime import date, timedelta
 
-    from habitus.pipelines.partitions import predictions_partitions
+    from habitus.pipelines.orchestration.partitions import predictions_partitions
 
     if day and (first or last):
         raise ConfigError("--date and --from/--to: give one day or one range")
@@ -104,8 +104,8 @@ def materialize_all(project, *, log=print, days: list[str] | None = None, displa
     from habitus.assets.checks import build_checks
     from habitus.assets.predictions import predictions_key
     from habitus.assets.sources import source_key
-    from habitus.pipelines.definitions import build_assets, build_resources
-    from habitus.pipelines.progress import STAGE_TAG, PlainDisplay
+    from habitus.pipelines.orchestration.build import build_assets, build_resources
+    from habitus.pipelines.run.progress import STAGE_TAG, PlainDisplay
 
     display = display or PlainDisplay(log)
     assets, resources, instance = build_assets(project), build_resources(project), dagster_instance()
@@ -236,7 +236,7 @@ def _materialize_command(args, project) -> int:
     """demo and materialize: every asset, then the report, the failed checks and the exit code."""
     days = scoring_days(project, args.date, args.date_from, args.date_to)  # a bad day fails before any work
     if args.command == "demo":
-        from habitus.pipelines.demo_data import generate_demo_warehouse
+        from habitus.pipelines.demo.data import generate_demo_warehouse
 
         path = Path(project.connections["warehouse"].path)
         if args.regenerate or not path.exists():
@@ -247,7 +247,7 @@ def _materialize_command(args, project) -> int:
     if not args.verbose:
         import warnings
 
-        from habitus.pipelines.progress import RichDisplay
+        from habitus.pipelines.run.progress import RichDisplay
 
         warnings.filterwarnings("ignore", module=r"dagster(\..*)?$")  # preview/beta notices: -v shows them
         display = RichDisplay()
@@ -295,7 +295,7 @@ def _scenario_named(project, name: str) -> str:
 def _versions_command(args, project) -> int:
     from habitus.assets.foundation_versions import NAME, foundation_table, foundation_versions, in_use
     from habitus.assets.serving import serving_line, versions, versions_table
-    from habitus.resources.workspace import Workspace
+    from habitus.resources.store.workspace import Workspace
 
     ws = Workspace(root=project.workspace)
     if args.scenario is None:  # every scenario: what serves and why
@@ -323,8 +323,8 @@ def _versions_command(args, project) -> int:
 def _rollback_command(args, project) -> int:
     from habitus.assets.tracking import tracked_rollback
     from habitus.models.storage.versions import VersionError
-    from habitus.resources.mlflow_tracking import MlflowMissing
-    from habitus.resources.workspace import Workspace
+    from habitus.resources.training.mlflow_tracking import MlflowMissing
+    from habitus.resources.store.workspace import Workspace
 
     if args.scenario == "foundation":
         from habitus.assets.foundation_versions import rollback_foundation
@@ -376,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                 p.add_argument("--to", metavar="FINGERPRINT", help="the version to serve (a unique prefix will do; "
                                "default: the one that served before the serving one)")
             continue
-        if name != "report":  # --device, --processes, ... over the project's `executor:` (pipelines/managed.py)
-            from habitus.pipelines.managed import add_executor_arguments
+        if name != "report":  # --device, --processes, ... over the project's `executor:` (pipelines/run/managed.py)
+            from habitus.pipelines.run.managed import add_executor_arguments
 
             add_executor_arguments(p)
         if name == "demo":
@@ -385,21 +385,21 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--regenerate", action="store_true", help="write the demo warehouse again")
     sub.add_parser("demo-data", add_help=False)
     sub.add_parser("init", add_help=False, help="suggest a project config from a connection's tables")
-    from habitus.pipelines.managed import COMMANDS as MANAGED
+    from habitus.pipelines.run.managed import COMMANDS as MANAGED
 
     for name in MANAGED:
         sub.add_parser(name, add_help=False, help="managed-job entry point (habitus NAME --help)")
     args, rest = parser.parse_known_args(argv)
     if args.command in MANAGED:
-        from habitus.pipelines.managed import main as managed
+        from habitus.pipelines.run.managed import main as managed
 
         return managed(args.command, rest)
     if args.command == "demo-data":
-        from habitus.pipelines.demo_data import main as demo_data
+        from habitus.pipelines.demo.data import main as demo_data
 
         return demo_data(rest) or 0
     if args.command == "init":
-        from habitus.pipelines.init import main as init
+        from habitus.pipelines.init.command import main as init
 
         return init(rest)
     if rest:
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.config:  # the code location (habitus.pipelines.definitions) reads the same file
         os.environ["HABITUS_CONFIG"] = str(Path(args.config).resolve())
     try:
-        from habitus.pipelines.managed import with_executor
+        from habitus.pipelines.run.managed import with_executor
 
         project = with_executor(load_project(args.config), args)
         return PROJECT_COMMANDS[args.command][0](args, project)

@@ -2,144 +2,27 @@
 
 The config is chosen by $HABITUS_CONFIG (default examples/demo.yaml). Importing this module builds
 nothing: Dagster's workspace (workspace.yaml, `dagster dev -m habitus.pipelines.definitions`) calls `defs()`
-when it loads the code location, so `habitus init` and the other commands import the builders here
-from any folder, with or without a project config.
+when it loads the code location. The assets and resources are built in
+pipelines/orchestration/build.py, the jobs, sensors and schedules beside it.
 """
-
-import warnings
 
 import dagster as dg
 
-from habitus.assets.cache import build_cache_asset
 from habitus.assets.checks import build_checks
-from habitus.assets.embeddings import build_embeddings_asset
-from habitus.assets.explanations import build_explanations_asset
-from habitus.assets.foundation import build_foundation_asset
-from habitus.assets.predictions import build_predictions_asset
-from habitus.assets.realized import build_realized_asset, realized_scenarios
-from habitus.assets.scenarios import build_scenario_asset
-from habitus.assets.sources import build_source_asset, connection_key
-from habitus.pipelines.config import Project, load_project
-from habitus.pipelines.jobs import build_jobs
-from habitus.pipelines.kubernetes import pod_tags
-from habitus.pipelines.kubernetes_nodes import group_of
-from habitus.pipelines.monitoring import build_realized_sensor, realized_job
-from habitus.pipelines.partitions import events_partitions, predictions_partitions
-from habitus.pipelines.schedules import build_schedules
-from habitus.pipelines.sensors import build_scoring_sensor, build_sensors, cache_automation_sensor, with_cache_automation
-from habitus.resources.duckdb import DuckDBWarehouse
-from habitus.resources.executor import TrainingExecutor
-from habitus.resources.parquet import ParquetWarehouse
-from habitus.resources.workspace import Workspace
-
-warnings.filterwarnings("ignore", category=dg.BetaWarning)  # backfill_policy is marked beta
-
-WAREHOUSES = {"duckdb": DuckDBWarehouse, "parquet": ParquetWarehouse}
-# The networked connectors, imported when a connection uses them (their drivers load lazily too).
-REMOTE_WAREHOUSES = {
-    "snowflake": ("habitus.resources.snowflake", "SnowflakeWarehouse"),
-    "clickhouse": ("habitus.resources.clickhouse", "ClickHouseWarehouse"),
-    "databricks": ("habitus.resources.databricks", "DatabricksWarehouse"),
-    "synapse": ("habitus.resources.synapse", "SynapseWarehouse"),
-    "hive": ("habitus.resources.hive", "HiveWarehouse"),
-    "bigquery": ("habitus.resources.bigquery", "BigQueryWarehouse"),
-}
-
-
-def _warehouse_class(kind: str):
-    if kind in WAREHOUSES:
-        return WAREHOUSES[kind]
-    import importlib
-
-    module, cls = REMOTE_WAREHOUSES[kind]
-    return getattr(importlib.import_module(module), cls)
-
-
-def _as_env_var(key: str, value, annotation=str):
-    """A connection value that holds `${VAR}` (alone, mixed with text or nested in a dict or list) is kept as
-    the text written in the file, which the connector expands where its driver takes it
-    (resources/masking.py `value`): the Dagster UI and the run records show `pw-${VAR}`, never the secret,
-    whatever its key is called. An integer field of exactly `${VAR}` becomes EnvVar.int(VAR); a flag is its
-    value. A value whose key names a secret (resources/remote.py SECRET_KEYS) written literally in the
-    file is kept, with a warning."""
-    from habitus.pipelines.config_file import env_template, env_var
-    from habitus.resources.remote import SECRET_KEYS
-
-    template = env_template(value)
-    if template is not None:
-        if annotation is int:
-            return dg.EnvVar.int(env_var(value)) if env_var(value) else value
-        return value if annotation is bool else template
-    if isinstance(value, dict):
-        return {k: _as_env_var(k, v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_as_env_var(key, v) for v in value]
-    if key in SECRET_KEYS and isinstance(value, str) and value:
-        warnings.warn(f"a connection's {key!r} is written in the project config; write ${{VAR}} and export VAR")
-    return value
-
-
-def _plain_type(annotation):
-    """int for `int` and `int | None`, bool likewise, else str (what EnvVar can stand for)."""
-    import typing
-
-    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
-    return args[0] if len(args) == 1 and args[0] in (int, bool) else str
-
-
-def connection_resource(name: str, conn) -> dg.ConfigurableResource:
-    """A connection of the project config as its warehouse resource. Keys the resource declares
-    become fields (`schema` is `schema_name`); every other key goes to the driver as `options`."""
-    if conn.type not in WAREHOUSES and conn.type not in REMOTE_WAREHOUSES:
-        raise NotImplementedError(f"connections.{name}: the {conn.type!r} connector is not available; "
-                                  f"available: {sorted(WAREHOUSES) + sorted(REMOTE_WAREHOUSES)}")
-    if conn.type in WAREHOUSES:  # parquet on S3: endpoint/region when the config has them, else AWS_* variables
-        extra = {k: getattr(conn, k) for k in ("endpoint", "region") if getattr(conn, k, None)}
-        return WAREHOUSES[conn.type](path=conn.path, **extra)
-    cls = _warehouse_class(conn.type)
-    params = {k: v for k, v in conn.model_dump().items() if k != "type"}
-    fields, options = {"name": name}, dict(params.pop("options", None) or {})
-    options = {k: _as_env_var(k, v) for k, v in options.items()}
-    for key, value in params.items():
-        field = "schema_name" if key == "schema" and "schema_name" in cls.model_fields else key
-        if field in cls.model_fields and field not in ("name", "options"):
-            fields[field] = _as_env_var(key, value, _plain_type(cls.model_fields[field].annotation))
-        else:
-            options[key] = _as_env_var(key, value)
-    if options:
-        fields["options"] = options
-    return cls(**fields)
-
-
-def build_assets(project: Project) -> list[dg.AssetsDefinition]:
-    assets = [build_source_asset(project, s, events_partitions(s) if s.role == "events" else None)
-              for s in project.sources]
-    assets += [build_cache_asset(project), build_foundation_asset(
-        project, pod_tags(project, "foundation"), node_group=lambda what: group_of(project, "foundation", what))]
-    assets += [build_scenario_asset(project, name, sc, pod_tags(project, "scenarios"),
-                                    node_group=lambda what: group_of(project, "scenarios", what))
-               for name, sc in project.scenarios.items()]
-    daily = predictions_partitions(project)
-    assets += [build_predictions_asset(project, name, daily) for name in project.prediction_scenarios]
-    assets += [build_explanations_asset(project, name, sc, daily) for name, sc in project.scenarios.items() if sc.explain]
-    assets.append(build_embeddings_asset(project, daily))
-    assets += [build_realized_asset(project, name, daily) for name in realized_scenarios(project)]
-    return assets
-
-
-def build_resources(project: Project) -> dict:
-    # on Kubernetes each training pod trains with one process per GPU it got (pipelines/kubernetes.py)
-    settings = project.executor.model_dump() if project.executor else {"processes": 0 if project.kubernetes else 1}
-    executor = TrainingExecutor(**settings)  # `executor:` in the project config (the CLI may override it)
-    resources = {"workspace": Workspace(root=project.workspace, output=project.output,
-                                        output_pins=project.output_pins), "executor": executor}
-    resources.update({connection_key(n): connection_resource(n, c) for n, c in project.connections.items()})
-    return resources
+from habitus.assets.realized import realized_scenarios
+from habitus.pipelines.config.project import Project, load_project
+from habitus.pipelines.orchestration.build import build_assets, build_resources
+from habitus.pipelines.orchestration.jobs import build_jobs
+from habitus.pipelines.orchestration.kubernetes import k8s_executor
+from habitus.pipelines.orchestration.monitoring import build_realized_sensor, realized_job
+from habitus.pipelines.orchestration.schedules import build_schedules
+from habitus.pipelines.orchestration.sensors import (build_scoring_sensor, build_sensors, cache_automation_sensor,
+                                                     with_cache_automation)
 
 
 def build_definitions(project: Project) -> dg.Definitions:
     """Assets with their checks, the jobs, the new-data sensors, the cache automation and the
-    retraining/scoring schedules (pipelines/jobs.py, sensors.py, schedules.py; assets/checks.py)."""
+    retraining/scoring schedules (pipelines/orchestration/jobs.py, sensors.py, schedules.py; assets/checks.py)."""
     assets = with_cache_automation(build_assets(project))
     jobs = build_jobs(project)
     sensors = build_sensors(project, assets, jobs) + [cache_automation_sensor(project)]
@@ -150,8 +33,6 @@ def build_definitions(project: Project) -> dg.Definitions:
         sensors.append(build_realized_sensor(project, jobs["realized"], assets))
     executor = None
     if project.kubernetes is not None:  # every step its own Kubernetes Job, training on GPU pods
-        from habitus.pipelines.kubernetes import k8s_executor
-
         executor = k8s_executor(project)
     return dg.Definitions(assets=assets, asset_checks=build_checks(project), resources=build_resources(project),
                           jobs=list(jobs.values()), sensors=sensors, schedules=build_schedules(project, jobs, assets),

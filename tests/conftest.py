@@ -73,7 +73,7 @@ def duckdb_sql():
 
 
 class SmallProject:
-    """Small projects on the generated demo warehouse (pipelines/demo_data.py), as the end-to-end, CLI,
+    """Small projects on the generated demo warehouse (pipelines/demo/data.py), as the end-to-end, CLI,
     asset and fault tests build them: `config(...)` gives the shape they share (a DuckDB warehouse, the
     purchases/customers/products sources, a one-layer foundation), each test naming what differs;
     `write(...)` puts it next to its warehouse."""
@@ -131,7 +131,7 @@ class SmallProject:
         import yaml
 
         if warehouse:
-            from habitus.pipelines.demo_data import generate_demo_warehouse
+            from habitus.pipelines.demo.data import generate_demo_warehouse
 
             generate_demo_warehouse(folder / "warehouse.duckdb", **warehouse)
         path = folder / "project.yaml"

@@ -30,7 +30,7 @@ def _first_yaml(text: str) -> str:
 
 def test_the_documented_project_configs_load(tmp_path):
     """The README's config and the project-config guide's full example are valid configs of the schema."""
-    from habitus.pipelines.config import load_project
+    from habitus.pipelines.config.project import load_project
 
     for name, text in (("README.md", README), ("docs/guide/config.md", (ROOT / "docs/guide/config.md").read_text())):
         config = re.sub(r"(?m)^workspace: \S+", f"workspace: {tmp_path / 'ws'}", _first_yaml(text))

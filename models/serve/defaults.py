@@ -1,5 +1,5 @@
 """What the daily outputs keep unless a project says otherwise, declared once: the project config
-(pipelines/config.py, which reads this without torch) and the functions that score and explain
+(pipelines/config/project.py, which reads this without torch) and the functions that score and explain
 (models/serve/predict.py, models/explain/) take their defaults from here."""
 
 # predictions: labels (multilabel) and items (recommendation) kept per entity, best first

@@ -151,7 +151,7 @@ def _recover_entries(folder: Path, entries: list[str]) -> list[str]:
     return done
 
 
-# `.<name>.<kind>-<pid>`: tmp (being written), old (moved aside), unsorted (resources/canonical.py's spill)
+# `.<name>.<kind>-<pid>`: tmp (being written), old (moved aside), unsorted (resources/warehouses/canonical.py's spill)
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old|unsorted)-(?P<pid>\d+)$")
 
 

@@ -23,7 +23,7 @@ POINTER = "serving.json"
 INFO = "version.json"
 _TRASH = ".pruned-"  # a version being deleted: out of the listing already
 # a version's name: the first 16 hex digits of its weights' SHA-256 (config.json weights_sha256), the same form
-# as a cache folder's (resources/manifests.py); nothing else read from a file becomes a version's path
+# as a cache folder's (resources/store/manifests.py); nothing else read from a file becomes a version's path
 FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 
 

@@ -14,7 +14,7 @@ RANKING_K = 10  # k of the ranking metrics (recommendation) where a scenario doe
 @dataclass(frozen=True)
 class Entry:
     module: str  # the module that holds the task's TASK
-    targets: tuple[str, ...]  # the config target keys (pipelines/config.py) that fit the task
+    targets: tuple[str, ...]  # the config target keys (pipelines/config/project.py) that fit the task
 
 
 TASKS: dict[str, Entry] = {}
@@ -22,7 +22,7 @@ TASKS: dict[str, Entry] = {}
 
 def register(name: str, module: str, targets: tuple[str, ...]) -> None:
     """Add the task type `name`: `module` (imported by name, on first use) holds its TASK, whose `name` is
-    `name`; `targets` are the config target keys (pipelines/config.py) that fit it. A name is registered
+    `name`; `targets` are the config target keys (pipelines/config/project.py) that fit it. A name is registered
     once: registering it again with another module is refused."""
     entry = Entry(module, tuple(targets))
     if TASKS.get(name, entry) != entry:

@@ -66,7 +66,7 @@ class Task:
     # ------------------------------------------------------------------ the target
 
     def target_spec(self, name: str, target, cache, cutoff: int) -> TargetSpec:
-        """The scenario's config target (pipelines/config.py) -> a TargetSpec; label sets are chosen
+        """The scenario's config target (pipelines/config/project.py) -> a TargetSpec; label sets are chosen
         from history at or before `cutoff`."""
         if getattr(target, "function", None):
             return function_target(name, target)

@@ -1,6 +1,6 @@
 """The settings of training, declared once: the foundation model's (FoundationConfig), a scenario's
 fine-tuning (FinetuneConfig), its LoRA adapters (LoraConfig) and the whole scenario as its recipe
-takes it (ScenarioConfig, models/train/scenario.py). Their defaults live here only; pipelines/config.py
+takes it (ScenarioConfig, models/train/scenario.py). Their defaults live here only; pipelines/config/project.py
 reads them without torch."""
 
 from __future__ import annotations

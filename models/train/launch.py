@@ -2,7 +2,7 @@
 
 The asset writes JOB_DIR/job.json (habitus.models.train.recipe.foundation_job / scenario_job: the cache
 version, the configs, the cut-offs, the device, the precision, where to save resumable state) and starts
-torchrun (habitus.resources.executor.TrainingExecutor.train). Every rank joins the process group
+torchrun (habitus.resources.training.executor.TrainingExecutor.train). Every rank joins the process group
 (habitus.models.train.distributed.from_env) and trains its share of the entity chunks through
 `run_training`, the entry a single process runs too; rank 0 alone writes the result, JOB_DIR/result: a
 checkpoint (habitus.models.nn.checkpoint.save_checkpoint, written under a temporary name and renamed)

@@ -1,7 +1,7 @@
 """Every training habitus runs, as one entry: a `Training` (the foundation's, a scenario's measured
 fine-tuning, or its refit) is written as a job (a JSON dict) and trained by `run_training`, the same
 function in the asset's own process, in every rank under torchrun, and on every node of a cluster
-(resources/executor.py runs it; models/train/launch.py is what torchrun starts). One place, then, turns a
+(resources/training/executor.py runs it; models/train/launch.py is what torchrun starts). One place, then, turns a
 ScenarioConfig into `finetune`'s arguments, merges LoRA adapters, applies the precision (bf16:
 torch.autocast around the loop, fp32 master weights) and resumes a killed run from its saved state.
 

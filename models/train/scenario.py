@@ -71,7 +71,7 @@ def train_scenario(cache: Cache, foundation_state: dict, foundation_info: dict, 
     (scenario, refit; every cfg.save_every_steps steps; the same foundation, task, settings and
     cut-offs only); cleared once the checkpoint is written.
     `launch`: trains the network of a Training (the measured run, then the refit) and returns its
-    result: resources/executor.py's TrainingExecutor.train, in this process or under torchrun, with its
+    result: resources/training/executor.py's TrainingExecutor.train, in this process or under torchrun, with its
     own precision and resume folder; None: in this process with `precision` and `resume_dir`. `train_cache`: the entities whose labels train the network, the
     head and the trees (default `cache`; the hold-out always scores every entity of `cache`).
     `baselines`: False leaves LightGBM out (the task's own simple baselines stay). `stack`: the candidates of the

@@ -22,9 +22,9 @@ from habitus.models.evaluate.baselines import LIGHTGBM_FILE, _dataset, baseline_
 from habitus.models.tasks import task as task_of
 from habitus.models.tasks.spec import TaskSpec
 from habitus.pipelines.cli import main
-from habitus.pipelines.config import load_project
-from habitus.pipelines.definitions import build_assets, build_resources
-from habitus.pipelines.demo_data import generate_demo_warehouse
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.orchestration.build import build_assets, build_resources
+from habitus.pipelines.demo.data import generate_demo_warehouse
 
 DAY = "2026-05-31"
 # fine-tuning at an absurd learning rate diverges and the network alone is kept (no trees to rescue it):
@@ -201,7 +201,7 @@ def test_a_model_per_label_is_saved_and_scores_what_the_hold_out_measured(traine
     from habitus.assets.foundation import test_cutoff
     from habitus.assets.scenarios import scenario_config
     from habitus.models.evaluate.baselines import lightgbm_scores, save_lightgbm
-    from habitus.pipelines.config import Scenario
+    from habitus.pipelines.config.project import Scenario
 
     _, _, project, _, _ = trained
     ws = build_resources(project)["workspace"]

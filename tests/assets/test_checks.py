@@ -18,11 +18,11 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 import habitus.models.train.scenario
 from habitus.assets.checks import SEVERE_SHARE, baseline_margin, build_checks, schema_problems
 from habitus.assets.serving import serving_checkpoint, versions
-from habitus.pipelines.config import Scenario, load_project
-from habitus.pipelines.definitions import build_assets, build_resources
+from habitus.pipelines.config.project import Scenario, load_project
+from habitus.pipelines.orchestration.build import build_assets, build_resources
 from habitus.models.data.targets import TargetSpec
 from habitus.models.tasks.spec import TaskSpec
-from habitus.pipelines.demo_data import generate_demo_warehouse
+from habitus.pipelines.demo.data import generate_demo_warehouse
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 ERROR, WARN = dg.AssetCheckSeverity.ERROR, dg.AssetCheckSeverity.WARN
@@ -261,7 +261,7 @@ def test_free_space_for_training(demo, monkeypatch):
     check = _checks(demo[2], CACHE)["free_space_for_training"]
     assert check.passed and check.metadata["source_bytes"].value > 0
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr("habitus.resources.space.shutil.disk_usage", lambda _: Usage(10**12, 10**12 - 1000, 1000))
+    monkeypatch.setattr("habitus.resources.store.space.shutil.disk_usage", lambda _: Usage(10**12, 10**12 - 1000, 1000))
     check = _checks(demo[2], CACHE)["free_space_for_training"]
     assert not check.passed and check.severity == ERROR
     assert "not enough free space in the workspace" in check.description
@@ -273,7 +273,7 @@ def test_no_space_blocks_training_in_the_same_run(copy, monkeypatch):
     _extract_all(project)
     Usage = namedtuple("Usage", "total used free")
     # room for the cache (it checks for itself first) but not for sources + 100 MB of checkpoints + 20%
-    monkeypatch.setattr("habitus.resources.space.shutil.disk_usage", lambda _: Usage(10**12, 0, 50 * 2**20))
+    monkeypatch.setattr("habitus.resources.store.space.shutil.disk_usage", lambda _: Usage(10**12, 0, 50 * 2**20))
     result = _run(project, [CACHE, dg.AssetKey("foundation_model")])
     assert not result.success
     assert result.asset_materializations_for_node("foundation_model") == []

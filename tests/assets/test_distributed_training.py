@@ -10,10 +10,10 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 
 from habitus.assets.checks import build_checks
 from habitus.models.nn.checkpoint import load_checkpoint
-from habitus.pipelines.config import load_project
-from habitus.pipelines.definitions import build_assets, build_resources
-from habitus.pipelines.demo_data import generate_demo_warehouse
-from habitus.resources.executor import TrainingExecutor
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.orchestration.build import build_assets, build_resources
+from habitus.pipelines.demo.data import generate_demo_warehouse
+from habitus.resources.training.executor import TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::dagster.BetaWarning")]
 FOUNDATION, CHURN = dg.AssetKey("foundation_model"), dg.AssetKey(["scenario", "churn"])

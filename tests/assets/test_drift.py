@@ -1,6 +1,6 @@
 """Drift checks on each day's predictions: simulated days appended one at a time and run as the daemons
 run them (the new-data sensor extracts the day, the cache grows, `score_after_cache` scores it). On
-days with the generator's usual behaviour no drift check fires; on shifted days (pipelines/demo_data.py:
+days with the generator's usual behaviour no drift check fires; on shifted days (pipelines/demo/data.py:
 a volume drop, a new store, two weeks of an outage) the volume, unknown-value and score checks fire,
 their messages naming the numbers. Three trainings make three versions; a rollback from the CLI and
 one from the UI's job make the next day's predictions carry the chosen fingerprint."""
@@ -18,9 +18,10 @@ import habitus.models.train.scenario
 from habitus.models.evaluate.drift import psi, reference_distribution, volume_ratio
 from habitus.assets.serving import versions
 from habitus.pipelines.cli import main
-from habitus.pipelines.config import Scenario, load_project
-from habitus.pipelines.demo_data import append_demo_day
-from habitus.pipelines.definitions import build_assets, build_definitions, build_resources
+from habitus.pipelines.config.project import Scenario, load_project
+from habitus.pipelines.demo.data import append_demo_day
+from habitus.pipelines.definitions import build_definitions
+from habitus.pipelines.orchestration.build import build_assets, build_resources
 
 DRIFT = ("score_drift", "unknown_values", "event_volume")
 

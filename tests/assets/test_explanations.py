@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from habitus.pipelines.cli import materialize_all
-from habitus.pipelines.config import load_project
-from habitus.pipelines.definitions import build_assets, build_resources
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.orchestration.build import build_assets, build_resources
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +106,7 @@ def test_explanations_with_write_back_land_in_the_warehouse_and_a_rerun_replaces
     import dagster as dg
     import duckdb
 
-    from habitus.pipelines.definitions import build_assets, build_resources
+    from habitus.pipelines.orchestration.build import build_assets, build_resources
 
     root, day, meta = run
 

@@ -12,7 +12,7 @@ import pytest
 
 from habitus.assets.serving import scored_by, serving_checkpoint, versions
 from habitus.models.storage.versions import INFO, POINTER, VersionError, checked_fingerprint
-from habitus.resources.workspace import Workspace
+from habitus.resources.store.workspace import Workspace
 
 HOSTILE = ["../../../etc", "/etc", "/abs", "..", "", "a/b", "0123456789abcdeF", "0123456789abcdef0",
            "0123456789abcde\n", "０１２３４５６７８９ａｂｃｄｅｆ", None, 7]

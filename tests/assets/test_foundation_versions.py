@@ -12,8 +12,8 @@ from habitus.assets.foundation_versions import foundation_table, foundation_vers
 from habitus.models.storage.files import atomic_path
 from habitus.models.storage.versions import INFO, VersionError
 from habitus.pipelines.cli import main
-from habitus.pipelines.config import ConfigError, load_project
-from habitus.resources.workspace import Workspace
+from habitus.pipelines.config.project import ConfigError, load_project
+from habitus.resources.store.workspace import Workspace
 
 
 def train(ws: Workspace, n: int, keep: int = 5, keep_served: bool = True) -> str:
@@ -115,7 +115,7 @@ def test_the_asset_keeps_each_training_and_a_rollback_puts_it_back(tmp_path, sma
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from habitus.models.storage.files import file_sha256
-    from habitus.pipelines.definitions import build_assets, build_resources
+    from habitus.pipelines.orchestration.build import build_assets, build_resources
 
     config = small_project.write(tmp_path, small_project.config(), customers=300, products=30, stores=2,
                                  start="2026-07-01", end="2026-09-30", seed=5)

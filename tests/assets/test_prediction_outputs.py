@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from habitus.pipelines.cli import materialize_all
-from habitus.pipelines.config import load_project
+from habitus.pipelines.config.project import load_project
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def test_the_checkpoint_records_the_chosen_head_and_predictions_score_with_it(sc
     from habitus.models.nn.checkpoint import load_checkpoint
     from habitus.models.serve.predict import load_model, predict
     from habitus.models.heads.stacked_head import STACK_FILE, TRUNK_FILE, load_head
-    from habitus.resources.workspace import Workspace
+    from habitus.resources.store.workspace import Workspace
 
     workspace = Workspace(root=str(scored[0] / "ws"))
     newest = workspace.scenario(name)
@@ -126,8 +126,8 @@ def test_two_scoring_processes_write_the_files_one_process_writes(scored, monkey
 
     from habitus.assets.embeddings import EMBEDDINGS_KEY
     from habitus.assets.predictions import predictions_key
-    from habitus.pipelines.definitions import build_assets, build_resources
-    from habitus.resources.executor import TrainingExecutor
+    from habitus.pipelines.orchestration.build import build_assets, build_resources
+    from habitus.resources.training.executor import TrainingExecutor
 
     root = scored[0]
     project = load_project(root / "project.yaml")

@@ -28,10 +28,11 @@ from habitus.models.evaluate.realized import (best_baseline, realized as realize
 from habitus.models.tasks import task as task_of
 from habitus.models.storage.files import read_json
 from habitus.models.tasks.spec import TaskSpec
-from habitus.pipelines.config import load_project
-from habitus.pipelines.demo_data import append_demo_day
-from habitus.pipelines.definitions import build_assets, build_definitions, build_resources
-from habitus.pipelines.monitoring import completed_days
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.demo.data import append_demo_day
+from habitus.pipelines.definitions import build_definitions
+from habitus.pipelines.orchestration.build import build_assets, build_resources
+from habitus.pipelines.orchestration.monitoring import completed_days
 
 CHECKS = ("beats_baselines_realized", "holds_holdout_realized")
 DAY = 86_400

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from habitus.assets.sources import build_source_asset, source_key
-from habitus.pipelines.config import load_project
-from habitus.pipelines.definitions import build_resources
-from habitus.pipelines.demo_data import generate_demo_warehouse
-from habitus.pipelines.partitions import events_partitions
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.orchestration.build import build_resources
+from habitus.pipelines.demo.data import generate_demo_warehouse
+from habitus.pipelines.orchestration.partitions import events_partitions
 
 MARCH, APRIL = datetime(2026, 3, 1), datetime(2026, 4, 1)
 
@@ -187,7 +187,7 @@ def test_where_is_pushed_down_and_only_matching_rows_are_extracted(tmp_path, war
 def test_a_changed_where_makes_the_partitions_stale_and_the_cache_refuses_them(tmp_path, warehouse):
     from habitus.assets.cache import table_input
     from habitus.assets.sources import extraction_fingerprint, stale_partitions
-    from habitus.resources.workspace import Workspace
+    from habitus.resources.store.workspace import Workspace
 
     project = _project(tmp_path, warehouse)
     assert _materialize(project)[1].success
@@ -231,7 +231,7 @@ def test_where_naming_a_missing_column_fails_naming_it_and_the_source(tmp_path, 
 
 def test_habitus_train_extracts_again_what_another_where_extracted(tmp_path, warehouse, monkeypatch):
     from habitus.assets.sources import stale_partitions
-    from habitus.pipelines.managed import Runner
+    from habitus.pipelines.run.managed import Runner
 
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     folder = tmp_path / "ws" / "sources" / "purchases"

@@ -11,8 +11,8 @@ from habitus.assets.serving import (keep_version, passed_path, rollback, serving
                                     versions_table)
 from habitus.models.storage.versions import INFO, VersionError
 from habitus.pipelines.cli import main
-from habitus.pipelines.config import load_project
-from habitus.resources.workspace import Workspace
+from habitus.pipelines.config.project import load_project
+from habitus.resources.store.workspace import Workspace
 
 
 def train(ws: Workspace, n: int, *, beats: bool = True, auroc: float = 0.8, scores=None, keep: int = 5) -> str:

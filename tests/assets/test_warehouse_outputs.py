@@ -13,8 +13,8 @@ import pytest
 
 from habitus.assets.embeddings import ARRAY_CONNECTORS, warehouse_rows
 from habitus.assets.predictions import write_back
-from habitus.resources.duckdb import DuckDBWarehouse
-from habitus.resources.parquet import ParquetWarehouse
+from habitus.resources.warehouses.duckdb import DuckDBWarehouse
+from habitus.resources.warehouses.parquet import ParquetWarehouse
 
 D1, D2, WIDTH = datetime(2026, 3, 1), datetime(2026, 3, 2), 7
 
@@ -100,7 +100,7 @@ def test_explanations_land_in_duckdb_with_their_types(tmp_path):
     ("array", 5, "Cannot cast array of size 5 to array of size 7"),
     ("columns", 9, 'does not have a column with name "embedding_7"')])
 def test_embeddings_of_another_width_fail_naming_the_table_and_keep_its_rows(tmp_path, layout, width, says):
-    from habitus.resources.errors import WarehouseError
+    from habitus.resources.warehouses.errors import WarehouseError
 
     wh = DuckDBWarehouse(path=str(tmp_path / "wh.duckdb"))
     shape = partial(warehouse_rows, layout=layout)

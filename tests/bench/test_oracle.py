@@ -20,7 +20,7 @@ from habitus.models.tasks import task as task_of
 from habitus.models.train.config import TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig, ScenarioConfig
 from habitus.models.train.foundation import train_foundation
 from habitus.models.train.scenario import train_scenario
-from habitus.pipelines.demo_data import generate_demo_warehouse
+from habitus.pipelines.demo.data import generate_demo_warehouse
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 SEED = 7
@@ -84,7 +84,7 @@ def test_the_oracle_is_the_simulators_own_probability(warehouse):
     draws): how often each customer buys nothing, and each brand, inside a window that starts in opening
     hours is what the oracle says: overall, customer by customer (chi-square) and brand by brand."""
     oracle = warehouse[0]
-    sim = oracle.sim  # (pipelines/demo_simulation.py)
+    sim = oracle.sim  # (pipelines/demo/simulation.py)
     start, n_days, reps = dt.date(2026, 3, 1), 75, 300
     (_, state, _), = sim.latent_blocks(start, n_days, 400, 300, 12, 11)
     cutoff = calendar.timegm((start + dt.timedelta(days=60)).timetuple()) + 15 * 3600

@@ -190,7 +190,7 @@ def _normalized(value):
 
 @pytest.fixture(scope="session")
 def faults(tmp_path_factory, small_project) -> Harness:
-    from habitus.pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo.data import generate_demo_warehouse
 
     warehouse = tmp_path_factory.mktemp("faults-warehouse") / "warehouse.duckdb"
     generate_demo_warehouse(warehouse, customers=400, products=60, stores=5, start="2026-03-01", end="2026-08-31",

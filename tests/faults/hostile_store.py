@@ -1,4 +1,4 @@
-"""Hostile manifests for `restore` and `upload` (resources/output.py), on any pyarrow filesystem: a local
+"""Hostile manifests for `restore` and `upload` (resources/store/output.py), on any pyarrow filesystem: a local
 folder here (tests/faults/test_restore_trust.py) and moto S3 (tests/integration/test_output_trust_s3.py,
 which loads this file by path).
 
@@ -104,8 +104,8 @@ def check_refused(store: Store, prefix_key: str, home: Path, *, key=None, cache_
     upload from the one that trained: both refused naming the entry, nothing changed anywhere."""
     import pytest
 
-    from habitus.resources.output import Output, OutputError
-    from habitus.resources.workspace import Workspace
+    from habitus.resources.store.output import Output, OutputError
+    from habitus.resources.store.workspace import Workspace
 
     victim = b"victim " + os.urandom(8).hex().encode()
     (home / "victim.txt").write_bytes(victim)
@@ -178,7 +178,7 @@ def _json(store: Store, key: str) -> dict:
 
 
 def _store_manifest(store: Store, prefix_key: str, manifest: dict) -> None:
-    from habitus.resources.manifests import fingerprint
+    from habitus.resources.store.manifests import fingerprint
 
     manifest["fingerprint"] = fingerprint(manifest)
     store.put(f"{prefix_key}/manifests/foundation.json", json.dumps(manifest).encode())
@@ -190,8 +190,8 @@ def check_tampered_reupload(store: Store, prefix_key: str, home: Path) -> None:
     restore pinned to it returns the genuine bytes, and refuses the swapped bytes once they come back."""
     import pytest
 
-    from habitus.resources.output import OutputError
-    from habitus.resources.workspace import Workspace
+    from habitus.resources.store.output import OutputError
+    from habitus.resources.store.workspace import Workspace
 
     ws, weights = home / "ws", "checkpoints/foundation/model.safetensors"
     genuine = (ws / weights).read_bytes()
@@ -224,8 +224,8 @@ def check_lying_size(store: Store, prefix_key: str, home: Path) -> int:
     read."""
     import pytest
 
-    from habitus.resources.output import CHUNK, Output, OutputError
-    from habitus.resources.workspace import Workspace
+    from habitus.resources.store.output import CHUNK, Output, OutputError
+    from habitus.resources.store.workspace import Workspace
 
     plot = "checkpoints/foundation_loss.png"
     big = os.urandom(8 << 20)

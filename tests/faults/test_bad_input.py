@@ -13,8 +13,8 @@ import yaml
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from habitus.assets.checks import build_checks
-from habitus.pipelines.config import load_project
-from habitus.pipelines.definitions import build_assets, build_resources
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.orchestration.build import build_assets, build_resources
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 SOURCE, CACHE = dg.AssetKey(["source", "purchases"]), dg.AssetKey("cache")
@@ -23,7 +23,7 @@ RANGE = {ASSET_PARTITION_RANGE_START_TAG: "2026-03-01", ASSET_PARTITION_RANGE_EN
 
 @pytest.fixture(scope="module")
 def demo_warehouse(tmp_path_factory):
-    from habitus.pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo.data import generate_demo_warehouse
 
     path = tmp_path_factory.mktemp("bad-input") / "warehouse.duckdb"
     generate_demo_warehouse(path, customers=150, products=40, stores=3, end="2026-05-31", seed=4)

@@ -9,8 +9,8 @@ import types
 import pytest
 import yaml
 
-from habitus.pipelines.config import ConfigError, load_project
-from habitus.pipelines.config_file import MAX_BYTES, MAX_DEPTH
+from habitus.pipelines.config.project import ConfigError, load_project
+from habitus.pipelines.config.file import MAX_BYTES, MAX_DEPTH
 
 BASE = ("workspace: ws\nconnections: {w: {type: duckdb, path: x.duckdb}}\nentity: c\n"
         "sources: [{name: e, role: events, connection: w, table: t, timestamp: ts, start: 2026-01-01}]\n")
@@ -37,7 +37,7 @@ def test_config_bombs_are_the_projects_error_naming_the_file(tmp_path, name):
 
 
 def test_init_takes_a_connection_on_the_command_line_within_the_same_limits(capsys):
-    from habitus.pipelines.init import main as init_main
+    from habitus.pipelines.init.command import main as init_main
 
     for text in ("{type: hive, port: " + "1" * 5000 + "}", "{type: hive, x: " + "[" * 100_000 + "]" * 100_000 + "}"):
         assert init_main(["--connection", text]) == 2
@@ -92,8 +92,8 @@ class _Con:
 
 @pytest.mark.parametrize("refused", [{"hive.variable.substitute"}, {"spark.sql.variable.substitute"}, set()])
 def test_a_hive_server_that_keeps_substitution_on_is_an_error(monkeypatch, refused):
-    from habitus.resources.errors import WarehouseError
-    from habitus.resources.hive import SUBSTITUTION_OFF, HiveWarehouse
+    from habitus.resources.warehouses.errors import WarehouseError
+    from habitus.resources.warehouses.hive import SUBSTITUTION_OFF, HiveWarehouse
 
     made = []
 

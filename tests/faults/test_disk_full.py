@@ -15,8 +15,8 @@ import torch
 from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache
 from habitus.models.nn.checkpoint import load_checkpoint, save_checkpoint
 from habitus.models.storage.files import DiskFullError, folder_bytes
-from habitus.pipelines.demo_data import generate_demo_warehouse
-from habitus.resources.canonical import PARQUET_OPTIONS
+from habitus.pipelines.demo.data import generate_demo_warehouse
+from habitus.resources.warehouses.canonical import PARQUET_OPTIONS
 
 pytestmark = pytest.mark.faults
 
@@ -139,10 +139,10 @@ def test_predictions_on_a_full_disk_keep_the_previous_day_and_succeed_once_space
 
 
 def test_an_upload_to_a_full_output_disk_names_the_key_and_resumes_once_space_is_freed(tmp_path):
-    """`output:` a mounted folder that fills during a stage's upload (resources/output.py): OutputError naming
+    """`output:` a mounted folder that fills during a stage's upload (resources/store/output.py): OutputError naming
     the folder and the MB the file needs, at once (a full disk is not retried); no temporary key left, the
     stage's manifest still the previous one; with space freed the upload completes and restores byte for byte."""
-    from habitus.resources.output import Output, OutputError
+    from habitus.resources.store.output import Output, OutputError
 
     root = tmp_path / "ws"
     files = []

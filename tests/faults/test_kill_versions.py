@@ -17,7 +17,7 @@ import pytest
 from habitus.assets.foundation_versions import foundation_versions, rollback_foundation
 from habitus.assets.serving import serving_checkpoint, versions
 from habitus.models.storage.versions import INFO
-from habitus.resources.workspace import Workspace
+from habitus.resources.store.workspace import Workspace
 
 pytestmark = pytest.mark.faults
 
@@ -30,7 +30,7 @@ import habitus.assets.check_measures, habitus.models.evaluate.drift  # what keep
 from habitus.assets.serving import keep_version, rollback
 from habitus.models.storage.files import atomic_path
 from habitus.models.storage.versions import VersionError
-from habitus.resources.workspace import Workspace
+from habitus.resources.store.workspace import Workspace
 
 ws = Workspace(root=sys.argv[1])
 print("ready", flush=True)
@@ -97,7 +97,7 @@ import hashlib, itertools, json, sys, time
 from habitus.assets.foundation_versions import keep_foundation_version, rollback_foundation
 from habitus.models.storage.files import atomic_path
 from habitus.models.storage.versions import VersionError
-from habitus.resources.workspace import Workspace
+from habitus.resources.store.workspace import Workspace
 
 ws = Workspace(root=sys.argv[1])
 print("ready", flush=True)

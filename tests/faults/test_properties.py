@@ -24,7 +24,7 @@ from habitus.models.data.features import chunk_at
 from habitus.models.cache.quarantine import DROP_REASONS, quarantine
 from habitus.models.data.target_functions import resolve
 from habitus.models.data.targets import TargetSpec, compute_target
-from habitus.pipelines.config import ConfigError, load_project, parse_duration
+from habitus.pipelines.config.project import ConfigError, load_project, parse_duration
 
 NOW = calendar.timegm((2026, 11, 1, 0, 0, 0))
 DAY = 86_400

@@ -1,7 +1,7 @@
 """`habitus restore` SIGKILLed halfway (after its first, second, ... file downloaded) over a workspace that holds
 an older checkpoint: every unit (the checkpoint folder, the cache version, the plot) is either the old one
 whole or the new one whole, nothing half-written is visible, and the next restore ends with the new one
-and no leftovers (resources/output.py: each unit built under a temporary name and swapped in whole)."""
+and no leftovers (resources/store/output.py: each unit built under a temporary name and swapped in whole)."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from habitus.models.nn.checkpoint import save_checkpoint
-from habitus.resources.workspace import Workspace
+from habitus.resources.store.workspace import Workspace
 
 pytestmark = pytest.mark.faults
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.faults
 KILL_HOOK = """
 import os, signal
 if os.environ.get("HABITUS_TEST_KILL_AFTER"):
-    import habitus.resources.output as output
+    import habitus.resources.store.output as output
     whole, left = output.Output._fetch, [int(os.environ["HABITUS_TEST_KILL_AFTER"])]
     def fetch_then_die(self, rel, dest, entry):
         whole(self, rel, dest, entry)

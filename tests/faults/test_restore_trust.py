@@ -1,4 +1,4 @@
-"""Nothing read back from `output:` is trusted (resources/output.py): hostile manifest entries and cache
+"""Nothing read back from `output:` is trusted (resources/store/output.py): hostile manifest entries and cache
 folders (hypothesis), symlinks planted in the workspace, pinned fingerprints, and the output URL's
 credentials kept out of logs, on a local folder as output. tests/integration/test_output_trust_s3.py
 runs the same hostile manifests against moto S3."""
@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyarrow.fs import LocalFileSystem
 
-from habitus.resources.output import Output, OutputError, fingerprint, shown_url
-from habitus.resources.workspace import Workspace
+from habitus.resources.store.output import Output, OutputError, fingerprint, shown_url
+from habitus.resources.store.workspace import Workspace
 
 
 def _helpers():
@@ -83,7 +83,7 @@ def test_restore_never_writes_through_a_symlink_planted_in_the_workspace(tmp_pat
 def test_a_file_symlink_inside_a_checkpoint_is_replaced_never_read(tmp_path, monkeypatch):
     """A link planted in place of a checkpoint file: the folder is rebuilt and swapped in, the link dropped,
     its target neither read (hashed) nor written."""
-    import habitus.resources.output as output
+    import habitus.resources.store.output as output
 
     store, _ = _local(tmp_path / "home")
     secret = tmp_path / "outside" / "secret"

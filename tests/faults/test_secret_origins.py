@@ -12,8 +12,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from habitus.pipelines.config import load_project
-from habitus.resources.masking import redact_text, redact_url, secret_values, value
+from habitus.pipelines.config.project import load_project
+from habitus.resources.warehouses.masking import redact_text, redact_url, secret_values, value
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 
@@ -55,8 +55,8 @@ def test_mixed_and_nested_secrets_under_ten_spellings_are_masked_everywhere(tmp_
     from dagster._serdes import serialize_value
 
     from habitus.pipelines.definitions import build_definitions
-    from habitus.pipelines.init import _hide_secrets, main as init_main
-    from habitus.resources.remote import connect_error, query_error
+    from habitus.pipelines.init.command import _hide_secrets, main as init_main
+    from habitus.resources.warehouses.remote import connect_error, query_error
 
     path, values = _vault(tmp_path, monkeypatch)
     project = load_project(path)
@@ -105,7 +105,7 @@ def test_a_run_hands_the_driver_the_values_and_records_only_the_templates(tmp_pa
     arguments hold the values, and the run's records (config, logs, metadata, the failure) hold none."""
     from dagster._serdes import serialize_value
 
-    from habitus.pipelines.definitions import build_resources
+    from habitus.pipelines.orchestration.build import build_resources
 
     path, values = _vault(tmp_path, monkeypatch)
     vault = build_resources(load_project(path))["connection_vault"]
@@ -120,7 +120,7 @@ def test_a_run_hands_the_driver_the_values_and_records_only_the_templates(tmp_pa
 
     @dg.asset(required_resource_keys={"vault"})
     def fails(context):  # a driver error quoting every value, as the connector raises it inside a run
-        from habitus.resources.remote import connect_error
+        from habitus.resources.warehouses.remote import connect_error
 
         wh = context.resources.vault
         raise connect_error("hive", "vault", wh._where(), RuntimeError(", ".join(values.values())), wh._secrets())
@@ -155,7 +155,7 @@ class _DownClient:
 
 def test_mlflow_warnings_and_params_carry_no_credentials(monkeypatch):
     pytest.importorskip("mlflow", reason="the MLflow client is not installed: pip install -e '.[mlflow]'")
-    from habitus.resources.mlflow_tracking import Tracker
+    from habitus.resources.training.mlflow_tracking import Tracker
 
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-planted-secret-55")
     settings = type("S", (), {"tracking_uri": f"https://bob:{SECRET}@mlflow.example.com", "experiment": "e",
@@ -205,7 +205,7 @@ def test_mlflow_down_with_a_password_uri_logs_no_password(tmp_path, small_projec
     """The config reference's form, `https://${MLFLOW_USER}:${MLFLOW_PASSWORD}@host`, with nothing listening:
     MLflow's own exception text quotes the URI; the warning does not."""
     pytest.importorskip("mlflow", reason="the MLflow client is not installed: pip install -e '.[mlflow]'")
-    from habitus.resources.mlflow_tracking import Tracker
+    from habitus.resources.training.mlflow_tracking import Tracker
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_USER", "tok-user-9f3a")

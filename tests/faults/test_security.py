@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from habitus.pipelines.config import ConfigError, load_project
-from habitus.pipelines.definitions import build_assets, build_resources
-from habitus.resources.workspace import Workspace, WorkspaceError
+from habitus.pipelines.config.project import ConfigError, load_project
+from habitus.pipelines.orchestration.build import build_assets, build_resources
+from habitus.resources.store.workspace import Workspace, WorkspaceError
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE_TABLE = 'x"; DROP TABLE y; --'
@@ -171,8 +171,8 @@ def test_secrets_by_origin_under_ten_spellings_are_masked_everywhere(tmp_path, m
     import warnings
 
     from habitus.pipelines.definitions import build_definitions
-    from habitus.pipelines.init import _hide_secrets, main as init_main
-    from habitus.resources.remote import connect_error, query_error
+    from habitus.pipelines.init.command import _hide_secrets, main as init_main
+    from habitus.resources.warehouses.remote import connect_error, query_error
 
     path, values = _ten_secrets(tmp_path, monkeypatch)
     project = load_project(path)
@@ -251,8 +251,8 @@ def test_a_checkpoint_is_hashed_and_parsed_from_the_same_bytes(tmp_path, monkeyp
 def test_parquet_tables_stay_inside_the_connection_folder(tmp_path, table):
     import pyarrow as pa
 
-    from habitus.resources.errors import WarehouseError
-    from habitus.resources.parquet import ParquetWarehouse
+    from habitus.resources.warehouses.errors import WarehouseError
+    from habitus.resources.warehouses.parquet import ParquetWarehouse
 
     wh = ParquetWarehouse(path=str(tmp_path / "lake"))
     schema = pa.schema([("a", pa.int64())])

@@ -1,4 +1,4 @@
-"""What restore and upload do with what the store says (resources/output.py, resources/manifests.py): a download
+"""What restore and upload do with what the store says (resources/store/output.py, resources/store/manifests.py): a download
 cut by a store error goes on from where it stopped, bytes already verified are never downloaded again, a
 mismatch is not retried, the free space is checked first, manifest bombs end in the project's error naming
 the file, and an output URL whose password holds `/`, `?`, `#` or `@` is refused without a piece of it."""
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import habitus.resources.space as space_module
-from habitus.resources.manifests import MAX_DEPTH, MAX_MANIFEST_BYTES, shown_url
-from habitus.resources.output import CHUNK, Output, OutputError
-from habitus.resources.workspace import Workspace, WorkspaceError
+import habitus.resources.store.space as space_module
+from habitus.resources.store.manifests import MAX_DEPTH, MAX_MANIFEST_BYTES, shown_url
+from habitus.resources.store.output import CHUNK, Output, OutputError
+from habitus.resources.store.workspace import Workspace, WorkspaceError
 
 
 def _helpers():

@@ -1,4 +1,4 @@
-"""A folder `output:` is not trusted as a filesystem (resources/stores.py FolderStore): links planted in the
+"""A folder `output:` is not trusted as a filesystem (resources/store/stores.py FolderStore): links planted in the
 store (folder links, file links, links to /dev/zero, to a copy of the genuine bytes, dangling) under
 every operation (upload, re-upload with deletes, restore, listing the stages, reading a manifest): nothing
 outside the store or the workspace is written, read or deleted, and the error names the entry."""
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from habitus.resources.output import Output, OutputError
-from habitus.resources.workspace import Workspace
+from habitus.resources.store.output import Output, OutputError
+from habitus.resources.store.workspace import Workspace
 
 # entries of a store holding the foundation and scenario/churn that a link may replace
 ENTRIES = ["checkpoints", "checkpoints/foundation", "checkpoints/foundation/model.safetensors",

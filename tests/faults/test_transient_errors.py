@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from habitus.resources.errors import WarehouseError, network_error
+from habitus.resources.warehouses.errors import WarehouseError, network_error
 
 TRANSIENT, PERMANENT = True, False
 
@@ -43,7 +43,7 @@ def _snowflake_cases():
 
 
 def test_snowflake_errors_are_classified():
-    from habitus.resources.snowflake import transient
+    from habitus.resources.warehouses.snowflake import transient
 
     for exc, want in _snowflake_cases():
         assert transient(exc) is want, (type(exc).__name__, str(exc))
@@ -55,7 +55,7 @@ def test_hive_errors_are_classified():
     from TCLIService.ttypes import TStatus
     from thrift.transport.TTransport import TTransportException
 
-    from habitus.resources.hive import transient
+    from habitus.resources.warehouses.hive import transient
 
     cases = [
         (TTransportException(TTransportException.NOT_OPEN, "Could not connect to any of [('127.0.0.1', 10000)]"),
@@ -79,7 +79,7 @@ def test_bigquery_errors_are_classified():
     import requests
     from google.api_core import exceptions as gexc
 
-    from habitus.resources.bigquery import transient
+    from habitus.resources.warehouses.bigquery import transient
 
     cases = [
         (gexc.ServiceUnavailable("backend unavailable"), TRANSIENT),
@@ -101,7 +101,7 @@ def test_bigquery_errors_are_classified():
 
 
 def test_s3_errors_are_classified():
-    from habitus.resources.parquet import transient
+    from habitus.resources.warehouses.parquet import transient
 
     cases = [
         (OSError("When reading information for key 'shop/events.parquet' in bucket 'lake': AWS Error "
@@ -142,9 +142,9 @@ def test_transport_failures_and_only_they_are_network_errors():
 
 def _source_run(tmp_path, connection: dict, columns, retries=2, delay=0.5):
     from habitus.assets.sources import build_source_asset
-    from habitus.pipelines.config import load_project
-    from habitus.pipelines.definitions import build_resources
-    from habitus.pipelines.partitions import events_partitions
+    from habitus.pipelines.config.project import load_project
+    from habitus.pipelines.orchestration.build import build_resources
+    from habitus.pipelines.orchestration.partitions import events_partitions
 
     cfg = {"workspace": "ws", "connections": {"wh": connection}, "entity": "customer_id",
            "sources": [{"name": "events", "role": "events", "connection": "wh", "table": "events", "timestamp": "ts",
@@ -200,8 +200,8 @@ def test_every_warehouse_error_says_whether_it_is_transient():
 
 
 def test_the_retry_policy_is_the_configs_retries_top_level_then_per_source_key_by_key(tmp_path, recwarn):
-    from habitus.pipelines.config import load_project
-    from habitus.pipelines.definitions import build_assets
+    from habitus.pipelines.config.project import load_project
+    from habitus.pipelines.orchestration.build import build_assets
 
     source = lambda name, **kw: {"name": name, "role": "events", "connection": "wh", "table": name, "timestamp": "ts",
                                  "start": "2026-03-01", **kw}
@@ -225,7 +225,7 @@ def test_the_retry_policy_is_the_configs_retries_top_level_then_per_source_key_b
 
 
 def test_the_retired_retry_variables_are_not_read_and_say_where_the_setting_went(tmp_path, monkeypatch):
-    from habitus.pipelines.config import load_project
+    from habitus.pipelines.config.project import load_project
 
     cfg = {"workspace": "ws", "connections": {"wh": {"type": "duckdb", "path": "w.duckdb"}}, "entity": "customer_id",
            "sources": [{"name": "e", "role": "events", "connection": "wh", "table": "e", "timestamp": "ts",

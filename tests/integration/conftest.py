@@ -404,7 +404,7 @@ class Contract:
         import pyarrow.parquet as pq
         from datetime import timezone
 
-        from habitus.resources.canonical import write_canonical_parquet
+        from habitus.resources.warehouses.canonical import write_canonical_parquet
 
         t = typed_table(null_times)
         assert wh.write(table, iter(t.to_batches(max_chunksize=3)), t.schema) == t.num_rows
@@ -424,8 +424,8 @@ class Contract:
     def lossy_value_is_an_error(wh, tmp_path, table: str, column: str):
         """Extracting a value the canonical type cannot hold fails, naming the table and column,
         and leaves no file behind."""
-        from habitus.resources.canonical import write_canonical_parquet
-        from habitus.resources.errors import WarehouseError
+        from habitus.resources.warehouses.canonical import write_canonical_parquet
+        from habitus.resources.warehouses.errors import WarehouseError
 
         path = tmp_path / "lossy" / "part.parquet"
         with pytest.raises(WarehouseError, match=rf"table '{table}'.*column '{column}'") as err:
@@ -435,7 +435,7 @@ class Contract:
 
     @staticmethod
     def missing_table(wh):
-        from habitus.resources.errors import WarehouseError
+        from habitus.resources.warehouses.errors import WarehouseError
 
         with pytest.raises(WarehouseError, match="no_such_table"):
             wh.schema("no_such_table")
@@ -479,9 +479,9 @@ class Contract:
         import pyarrow.parquet as pq
 
         from habitus.assets.sources import build_source_asset
-        from habitus.pipelines.config import load_project
-        from habitus.pipelines.definitions import build_resources
-        from habitus.pipelines.partitions import events_partitions
+        from habitus.pipelines.config.project import load_project
+        from habitus.pipelines.orchestration.build import build_resources
+        from habitus.pipelines.orchestration.partitions import events_partitions
 
         cfg = {"workspace": "ws", "connections": {"wh": connection}, "entity": "customer_id",
                "sources": [{"name": "events", "role": "events", "connection": "wh", "table": table,
@@ -564,11 +564,11 @@ def _wait_for_hive_session(port: int, server: Server, timeout: float) -> None:
     can take longer than a connector's connect timeout. Wait until one opens (without PyHive the
     tests skip anyway)."""
     try:
-        from habitus.resources.hive import HiveWarehouse
+        from habitus.resources.warehouses.hive import HiveWarehouse
         import pyhive  # noqa: F401
     except ImportError:
         return
-    from habitus.resources.errors import WarehouseError
+    from habitus.resources.warehouses.errors import WarehouseError
 
     deadline = time.time() + timeout
     while True:
@@ -639,7 +639,7 @@ def _env_or_skip(names: tuple[str, ...], what: str) -> None:
 
 
 def snowflake_warehouse(server, database, **kw):
-    from habitus.resources.snowflake import SnowflakeWarehouse
+    from habitus.resources.warehouses.snowflake import SnowflakeWarehouse
 
     return SnowflakeWarehouse(name="wh", account="fakesnow", user="fake", password="snow", database=database,
                               schema_name="PUBLIC", options={"host": "127.0.0.1", "port": server.port,
@@ -676,7 +676,7 @@ def _bigquery_events(request, storage_api: bool) -> Loaded:
     """BigQueryWarehouse through the real google-cloud-bigquery client (REST) and Storage Read API
     (gRPC) against bqemulator, reading through the Storage Read API or through a query."""
     driver("google.cloud.bigquery", "bigquery")
-    from habitus.resources.bigquery import BigQueryWarehouse
+    from habitus.resources.warehouses.bigquery import BigQueryWarehouse
 
     rest, grpc = request.getfixturevalue("bq_emulator")
     dataset = f"habitus_{uuid.uuid4().hex[:8]}"
@@ -718,7 +718,7 @@ def bigquery_query_events(request):
 
 
 def clickhouse_server_warehouse(database):
-    from habitus.resources.clickhouse import ClickHouseWarehouse
+    from habitus.resources.warehouses.clickhouse import ClickHouseWarehouse
 
     return ClickHouseWarehouse(name="ch", host=os.environ["CLICKHOUSE_HOST"],
                                port=int(os.environ.get("CLICKHOUSE_PORT", "8123")),
@@ -749,7 +749,7 @@ def clickhouse_chdb_events(request):
     in-process, through clickhouse-connect's chdb interface): every statement the connector sends
     runs on a current ClickHouse engine."""
     driver("clickhouse_connect", "clickhouse")
-    from habitus.resources.clickhouse import ClickHouseWarehouse
+    from habitus.resources.warehouses.clickhouse import ClickHouseWarehouse
 
     path = request.getfixturevalue("chdb_path")
     database = f"habitus_{uuid.uuid4().hex[:8]}"
@@ -773,7 +773,7 @@ def clickhouse_server_events():
 def hive_events(request):
     """HiveWarehouse through PyHive against a real HiveServer2 endpoint (Spark's Thrift server)."""
     driver("pyhive", "hive")
-    from habitus.resources.hive import HiveWarehouse
+    from habitus.resources.warehouses.hive import HiveWarehouse
 
     server = request.getfixturevalue("hive_server")
     database = f"habitus_{uuid.uuid4().hex[:8]}"
@@ -794,7 +794,7 @@ def _databricks_events(volume: bool):
     in tests/resources/test_databricks.py."""
     driver("databricks.sql", "databricks")
     _env_or_skip(("DATABRICKS_SERVER_HOSTNAME", "DATABRICKS_HTTP_PATH", "DATABRICKS_TOKEN"), "Databricks workspace")
-    from habitus.resources.databricks import DatabricksWarehouse
+    from habitus.resources.warehouses.databricks import DatabricksWarehouse
 
     staging = os.environ.get("DATABRICKS_STAGING_VOLUME")
     if volume and not staging:
@@ -831,7 +831,7 @@ def synapse_events():
     Everything short of a server is in tests/resources/test_synapse.py."""
     driver("mssql_python", "synapse")
     _env_or_skip(("SYNAPSE_SERVER", "SYNAPSE_DATABASE", "SYNAPSE_USER", "SYNAPSE_PASSWORD"), "Synapse / SQL Server")
-    from habitus.resources.synapse import SynapseWarehouse
+    from habitus.resources.warehouses.synapse import SynapseWarehouse
 
     wh = SynapseWarehouse(name="syn", server=os.environ["SYNAPSE_SERVER"], database=os.environ["SYNAPSE_DATABASE"],
                           username=os.environ["SYNAPSE_USER"], password=os.environ["SYNAPSE_PASSWORD"],
@@ -867,7 +867,7 @@ def s3_lake(request):
 
 
 def s3_warehouse(endpoint):
-    from habitus.resources.parquet import ParquetWarehouse
+    from habitus.resources.warehouses.parquet import ParquetWarehouse
 
     return ParquetWarehouse(path="s3://lake/shop", endpoint=f"http://{endpoint}", region="us-east-1")
 
@@ -899,7 +899,7 @@ def s3_by_month_events(s3_lake):
 @pytest.fixture(scope="module")
 def duckdb_events(tmp_path_factory):
     """The embedded default: a DuckDB database file."""
-    from habitus.resources.duckdb import DuckDBWarehouse
+    from habitus.resources.warehouses.duckdb import DuckDBWarehouse
 
     wh = DuckDBWarehouse(path=str(tmp_path_factory.mktemp("duckdb") / "wh.duckdb"))
     load_events(wh)
@@ -919,7 +919,7 @@ def duckdb_events(tmp_path_factory):
 @pytest.fixture(scope="module")
 def parquet_events(tmp_path_factory):
     """Local Parquet files as a warehouse."""
-    from habitus.resources.parquet import ParquetWarehouse
+    from habitus.resources.warehouses.parquet import ParquetWarehouse
 
     wh = ParquetWarehouse(path=str(tmp_path_factory.mktemp("lake")))
     load_events(wh)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from habitus.resources.errors import WarehouseError
+from habitus.resources.warehouses.errors import WarehouseError
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def refused_port():
 
 def snowflake(port):
     pytest.importorskip("snowflake.connector")
-    from habitus.resources.snowflake import SnowflakeWarehouse
+    from habitus.resources.warehouses.snowflake import SnowflakeWarehouse
 
     return SnowflakeWarehouse(name="prod_snowflake", account="acme", user="habitus", password=SECRET, login_timeout=3,
                               options={"host": "127.0.0.1", "port": port, "protocol": "http",
@@ -44,7 +44,7 @@ def snowflake(port):
 
 def bigquery(port):
     pytest.importorskip("google.cloud.bigquery")
-    from habitus.resources.bigquery import BigQueryWarehouse
+    from habitus.resources.warehouses.bigquery import BigQueryWarehouse
 
     return BigQueryWarehouse(name="prod_bigquery", project="p", dataset="d", api_endpoint=f"http://127.0.0.1:{port}",
                              timeout=3, credentials_json='{"private_key": "' + SECRET + '"}')
@@ -52,7 +52,7 @@ def bigquery(port):
 
 def hive(port):
     pytest.importorskip("pyhive")
-    from habitus.resources.hive import HiveWarehouse
+    from habitus.resources.warehouses.hive import HiveWarehouse
 
     return HiveWarehouse(name="prod_hive", host="127.0.0.1", port=port, username="habitus", password=SECRET,
                          connect_timeout=3)
@@ -60,14 +60,14 @@ def hive(port):
 
 def clickhouse(port):
     pytest.importorskip("clickhouse_connect")
-    from habitus.resources.clickhouse import ClickHouseWarehouse
+    from habitus.resources.warehouses.clickhouse import ClickHouseWarehouse
 
     return ClickHouseWarehouse(name="prod_clickhouse", host="127.0.0.1", port=port, password=SECRET, connect_timeout=3,
                                options={"send_receive_timeout": 3})
 
 
 def s3(port):
-    from habitus.resources.parquet import ParquetWarehouse
+    from habitus.resources.warehouses.parquet import ParquetWarehouse
 
     return ParquetWarehouse(path="s3://lake/shop", endpoint=f"http://127.0.0.1:{port}", region="us-east-1",
                             connect_timeout=3, request_timeout=3)
@@ -94,5 +94,5 @@ def test_bad_connection_fails_fast_naming_it_and_never_the_secret(kind, server, 
     else:
         assert "s3://lake/shop" in text, text
     # a refused or unanswered connection may pass later: transient, retried by the source assets' RetryPolicy
-    # (resources/retries.py); ClickHouse's driver is not classified per driver yet and falls back on network_error
+    # (resources/warehouses/retries.py); ClickHouse's driver is not classified per driver yet and falls back on network_error
     assert err.value.transient, (kind, server, text)

@@ -65,7 +65,7 @@ def project_config() -> dict:
 
 @pytest.fixture(scope="module")
 def warehouse(tmp_path_factory):
-    from habitus.pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo.data import generate_demo_warehouse
 
     path = tmp_path_factory.mktemp("daemon-warehouse") / "warehouse.duckdb"
     generate_demo_warehouse(path, customers=150, products=30, stores=3, start=MONTHS[0], end="2026-03-31", seed=3)
@@ -114,7 +114,7 @@ def serial_run(warehouse: Path, base: Path, train_first: bool) -> dict:
     if train_first:
         import dagster as dg
 
-        from habitus.pipelines.config import load_project
+        from habitus.pipelines.config.project import load_project
         from habitus.pipelines.definitions import build_definitions
 
         extract_first_months(folder)
@@ -149,9 +149,9 @@ def extract_first_months(folder: Path, months=MONTHS[:2]) -> None:
     import dagster as dg
 
     from habitus.assets.sources import build_source_asset
-    from habitus.pipelines.config import load_project
-    from habitus.pipelines.definitions import build_resources
-    from habitus.pipelines.partitions import events_partitions
+    from habitus.pipelines.config.project import load_project
+    from habitus.pipelines.orchestration.build import build_resources
+    from habitus.pipelines.orchestration.partitions import events_partitions
 
     p = load_project(folder / "project.yaml")
     for name in ("customers", "products"):
@@ -413,7 +413,7 @@ def test_extraction_jobs_run_in_process_off_kubernetes_and_as_pods_on_it(tmp_pat
     seconds-long extraction take minutes on two cores. On Kubernetes every step stays its own Job."""
     from dagster import in_process_executor
 
-    from habitus.pipelines.config import load_project
+    from habitus.pipelines.config.project import load_project
     from habitus.pipelines.definitions import build_definitions
 
     cfg = project_config()
@@ -426,7 +426,7 @@ def test_extraction_jobs_run_in_process_off_kubernetes_and_as_pods_on_it(tmp_pat
     (tmp_path / "project.yaml").write_text(yaml.safe_dump(cfg))
     defs = build_definitions(load_project(tmp_path / "project.yaml"))
     executors = {defs.resolve_job_def(j).executor_def.name for j in ("extract_purchases", "train")}
-    assert executors == {"k8s_habitus"}, executors  # pipelines/kubernetes.py's k8s_job_executor, for every job
+    assert executors == {"k8s_habitus"}, executors  # pipelines/orchestration/kubernetes.py's k8s_job_executor, for every job
 
 
 def test_the_postgres_example_queues_runs_as_the_repo_instance_does():

@@ -43,7 +43,7 @@ def project_config(connection: dict) -> dict:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> dict[str, pa.Table]:
     """A few hundred customers over five months of the demo data, as Arrow tables."""
-    from habitus.pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo.data import generate_demo_warehouse
 
     path = tmp_path_factory.mktemp("demo") / "demo.duckdb"
     generate_demo_warehouse(path, customers=300, products=60, stores=6, start="2026-01-01", end="2026-05-31", seed=7)
@@ -104,7 +104,7 @@ def load_s3(request, demo, root: Path) -> dict:
 
 def load_snowflake(request, demo, root: Path) -> dict:
     pytest.importorskip("snowflake.connector")
-    from habitus.resources.snowflake import SnowflakeWarehouse
+    from habitus.resources.warehouses.snowflake import SnowflakeWarehouse
 
     server = request.getfixturevalue("fakesnow_server")
     database = f"E2E_{uuid.uuid4().hex[:8].upper()}"
@@ -121,7 +121,7 @@ def load_snowflake(request, demo, root: Path) -> dict:
 
 def load_bigquery(request, demo, root: Path) -> dict:
     pytest.importorskip("google.cloud.bigquery")
-    from habitus.resources.bigquery import BigQueryWarehouse
+    from habitus.resources.warehouses.bigquery import BigQueryWarehouse
 
     rest, grpc = request.getfixturevalue("bq_emulator")
     dataset = f"e2e_{uuid.uuid4().hex[:8]}"
@@ -135,7 +135,7 @@ def load_bigquery(request, demo, root: Path) -> dict:
 
 def load_hive(request, demo, root: Path) -> dict:
     pytest.importorskip("pyhive")
-    from habitus.resources.hive import HiveWarehouse
+    from habitus.resources.warehouses.hive import HiveWarehouse
 
     server = request.getfixturevalue("hive_server")
     database = f"e2e_{uuid.uuid4().hex[:8]}"
@@ -155,7 +155,7 @@ def load_hive(request, demo, root: Path) -> dict:
 
 def load_clickhouse(request, demo, root: Path) -> dict:
     pytest.importorskip("clickhouse_connect")
-    from habitus.resources.clickhouse import ClickHouseWarehouse
+    from habitus.resources.warehouses.clickhouse import ClickHouseWarehouse
 
     path = request.getfixturevalue("chdb_path")
     database = f"e2e_{uuid.uuid4().hex[:8]}"
@@ -180,7 +180,7 @@ def materialize_project(project) -> str:
     from habitus.assets.cache import current_cache
     from habitus.assets.predictions import predictions_key
     from habitus.assets.sources import source_key
-    from habitus.pipelines.definitions import build_assets, build_resources
+    from habitus.pipelines.orchestration.build import build_assets, build_resources
 
     assets, resources = build_assets(project), build_resources(project)
     instance = dg.DagsterInstance.ephemeral()
@@ -200,8 +200,8 @@ def materialize_project(project) -> str:
 
 def run_project(request, demo, root: Path, server: str) -> dict:
     from habitus.assets.cache import current_cache
-    from habitus.pipelines.config import load_project
-    from habitus.pipelines.definitions import build_resources
+    from habitus.pipelines.config.project import load_project
+    from habitus.pipelines.orchestration.build import build_resources
 
     root.mkdir(parents=True, exist_ok=True)
     connection = SERVERS[server](request, demo, root)
@@ -257,7 +257,9 @@ def sensor_ticks(project) -> tuple:
     """Two ticks of the new-data sensor on a fresh instance: (first, second)."""
     import dagster as dg
 
-    from habitus.pipelines.definitions import build_definitions, build_resources
+    from habitus.pipelines.definitions import build_definitions
+
+    from habitus.pipelines.orchestration.build import build_resources
 
     defs = build_definitions(project)
     sensor = defs.resolve_sensor_def("purchases_new_data")

@@ -6,7 +6,7 @@ from datetime import datetime
 import pyarrow as pa
 import pytest
 
-from habitus.resources.errors import WarehouseError
+from habitus.resources.warehouses.errors import WarehouseError
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """No variable substitution in written data, against Spark's Thrift server (HiveServer2): labels and ids
 such as `${env:HOME}` and `${hiveconf:x}` are written and read back unchanged, through the one-statement
-and the staged write, with the session's substitution off (resources/hive.py) and even with it switched
-back on (the literals never hold `${`: resources/remote.py text_literal)."""
+and the staged write, with the session's substitution off (resources/warehouses/hive.py) and even with it switched
+back on (the literals never hold `${`: resources/warehouses/remote.py text_literal)."""
 
 import uuid
 from datetime import datetime
@@ -17,7 +17,7 @@ SCHEMA = pa.schema([("customer_id", pa.string()), ("label", pa.string()), ("as_o
 
 @pytest.fixture(scope="module")
 def wh(hive_server):
-    from habitus.resources.hive import HiveWarehouse
+    from habitus.resources.warehouses.hive import HiveWarehouse
 
     boot = HiveWarehouse(name="lake", host="127.0.0.1", port=hive_server.port, username="habitus", auth="NONE")
     database = f"habitus_{uuid.uuid4().hex[:8]}"
@@ -54,7 +54,7 @@ def test_hostile_labels_read_back_unchanged(wh, insert_rows):
 
 
 def test_hostile_labels_read_back_unchanged_with_substitution_switched_back_on(wh, monkeypatch):
-    from habitus.resources.hive import HiveWarehouse
+    from habitus.resources.warehouses.hive import HiveWarehouse
 
     connect = HiveWarehouse._connect
 

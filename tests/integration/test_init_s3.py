@@ -7,8 +7,8 @@ import pytest
 import yaml
 from pyarrow.fs import S3FileSystem
 
-from habitus.pipelines import init
-from habitus.resources.parquet import ParquetWarehouse
+from habitus.pipelines.init import command as init
+from habitus.resources.warehouses.parquet import ParquetWarehouse
 
 from .conftest import events_table
 

@@ -13,8 +13,9 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 import habitus.models.train.scenario
 from habitus.assets.serving import versions
 from habitus.pipelines.cli import main
-from habitus.pipelines.config import Scenario, load_project
-from habitus.pipelines.definitions import build_assets, build_definitions, build_resources
+from habitus.pipelines.config.project import Scenario, load_project
+from habitus.pipelines.definitions import build_definitions
+from habitus.pipelines.orchestration.build import build_assets, build_resources
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FINETUNE_CONFIG = Scenario.finetune_config

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from habitus.resources.errors import WarehouseError
+from habitus.resources.warehouses.errors import WarehouseError
 
 
 def _helpers():
@@ -162,9 +162,9 @@ def source_run(tmp_path, wh, table="events", instance=None, delay=2, retries=5):
     with the RetryPolicy short (the config's `retries: {max_retries: 5, delay_s: 2}`: 2 s, 6 s, 14 s, 30 s, 62 s).
     Returns (result, files)."""
     from habitus.assets.sources import build_source_asset
-    from habitus.pipelines.config import load_project
-    from habitus.pipelines.partitions import events_partitions
-    from habitus.resources.workspace import Workspace
+    from habitus.pipelines.config.project import load_project
+    from habitus.pipelines.orchestration.partitions import events_partitions
+    from habitus.resources.store.workspace import Workspace
 
     cfg = {"workspace": "ws", "connections": {"wh": {"type": "duckdb", "path": "unused.duckdb"}},
            "entity": "customer_id",
@@ -306,7 +306,7 @@ def fakesnow(tmp_path_factory):
     port = free_port()
     server = Restartable([program, "-s", "--host", "127.0.0.1", "-p", str(port)], port, home / "server.log")
     proxy = CuttingProxy(port)
-    from habitus.resources.snowflake import SnowflakeWarehouse
+    from habitus.resources.warehouses.snowflake import SnowflakeWarehouse
 
     def wh(database=None, via=port):
         return SnowflakeWarehouse(name="wh", account="fakesnow", user="fake", password="snow", database=database,
@@ -383,7 +383,7 @@ def spark(tmp_path_factory):
     if program is None or (not os.environ.get("JAVA_HOME") and not __import__("shutil").which("java")):
         pytest.skip("spark-submit (make .venv-spark/.installed) and Java 17 needed")
     pytest.importorskip("pyhive", reason="install the hive extra")
-    from habitus.resources.hive import HiveWarehouse
+    from habitus.resources.warehouses.hive import HiveWarehouse
 
     home = tmp_path_factory.mktemp("spark-faults")
     port = free_port()
@@ -437,7 +437,7 @@ def bqemulator(tmp_path_factory):
     if program is None:
         pytest.skip("bqemulator not installed: `make .venv-bqemulator/.installed`")
     pytest.importorskip("google.cloud.bigquery", reason="install the bigquery extra")
-    from habitus.resources.bigquery import BigQueryWarehouse
+    from habitus.resources.warehouses.bigquery import BigQueryWarehouse
 
     home = tmp_path_factory.mktemp("bq-faults")
     python = Path(program).parent / "python"
@@ -625,7 +625,7 @@ def put_lake(port):
 
 
 def s3(port, **kw):
-    from habitus.resources.parquet import ParquetWarehouse
+    from habitus.resources.warehouses.parquet import ParquetWarehouse
 
     return ParquetWarehouse(path="s3://lake/shop", endpoint=f"http://127.0.0.1:{port}", region="us-east-1",
                             connect_timeout=3, request_timeout=5, **kw)

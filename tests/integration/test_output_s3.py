@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from habitus.pipelines.demo_data import generate_demo_warehouse
+from habitus.pipelines.demo.data import generate_demo_warehouse
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,7 +26,7 @@ BUCKET = "habitus-artifacts"
 # the upload of one scenario checkpoint dies with half of its bytes sent (SIGKILL: no clean-up runs)
 KILL_HALFWAY = """
 import os, signal, sys
-import habitus.resources.output as output
+import habitus.resources.store.output as output
 
 whole = output.Output._write_file
 

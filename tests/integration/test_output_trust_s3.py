@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from habitus.resources.workspace import Workspace
+from habitus.resources.store.workspace import Workspace
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ from datetime import datetime
 
 import pytest
 
-from habitus.resources.errors import WarehouseError
-from habitus.resources.parquet import ParquetWarehouse
+from habitus.resources.warehouses.errors import WarehouseError
+from habitus.resources.warehouses.parquet import ParquetWarehouse
 
 pytestmark = pytest.mark.integration
 

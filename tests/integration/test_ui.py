@@ -28,9 +28,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from habitus.pipelines.config import load_project
-from habitus.pipelines.demo_data import append_demo_day, generate_demo_warehouse
-from habitus.pipelines.partitions import events_partitions
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.demo.data import append_demo_day, generate_demo_warehouse
+from habitus.pipelines.orchestration.partitions import events_partitions
 
 pytestmark = pytest.mark.ui
 ROOT = Path(__file__).resolve().parents[2]

@@ -487,8 +487,8 @@ def test_the_cache_is_no_bigger_than_its_source_parquet(tmp_path):
     import duckdb
 
     from habitus.models.storage.files import folder_bytes
-    from habitus.pipelines.demo_data import generate_demo_warehouse
-    from habitus.resources.canonical import PARQUET_OPTIONS
+    from habitus.pipelines.demo.data import generate_demo_warehouse
+    from habitus.resources.warehouses.canonical import PARQUET_OPTIONS
 
     generate_demo_warehouse(tmp_path / "w.duckdb", customers=3000, products=300, stores=8, seed=1,
                             start="2026-03-01", end="2026-05-31")

@@ -24,9 +24,9 @@ import yaml
 from habitus.models.train.config import FoundationConfig
 from habitus.models.train.launch import child_env
 from habitus.models.train.recipe import foundation_job
-from habitus.pipelines.config import load_project
-from habitus.pipelines.kubernetes_nodes import INDEX, GroupError, run_group, training_group
-from habitus.resources.executor import TrainingExecutor
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.orchestration.kubernetes_nodes import INDEX, GroupError, run_group, training_group
+from habitus.resources.training.executor import TrainingExecutor
 
 kubernetes = pytest.importorskip("kubernetes")
 from kubernetes.client import V1Job, V1JobStatus, V1ObjectMeta, V1Pod, V1PodList, V1PodStatus  # noqa: E402

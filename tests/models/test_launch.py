@@ -37,7 +37,7 @@ from habitus.models.train.foundation import foundation_loss, train_foundation
 from habitus.models.train.loop import chunk_plan
 from habitus.models.train.config import FinetuneConfig, FoundationConfig, ScenarioConfig
 from habitus.models.tasks.spec import TaskSpec
-from habitus.resources.executor import ExecutorError, TrainingExecutor
+from habitus.resources.training.executor import ExecutorError, TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

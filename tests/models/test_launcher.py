@@ -16,7 +16,7 @@ from habitus.models.tasks.spec import TaskSpec
 from habitus.models.train.config import FinetuneConfig, ScenarioConfig
 from habitus.models.train.recipe import scenario_job
 from habitus.models.train.scenario import train_scenario
-from habitus.resources.executor import TrainingExecutor
+from habitus.resources.training.executor import TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

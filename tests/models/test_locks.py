@@ -13,7 +13,7 @@ import time
 import pytest
 
 from habitus.models.storage.locks import ArtifactLock, LockTimeout, holder, lock_file_name
-from habitus.resources.workspace import Workspace
+from habitus.resources.store.workspace import Workspace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

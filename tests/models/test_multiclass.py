@@ -101,7 +101,7 @@ def test_predictions_are_the_top_classes_with_probabilities(world, trained):
 def test_the_config_takes_multiclass_with_a_label_target():
     from pydantic import ValidationError
 
-    from habitus.pipelines.config import Scenario
+    from habitus.pipelines.config.project import Scenario
 
     assert "multiclass" in TASKS and TASKS["multiclass"].targets == ("any_event", "function")
     sc = Scenario.model_validate({"task": "multiclass", "target": {"any_event": "purchases", "by": "category",

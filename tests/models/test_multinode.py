@@ -14,7 +14,7 @@ import torch
 from habitus.models.train.launch import read_result, write_job
 from habitus.models.train.recipe import foundation_job
 from habitus.models.train.config import FoundationConfig
-from habitus.resources.executor import ExecutorError, TrainingExecutor
+from habitus.resources.training.executor import ExecutorError, TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

@@ -25,7 +25,7 @@ from habitus.models.heads.stacking import StackConfig
 from habitus.models.heads.stacked_head import fit_head, load_head, save_head
 from habitus.models.nn.network import load_trunk
 from habitus.models.data.targets import TargetSpec
-from habitus.resources.executor import ExecutorError, TrainingExecutor
+from habitus.resources.training.executor import ExecutorError, TrainingExecutor
 
 pytest.importorskip("lightgbm")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -217,7 +217,7 @@ def test_parts_of_another_job_are_dropped_and_a_partial_day_is_refused(tmp_path)
 
 
 def test_the_executor_splits_the_cores_among_the_scoring_processes(monkeypatch):
-    import habitus.resources.executor as ex
+    import habitus.resources.training.executor as ex
 
     plan = TrainingExecutor.inference_plan
     monkeypatch.setattr(ex, "cpu_cores", lambda: 16)

@@ -132,7 +132,7 @@ def test_refit_stack_keeps_the_choice_labels_and_rounds(world, runs):
 
 def test_the_scenario_setting_reaches_the_recipe(world):
     from habitus.assets.scenarios import scenario_config
-    from habitus.pipelines.config import Scenario
+    from habitus.pipelines.config.project import Scenario
 
     cache, _, _, cfg = world
     settings = {"task": "binary", "target": {"no_event": "purchases", "within": "14d"}}

@@ -17,7 +17,7 @@ from habitus.models.tasks.spec import TaskSpec
 from habitus.models.train.config import FinetuneConfig, ScenarioConfig
 from habitus.models.train.launch import rank_errors, read_result, write_job
 from habitus.models.train.recipe import Training, scenario_job, with_resume
-from habitus.resources.executor import ExecutorError, TrainingExecutor
+from habitus.resources.training.executor import ExecutorError, TrainingExecutor
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

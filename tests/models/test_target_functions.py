@@ -11,7 +11,7 @@ from habitus.models.cache import TableInput
 from habitus.models.data.features import DAY, chunk_at
 from habitus.models.data.target_functions import resolve
 from habitus.models.data.targets import TargetSpec, compute_target
-from habitus.pipelines.config import FunctionTarget, Scenario
+from habitus.pipelines.config.project import FunctionTarget, Scenario
 
 CUT_DAY = 40
 WINDOW = 10

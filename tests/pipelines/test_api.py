@@ -13,7 +13,7 @@ import habitus
 from habitus.assets.check_measures import baseline_margin
 from habitus.assets.serving import serving_checkpoint
 from habitus.pipelines.api import ProjectError
-from habitus.pipelines.config import ConfigError
+from habitus.pipelines.config.project import ConfigError
 
 
 def _config(small_project) -> dict:

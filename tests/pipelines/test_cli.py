@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from habitus.pipelines.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_STAGE_FAILED, EXIT_USAGE, main, scoring_days
-from habitus.pipelines.config import ConfigError, load_project
-from habitus.pipelines.report import failed_checks_table
+from habitus.pipelines.config.project import ConfigError, load_project
+from habitus.pipelines.run.report import failed_checks_table
 
 
 

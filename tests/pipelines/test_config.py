@@ -1,4 +1,4 @@
-"""Tests for habitus.pipelines.config.load_project: loading, paths, ${ENV}, durations, errors, secrets."""
+"""Tests for habitus.pipelines.config.project.load_project: loading, paths, ${ENV}, durations, errors, secrets."""
 
 import copy
 import json
@@ -10,7 +10,7 @@ import yaml
 
 from habitus.models.cache import DUCKDB_MEMORY, DUCKDB_THREADS, PART_EVENTS
 from habitus.models.train.config import FinetuneConfig, FoundationConfig
-from habitus.pipelines.config import CONFIG_ENV, ConfigError, load_project
+from habitus.pipelines.config.project import CONFIG_ENV, ConfigError, load_project
 
 REPO = Path(__file__).resolve().parents[2]
 

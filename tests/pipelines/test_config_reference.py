@@ -1,24 +1,24 @@
 """docs/reference/config.md is what the schema generates: a default, a key or a description changed in
-pipelines/config.py without `python -m habitus.pipelines.config_reference --write` fails here."""
+pipelines/config/project.py without `python -m habitus.pipelines.config.reference --write` fails here."""
 
 import re
 
 from pydantic import Field
 
-from habitus.pipelines import config, config_reference
-from habitus.pipelines.config_base import Strict
+from habitus.pipelines.config import project, reference
+from habitus.pipelines.config.base import Strict
 
 
 def test_the_committed_reference_is_what_the_schema_generates():
-    committed = config_reference.REFERENCE.read_text()
-    assert committed == config_reference.generate(), (
-        "docs/reference/config.md differs from the schema: run python -m habitus.pipelines.config_reference --write")
+    committed = reference.REFERENCE.read_text()
+    assert committed == reference.generate(), (
+        "docs/reference/config.md differs from the schema: run python -m habitus.pipelines.config.reference --write")
 
 
 def test_every_key_of_every_section_is_listed_with_a_description():
-    text = config_reference.generate()
-    for key, model, _ in config_reference._sections(config.Project, "project"):
-        section = text.split(f"{{ #{config_reference._anchor(key)} }}", 1)[1].split("\n## ", 1)[0]
+    text = reference.generate()
+    for key, model, _ in reference._sections(project.Project, "project"):
+        section = text.split(f"{{ #{reference._anchor(key)} }}", 1)[1].split("\n## ", 1)[0]
         for name, info in model.model_fields.items():
             row = re.search(rf'^\| <code class="key">{name}</code> \|.*$', section, re.M)
             assert row, f"{key}.{name} is not in its section"
@@ -26,25 +26,25 @@ def test_every_key_of_every_section_is_listed_with_a_description():
 
 
 def test_a_changed_default_changes_the_reference(monkeypatch):
-    class Quality(config.QualitySettings):
+    class Quality(project.QualitySettings):
         max_dropped_share: float = Field(0.02, ge=0, le=1, description="events dropped by the quarantine")
 
-    class Changed(config.Project):
+    class Changed(project.Project):
         quality: Quality = Field(Quality(), description="bad input tolerated before checks fail")
 
-    assert '| <code class="key">max_dropped_share</code> | number | `0.01` |' in config_reference.generate()
-    monkeypatch.setattr(config_reference, "Project", Changed)
-    after = config_reference.generate()
+    assert '| <code class="key">max_dropped_share</code> | number | `0.01` |' in reference.generate()
+    monkeypatch.setattr(reference, "Project", Changed)
+    after = reference.generate()
     assert '| <code class="key">max_dropped_share</code> | number | `0.02` |' in after
-    assert after != config_reference.REFERENCE.read_text()  # what the first test would catch
+    assert after != reference.REFERENCE.read_text()  # what the first test would catch
 
 
 def test_types_defaults_and_allowed_values_are_read_from_the_fields():
     class Section(Strict):
         """A section."""
-        window: config.Duration = Field(28, description="a window")
+        window: project.Duration = Field(28, description="a window")
         mode: str = Field("a", pattern=r"^(a|b)$", description="a mode")
-        kind: config.Literal["x", "y"] = Field("x", description="a kind")
+        kind: project.Literal["x", "y"] = Field("x", description="a kind")
         count: int | None = Field(None, ge=1, le=9, description="a count")
         names: list[str] = Field(default_factory=list, description="names")
 
@@ -61,8 +61,8 @@ def test_a_key_stays_on_one_line_in_the_manual():
     """Keys are code the manual's stylesheet keeps whole (the theme breaks code anywhere in a narrow column)."""
     from pathlib import Path
 
-    assert '| <code class="key">inference_processes</code> |' in config_reference.generate()
-    css = (Path(config_reference.__file__).resolve().parents[1] / "docs" / "stylesheets" / "extra.css").read_text()
+    assert '| <code class="key">inference_processes</code> |' in reference.generate()
+    css = (Path(reference.__file__).resolve().parents[2] / "docs" / "stylesheets" / "extra.css").read_text()
     rule = css.split(".md-typeset code.key", 1)[1].split("}", 1)[0]
     assert "white-space: nowrap" in rule and "word-break: normal" in rule
 
@@ -71,14 +71,14 @@ def _table(model) -> str:
     class Root(Strict):
         section: model = Field(description="the section")
 
-    original = config_reference.Project
+    original = reference.Project
     try:
-        config_reference.Project = Root
-        return config_reference.generate()
+        reference.Project = Root
+        return reference.generate()
     finally:
-        config_reference.Project = original
+        reference.Project = original
 
 
 def test_the_module_prints_the_reference(capsys):
-    assert config_reference.main([]) == 0
-    assert capsys.readouterr().out == config_reference.generate()
+    assert reference.main([]) == 0
+    assert capsys.readouterr().out == reference.generate()

@@ -7,10 +7,10 @@ from pathlib import Path
 import dagster as dg
 from dagster._core.run_coordinator import QueuedRunCoordinator
 
-from habitus.pipelines.instance import DAGSTER_YAML, dagster_instance
-from habitus.pipelines.config import load_project
+from habitus.pipelines.orchestration.instance import DAGSTER_YAML, dagster_instance
+from habitus.pipelines.config.project import load_project
 from habitus.pipelines.definitions import build_definitions
-from habitus.pipelines.jobs import KIND_TAG
+from habitus.pipelines.orchestration.jobs import KIND_TAG
 
 ROOT = Path(__file__).resolve().parents[2]
 

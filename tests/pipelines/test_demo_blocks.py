@@ -1,4 +1,4 @@
-"""The demo generator a block of customers at a time (habitus.pipelines.demo_simulation.simulate_blocks): what
+"""The demo generator a block of customers at a time (habitus.pipelines.demo.simulation.simulate_blocks): what
 lets bench/speed.py write 100M purchases without holding them in memory."""
 
 from datetime import date
@@ -7,8 +7,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from habitus.pipelines import demo_simulation
-from habitus.pipelines.demo_data import generate_demo_warehouse
+from habitus.pipelines.demo import simulation as demo_simulation
+from habitus.pipelines.demo.data import generate_demo_warehouse
 
 START = date(2026, 3, 1)
 

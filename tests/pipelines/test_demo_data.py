@@ -10,7 +10,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from habitus.pipelines.demo_data import generate_demo_warehouse, main
+from habitus.pipelines.demo.data import generate_demo_warehouse, main
 
 START, END = "2026-03-01", "2026-10-31"
 SMALL = dict(customers=400, products=300, stores=10, start=START, end=END)
@@ -263,7 +263,7 @@ def test_price_tier_depends_on_segment(rows):
 
 
 def test_append_day_adds_the_next_day_only(tmp_path):
-    from habitus.pipelines.demo_data import append_demo_day
+    from habitus.pipelines.demo.data import append_demo_day
 
     path = tmp_path / "w.duckdb"
     generate_demo_warehouse(path, customers=300, products=40, stores=3, start="2026-09-01", end="2026-09-30")

@@ -16,8 +16,8 @@ from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.data.features import FeatureSpec
 from habitus.models.nn.profile import Profile, profile_shape
 from habitus.pipelines.cli import materialize_all
-from habitus.pipelines.report import report
-from habitus.pipelines.config import load_project
+from habitus.pipelines.run.report import report
+from habitus.pipelines.config.project import load_project
 from habitus.pipelines.definitions import build_definitions
 
 pytestmark = pytest.mark.slow
@@ -87,7 +87,7 @@ def test_cache_matches_sources_and_is_reused(run):
     assert manifest["n_entities"] == 600  # every customer, with or without purchases
     assert manifest["join_coverage"]["products"] == 1.0
     assert {"category", "brand", "price_tier", "product_id", "store_id"} <= set(manifest["columns"])
-    from habitus.pipelines.definitions import build_assets, build_resources
+    from habitus.pipelines.orchestration.build import build_assets, build_resources
 
     res = dg.materialize(build_assets(project), selection=[dg.AssetKey("cache")], resources=build_resources(project))
     meta = res.asset_materializations_for_node("cache")[0].metadata
@@ -138,7 +138,7 @@ def test_predictions_cover_the_eligible_entities(run):
         # written back to the warehouse once, however often it runs
         assert _sql(root, f"SELECT count(*) FROM habitus_scores_{name}")[0][0] == expected
     # a re-run of the day replaces its file and its warehouse rows instead of adding to them
-    from habitus.pipelines.definitions import build_assets, build_resources
+    from habitus.pipelines.orchestration.build import build_assets, build_resources
 
     dg.materialize(build_assets(project), selection=[dg.AssetKey(["predictions", "churn"])],
                    resources=build_resources(project), partition_key=day)

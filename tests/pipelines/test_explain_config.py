@@ -4,7 +4,7 @@ explanations/<scenario> asset per scenario that has it, partitioned like the pre
 import pytest
 import yaml
 
-from habitus.pipelines.config import ConfigError, load_project
+from habitus.pipelines.config.project import ConfigError, load_project
 
 PROJECT = {
     "workspace": "ws",
@@ -45,7 +45,7 @@ def test_explain_out_of_range_is_refused(tmp_path, bad):
 
 
 def test_one_explanations_asset_per_explained_scenario(tmp_path):
-    from habitus.pipelines.definitions import build_assets
+    from habitus.pipelines.orchestration.build import build_assets
 
     p = _load(tmp_path)
     by_key = {a.key.to_user_string(): a for a in build_assets(p)}

@@ -4,11 +4,11 @@ from datetime import date
 
 import pytest
 
-from habitus.pipelines.config import load_project
-from habitus.pipelines.demo_data import generate_demo_warehouse
-from habitus.pipelines.init_profile import profile_table
-from habitus.pipelines.init_suggest import _key_format, suggest
-from habitus.resources.duckdb import DuckDBWarehouse
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.demo.data import generate_demo_warehouse
+from habitus.pipelines.init.profile import profile_table
+from habitus.pipelines.init.suggest import _key_format, suggest
+from habitus.resources.warehouses.duckdb import DuckDBWarehouse
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_entity_override_and_errors(traps, habitus_init):
 
 def test_secrets_are_printed_as_references():
     """A connection given with a literal secret is printed with a ${VAR} in its place."""
-    from habitus.pipelines.init import _hide_secrets
+    from habitus.pipelines.init.command import _hide_secrets
 
     assert _hide_secrets("wh", {"type": "snowflake", "password": "hunter2", "user": "bob"}) == \
         {"type": "snowflake", "password": "${WH_PASSWORD}", "user": "bob"}

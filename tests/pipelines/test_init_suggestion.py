@@ -13,11 +13,11 @@ import yaml
 
 from habitus.pipelines.cli import main as cli
 from habitus.pipelines.cli import materialize_all
-from habitus.pipelines.config import load_project
-from habitus.pipelines.demo_data import generate_demo_warehouse
-from habitus.pipelines.init_profile import EventsVolume, profile_table
-from habitus.pipelines.init_suggest import suggest
-from habitus.resources.duckdb import DuckDBWarehouse
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.demo.data import generate_demo_warehouse
+from habitus.pipelines.init.profile import EventsVolume, profile_table
+from habitus.pipelines.init.suggest import suggest
+from habitus.resources.warehouses.duckdb import DuckDBWarehouse
 
 
 @pytest.fixture(scope="module")

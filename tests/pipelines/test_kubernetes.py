@@ -8,9 +8,10 @@ import dagster as dg
 import pytest
 import yaml
 
-from habitus.pipelines.config import ConfigError, load_project
-from habitus.pipelines.definitions import build_definitions, build_resources
-from habitus.pipelines.kubernetes import K8S_CONFIG_TAG, executor_config
+from habitus.pipelines.config.project import ConfigError, load_project
+from habitus.pipelines.definitions import build_definitions
+from habitus.pipelines.orchestration.build import build_resources
+from habitus.pipelines.orchestration.kubernetes import K8S_CONFIG_TAG, executor_config
 
 CLUSTER = {"namespace": "habitus", "workspace_claim": "habitus-workspace", "max_concurrent": 4,
            "env_secrets": ["warehouse-credentials"], "node_selector": {"gpu": "true"},

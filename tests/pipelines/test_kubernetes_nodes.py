@@ -1,4 +1,4 @@
-"""One training job on several nodes, one pod each (pipelines/kubernetes_nodes.py): the indexed Job
+"""One training job on several nodes, one pod each (pipelines/orchestration/kubernetes_nodes.py): the indexed Job
 and headless Service rendered from `kubernetes:`, checked against the Kubernetes API's own models
 (the kubernetes Python client, which dagster-k8s brings), their wiring (selector, subdomain, pod 0's
 DNS name, anti-affinity, the shared claim), and the pods' command run for real: two "pods" on
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from habitus.pipelines.config import load_project
-from habitus.pipelines.kubernetes_nodes import GroupError, main, to_yaml, training_group
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.orchestration.kubernetes_nodes import GroupError, main, to_yaml, training_group
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = {"namespace": "habitus", "workspace_claim": "habitus-workspace", "node_selector": {"gpu": "true"},

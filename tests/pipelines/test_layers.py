@@ -61,10 +61,10 @@ def planted(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_an_upward_import_is_named_with_its_file_and_line(tmp_path):
-    planted(tmp_path, {"assets/cache.py": "import dagster\n\n\ndef f():\n    from habitus.pipelines.partitions import x\n",
+    planted(tmp_path, {"assets/cache.py": "import dagster\n\n\ndef f():\n    from habitus.pipelines.orchestration.partitions import x\n",
                        "pipelines/definitions.py": "from habitus.assets.cache import f\n"})
     assert upward_imports(tmp_path) == [
-        "assets/cache.py:5: assets/ imports pipelines.partitions (pipelines/ is above it)"]
+        "assets/cache.py:5: assets/ imports pipelines.orchestration.partitions (pipelines/ is above it)"]
 
 
 def imported_names(tree: ast.AST):
@@ -101,7 +101,7 @@ def import_circles(root: Path = ROOT) -> list[list[str]]:
         tree = ast.parse(path.read_text(), filename=str(path))
         named = registered_modules(tree) if path.relative_to(root) == REGISTRY else ()
         for module in [*imported_names(tree), *named]:
-            # "from pipelines import config" and "import habitus.pipelines.config" both land on a known module
+            # "from pipelines import config" and "import habitus.pipelines.config.project" both land on a known module
             while module and module not in modules:
                 module = module.rpartition(".")[0]
             if module and module != name:
@@ -141,10 +141,10 @@ def test_no_import_circles():
 
 
 def test_an_import_circle_is_found(tmp_path):
-    planted(tmp_path, {"pipelines/cli.py": "from habitus.pipelines.managed import main\n",
-                       "pipelines/managed.py": "def main():\n    from pipelines import cli\n",
-                       "pipelines/config.py": "import os\n"})
-    assert import_circles(tmp_path) == [["pipelines.cli", "pipelines.managed"]]
+    planted(tmp_path, {"pipelines/cli.py": "from habitus.pipelines.run.managed import main\n",
+                       "pipelines/run/managed.py": "def main():\n    from pipelines import cli\n",
+                       "pipelines/config/project.py": "import os\n"})
+    assert import_circles(tmp_path) == [["pipelines.cli", "pipelines.run.managed"]]
 
 
 def test_the_task_registry_counts_as_importing_its_task_modules(tmp_path):

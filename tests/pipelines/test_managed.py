@@ -1,4 +1,4 @@
-"""Managed-job entry points (pipelines/managed.py) in a simulated SageMaker layout: the warehouse as a
+"""Managed-job entry points (pipelines/run/managed.py) in a simulated SageMaker layout: the warehouse as a
 mounted input channel (Parquet), the project YAML in another channel, the local disk as the workspace,
 the model folder as `output:`, the failure file; then a scoring job on another "machine" that starts
 from that model folder. And the executor settings: the project's `executor:` and the CLI over it."""
@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from habitus.pipelines.cli import main
-from habitus.pipelines.config import ConfigError, load_project
-from habitus.pipelines.definitions import build_resources
-from habitus.pipelines.demo_data import generate_demo_warehouse
-from habitus.pipelines.managed import with_executor
+from habitus.pipelines.config.project import ConfigError, load_project
+from habitus.pipelines.orchestration.build import build_resources
+from habitus.pipelines.demo.data import generate_demo_warehouse
+from habitus.pipelines.run.managed import with_executor
 
 CHURN = {"task": "binary", "target": {"no_event": "purchases", "within": "14d"}, "epochs": 1}
 
@@ -144,7 +144,7 @@ def _baseline_scores(ws: Path, name: str, served: dict) -> list[float]:
     from habitus.models.evaluate.baselines import LIGHTGBM_FILE, _dataset
     from habitus.models.storage.files import read_json
     from habitus.models.tasks.spec import TaskSpec
-    from habitus.resources.workspace import Workspace
+    from habitus.resources.store.workspace import Workspace
 
     assert served["baseline"] == "lightgbm", served["baseline"]
     import lightgbm as lgb
@@ -170,7 +170,7 @@ def _scores(ws: Path, name: str, *, int8: bool) -> list[float]:
     from habitus.models.nn.quantize import for_inference
     from habitus.models.heads.stacked_head import load_head
     from habitus.models.storage.files import read_json
-    from habitus.resources.workspace import Workspace
+    from habitus.resources.store.workspace import Workspace
 
     workspace = Workspace(root=str(ws))
     cache = Cache(workspace.cache_root / read_json(workspace.cache_root / "current.json")["folder"])

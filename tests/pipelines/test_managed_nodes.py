@@ -20,9 +20,9 @@ from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.storage.files import read_json
 from habitus.models.train.config import FoundationConfig
 from habitus.models.train.recipe import foundation_job
-from habitus.pipelines.demo_data import generate_demo_warehouse
-from habitus.pipelines.managed import nodes
-from habitus.resources.executor import TrainingExecutor
+from habitus.pipelines.demo.data import generate_demo_warehouse
+from habitus.pipelines.run.managed import nodes
+from habitus.resources.training.executor import TrainingExecutor
 
 HOSTS = ["127.0.0.1", "localhost"]
 HABITUS = str(Path(sys.executable).with_name("habitus"))  # the command of this environment

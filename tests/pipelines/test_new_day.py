@@ -9,10 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from habitus.pipelines.config import load_project
-from habitus.pipelines.definitions import build_assets, build_definitions, build_resources
-from habitus.pipelines.schedules import cache_in_use
-from habitus.pipelines.sensors import days_to_score
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.definitions import build_definitions
+from habitus.pipelines.orchestration.build import build_assets, build_resources
+from habitus.pipelines.orchestration.schedules import cache_in_use
+from habitus.pipelines.orchestration.sensors import days_to_score
 
 pytestmark = [pytest.mark.filterwarnings("ignore::dagster.BetaWarning"), pytest.mark.slow]
 

@@ -5,8 +5,8 @@ from datetime import datetime, timezone
 
 from dagster._core.definitions.partitions.context import partition_loading_context
 
-from habitus.pipelines.config import load_project
-from habitus.pipelines.partitions import events_partitions, predictions_partitions
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.orchestration.partitions import events_partitions, predictions_partitions
 
 CONFIG = """
 workspace: ws

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from habitus.pipelines.progress import RichDisplay, _RunWatcher
+from habitus.pipelines.run.progress import RichDisplay, _RunWatcher
 
 
 def _entry(step, message="", event=None, timestamp=100.0):

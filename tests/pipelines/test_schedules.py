@@ -12,9 +12,10 @@ import yaml
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from habitus.assets.serving import passed_path
-from habitus.pipelines.config import ConfigError, load_project
-from habitus.pipelines.definitions import build_assets, build_definitions, build_resources
-from habitus.pipelines.schedules import cache_in_use, data_fingerprint
+from habitus.pipelines.config.project import ConfigError, load_project
+from habitus.pipelines.definitions import build_definitions
+from habitus.pipelines.orchestration.build import build_assets, build_resources
+from habitus.pipelines.orchestration.schedules import cache_in_use, data_fingerprint
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 

@@ -13,9 +13,10 @@ import pytest
 import yaml
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from habitus.pipelines.config import load_project
-from habitus.pipelines.definitions import build_definitions, build_resources
-from habitus.pipelines.sensors import plan_runs
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.definitions import build_definitions
+from habitus.pipelines.orchestration.build import build_resources
+from habitus.pipelines.orchestration.sensors import plan_runs
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 

@@ -10,7 +10,7 @@ from habitus.pipelines.cli import EXIT_OK, EXIT_STAGE_FAILED, EXIT_USAGE, main
 
 @pytest.fixture(scope="module")
 def warehouse(tmp_path_factory):
-    from habitus.pipelines.demo_data import generate_demo_warehouse
+    from habitus.pipelines.demo.data import generate_demo_warehouse
 
     path = tmp_path_factory.mktemp("errors") / "warehouse.duckdb"
     generate_demo_warehouse(path, customers=40, products=20, stores=2, start="2026-09-01", end="2026-10-31", seed=3)

@@ -1,4 +1,4 @@
-"""Tests for habitus.resources.batches: the one cast of every batch read from a warehouse, and `Batches`,
+"""Tests for habitus.resources.warehouses.batches: the one cast of every batch read from a warehouse, and `Batches`,
 which casts each driver chunk once, to the described schema or straight to what extraction asks for."""
 
 from datetime import datetime
@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from habitus.resources.batches import Batches, cast_batch, conform
-from habitus.resources.canonical import canonical_schema, write_canonical_parquet
-from habitus.resources.errors import WarehouseError
+from habitus.resources.warehouses.batches import Batches, cast_batch, conform
+from habitus.resources.warehouses.canonical import canonical_schema, write_canonical_parquet
+from habitus.resources.warehouses.errors import WarehouseError
 
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(10, 2)), ("ts", pa.timestamp("us"))])
 
@@ -88,7 +88,7 @@ def test_batches_have_the_described_schema_and_close_the_source():
 def test_batches_cast_each_chunk_once_straight_to_the_canonical_types(tmp_path, monkeypatch):
     """Extraction asks a connector's batches for the canonical types: each chunk goes through one
     cast (driver types -> canonical), never through the described types first."""
-    import habitus.resources.batches as batches_module
+    import habitus.resources.warehouses.batches as batches_module
 
     casts = []
     real = batches_module.cast_batch

@@ -1,4 +1,4 @@
-"""Tests for habitus.resources.bigquery up to the wire: type mapping and the typed time window. The real
+"""Tests for habitus.resources.warehouses.bigquery up to the wire: type mapping and the typed time window. The real
 client against an emulator is tested in tests/integration/test_connector_contract.py and
 test_bigquery_connector.py."""
 
@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 import sqlglot
 
-from habitus.resources.bigquery import BigQueryWarehouse, arrow_type, window
-from habitus.resources.errors import WarehouseError
+from habitus.resources.warehouses.bigquery import BigQueryWarehouse, arrow_type, window
+from habitus.resources.warehouses.errors import WarehouseError
 
 
 @pytest.mark.parametrize("t, p, s, expected", [

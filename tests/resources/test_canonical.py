@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from habitus.resources.canonical import ROW_GROUP_ROWS, canonical_schema, canonical_type, write_canonical_parquet
-from habitus.resources.errors import WarehouseError
+from habitus.resources.warehouses.canonical import ROW_GROUP_ROWS, canonical_schema, canonical_type, write_canonical_parquet
+from habitus.resources.warehouses.errors import WarehouseError
 
 ROWS = [(f"C{i % 13}", datetime(2026, 3, 1 + i % 28, i % 24, 0, 7), 10**15 + i, Decimal(f"{i}.25") if i % 4 else None,
          None if i % 5 == 0 else f"n{i % 3}", i % 2 == 0) for i in range(300)]

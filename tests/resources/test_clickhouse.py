@@ -1,4 +1,4 @@
-"""Tests for habitus.resources.clickhouse up to the wire: type mapping, the SQL it sends, client settings.
+"""Tests for habitus.resources.warehouses.clickhouse up to the wire: type mapping, the SQL it sends, client settings.
 The real client on a ClickHouse engine is tested in tests/integration/test_connector_contract.py and
 test_clickhouse_connector.py."""
 
@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 import sqlglot
 
-from habitus.resources.clickhouse import ClickHouseWarehouse, _precise_times, _projection, arrow_type
-from habitus.resources.errors import WarehouseError
-from habitus.resources.sql import create_table_sql, delete_sql, select_expr
+from habitus.resources.warehouses.clickhouse import ClickHouseWarehouse, _precise_times, _projection, arrow_type
+from habitus.resources.warehouses.errors import WarehouseError
+from habitus.resources.warehouses.sql import create_table_sql, delete_sql, select_expr
 
 
 @pytest.mark.parametrize("ch, expected", [

@@ -1,4 +1,4 @@
-"""Tests for habitus.resources.databricks up to the wire: a stand-in `databricks.sql` module records every
+"""Tests for habitus.resources.warehouses.databricks up to the wire: a stand-in `databricks.sql` module records every
 statement and serves Arrow results, so the SQL per dialect, the batching and the type mapping are
 checked without a workspace. tests/integration/test_connector_contract.py runs the same resource
 against a real SQL warehouse when DATABRICKS_* variables are set."""
@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 import sqlglot
 
-from habitus.resources.databricks import DatabricksWarehouse, arrow_type, values_sql
-from habitus.resources.errors import WarehouseError
+from habitus.resources.warehouses.databricks import DatabricksWarehouse, arrow_type, values_sql
+from habitus.resources.warehouses.errors import WarehouseError
 
 DATA = pa.table({"id": pa.array(range(10), pa.int32()), "ts": pa.array([datetime(2026, 3, 1, i) for i in range(10)],
                                                                       pa.timestamp("us")),

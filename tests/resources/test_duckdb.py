@@ -1,4 +1,4 @@
-"""Tests for habitus.resources.duckdb.DuckDBWarehouse against a real DuckDB file."""
+"""Tests for habitus.resources.warehouses.duckdb.DuckDBWarehouse against a real DuckDB file."""
 
 from datetime import date, datetime, timedelta
 
@@ -6,8 +6,8 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from habitus.resources.duckdb import DuckDBWarehouse
-from habitus.resources.errors import WarehouseError
+from habitus.resources.warehouses.duckdb import DuckDBWarehouse
+from habitus.resources.warehouses.errors import WarehouseError
 
 T0 = datetime(2026, 2, 20)
 N = 120  # one row every 12 hours: 2026-02-20 .. 2026-04-19

@@ -4,7 +4,7 @@ change, and a real two-process launch under torchrun (gloo on the CPU)."""
 import pytest
 import torch
 
-from habitus.resources.executor import ExecutorError, TrainingExecutor
+from habitus.resources.training.executor import ExecutorError, TrainingExecutor
 
 
 def test_cpu_device_threads_and_the_plain_precision():

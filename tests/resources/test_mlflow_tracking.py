@@ -10,10 +10,10 @@ import dagster as dg
 import pytest
 
 from habitus.assets.tracking import check_installed, track_scenario, tracked_rollback
-from habitus.pipelines.config import load_project
-from habitus.resources.masking import redact_url
-from habitus.resources.mlflow_tracking import MlflowMissing, Tracker, numbers, require
-from habitus.resources.workspace import Workspace
+from habitus.pipelines.config.project import load_project
+from habitus.resources.warehouses.masking import redact_url
+from habitus.resources.training.mlflow_tracking import MlflowMissing, Tracker, numbers, require
+from habitus.resources.store.workspace import Workspace
 
 
 def test_redact_url_hides_user_password_and_tokens():

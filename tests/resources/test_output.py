@@ -1,4 +1,4 @@
-"""Uploads to `output:` (resources/output.py) against a local folder: what a stage uploads, what a
+"""Uploads to `output:` (resources/store/output.py) against a local folder: what a stage uploads, what a
 re-run skips, what a killed upload leaves and how the next one recovers, and restore's checks."""
 
 import hashlib
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from habitus.resources.output import UPLOADS, Output, OutputError
-from habitus.resources.workspace import Workspace
+from habitus.resources.store.output import UPLOADS, Output, OutputError
+from habitus.resources.store.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,8 +93,8 @@ def test_a_changed_checkpoint_replaces_the_stage_and_daily_files_accumulate(tmp_
 KILLED = """
 import os, signal, sys
 from pathlib import Path
-from habitus.resources.output import Output
-from habitus.resources.workspace import Workspace
+from habitus.resources.store.output import Output
+from habitus.resources.store.workspace import Workspace
 
 def half_then_die(self, src, key):  # the process dies with half of one file sent
     data = Path(src).read_bytes()
@@ -204,7 +204,7 @@ def test_bad_outputs_are_named():
 def _embeddings_asset(seen: list):
     import dagster as dg
 
-    from habitus.resources.workspace import locked
+    from habitus.resources.store.workspace import locked
 
     @dg.asset(key="embeddings")
     @locked("embeddings")

@@ -1,4 +1,4 @@
-"""Tests for habitus.resources.parquet.ParquetWarehouse: single files, hive-partitioned folders, writes."""
+"""Tests for habitus.resources.warehouses.parquet.ParquetWarehouse: single files, hive-partitioned folders, writes."""
 
 from datetime import date, datetime, timedelta
 
@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from habitus.resources.errors import WarehouseError
-from habitus.resources.parquet import ParquetWarehouse
+from habitus.resources.warehouses.errors import WarehouseError
+from habitus.resources.warehouses.parquet import ParquetWarehouse
 
 T0 = datetime(2026, 2, 20)
 N = 120  # one row every 12 hours: 2026-02-20 .. 2026-04-19

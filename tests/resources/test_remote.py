@@ -1,5 +1,5 @@
-"""Tests for habitus.resources.remote (shared by the networked connectors) and the connection -> resource
-mapping in habitus.pipelines.definitions."""
+"""Tests for habitus.resources.warehouses.remote (shared by the networked connectors) and the connection -> resource
+mapping in habitus.pipelines.orchestration.build."""
 
 import subprocess
 import sys
@@ -10,11 +10,11 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from habitus.pipelines.config import WarehouseConnection
-from habitus.pipelines.definitions import connection_resource
-from habitus.resources.errors import WarehouseError
-from habitus.resources.masking import value
-from habitus.resources.remote import connect_error, naive_utc, redact, rows_to_batches
+from habitus.pipelines.config.project import WarehouseConnection
+from habitus.pipelines.orchestration.build import connection_resource
+from habitus.resources.warehouses.errors import WarehouseError
+from habitus.resources.warehouses.masking import value
+from habitus.resources.warehouses.remote import connect_error, naive_utc, redact, rows_to_batches
 
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(10, 2)), ("ts", pa.timestamp("us"))])
 
@@ -54,7 +54,7 @@ def test_naive_utc():
 
 
 def test_connection_resource_maps_fields_options_and_secrets(monkeypatch):
-    from habitus.pipelines.config_file import EnvValue
+    from habitus.pipelines.config.file import EnvValue
 
     monkeypatch.setenv("HABITUS_TEST_SF_PW", "s3cret-pw")
     conn = WarehouseConnection.model_validate({
@@ -88,8 +88,8 @@ def test_unknown_connector_type_is_refused():
 
 def test_drivers_import_lazily():
     """Loading the code location (and every connector module) must not import a connector's driver."""
-    modules = "habitus.resources.snowflake, habitus.resources.clickhouse, habitus.resources.databricks, habitus.resources.synapse, habitus.resources.hive, " \
-              "habitus.resources.bigquery, habitus.pipelines.definitions"
+    modules = "habitus.resources.warehouses.snowflake, habitus.resources.warehouses.clickhouse, habitus.resources.warehouses.databricks, habitus.resources.warehouses.synapse, habitus.resources.warehouses.hive, " \
+              "habitus.resources.warehouses.bigquery, habitus.pipelines.definitions"
     code = (f"import sys, {modules}; heavy = [m for m in sys.modules if m.startswith(("
             "'snowflake', 'clickhouse_connect', 'databricks', 'pyodbc', 'mssql_python', 'arrow_odbc', "
             "'pyhive', 'google.cloud', 'thrift', 'chdb', 'pyspark'))]; print(heavy); assert not heavy")
@@ -104,8 +104,8 @@ def test_example_configs_build_their_connector(name, cls, monkeypatch):
     """examples/<warehouse>.yaml loads and its connection becomes the right resource, secrets as EnvVars."""
     from pathlib import Path
 
-    from habitus.pipelines.config import load_project
-    from habitus.pipelines.definitions import build_resources
+    from habitus.pipelines.config.project import load_project
+    from habitus.pipelines.orchestration.build import build_resources
 
     for var in ("SF_ACCOUNT", "SF_USER", "SF_PASSWORD", "CH_HOST", "CH_PASSWORD", "BQ_PROJECT", "HIVE_HOST",
                 "HIVE_USER", "HIVE_PASSWORD", "DATABRICKS_SERVER_HOSTNAME", "DATABRICKS_HTTP_PATH", "DATABRICKS_TOKEN",

@@ -1,4 +1,4 @@
-"""A source's `where:` row filter (resources/row_filter.py): pushed into DuckDB's query and the Parquet
+"""A source's `where:` row filter (resources/warehouses/row_filter.py): pushed into DuckDB's query and the Parquet
 scan with the same rows back, written for every dialect, and refused where it is not a plain condition."""
 
 from datetime import datetime, timedelta
@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 import sqlglot
 
-from habitus.resources import row_filter
-from habitus.resources.duckdb import DuckDBWarehouse
-from habitus.resources.errors import WarehouseError
-from habitus.resources.parquet import ParquetWarehouse
-from habitus.resources.sql import select_sql
+from habitus.resources.warehouses import row_filter
+from habitus.resources.warehouses.duckdb import DuckDBWarehouse
+from habitus.resources.warehouses.errors import WarehouseError
+from habitus.resources.warehouses.parquet import ParquetWarehouse
+from habitus.resources.warehouses.sql import select_sql
 
 T0 = datetime(2026, 3, 1)
 N = 40
@@ -126,7 +126,7 @@ def test_what_is_not_a_plain_condition_is_refused_naming_the_construct(where, sa
 def test_the_config_refuses_a_bad_filter_naming_the_source_and_the_construct():
     from pydantic import ValidationError
 
-    from habitus.pipelines.config_sources import Source
+    from habitus.pipelines.config.sources import Source
 
     good = Source(name="purchases", role="entity_attributes", connection="wh", table="t", where="a = 1")
     assert good.where == "a = 1"

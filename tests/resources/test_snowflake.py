@@ -1,4 +1,4 @@
-"""Tests for habitus.resources.snowflake up to the wire: type mapping and the SQL it sends. The real
+"""Tests for habitus.resources.warehouses.snowflake up to the wire: type mapping and the SQL it sends. The real
 connector against a server is tested in tests/integration/test_connector_contract.py and
 test_snowflake_connector.py."""
 
@@ -7,9 +7,9 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from habitus.resources.errors import WarehouseError
-from habitus.resources.snowflake import SnowflakeWarehouse, arrow_type
-from habitus.resources.sql import create_table_sql, limit0_sql, select_sql
+from habitus.resources.warehouses.errors import WarehouseError
+from habitus.resources.warehouses.snowflake import SnowflakeWarehouse, arrow_type
+from habitus.resources.warehouses.sql import create_table_sql, limit0_sql, select_sql
 
 
 @pytest.mark.parametrize("code, precision, scale, expected", [

@@ -1,4 +1,4 @@
-"""Tests for habitus.resources.sql: quoting, qualified names, the [start, end) filter, dialect output."""
+"""Tests for habitus.resources.warehouses.sql: quoting, qualified names, the [start, end) filter, dialect output."""
 
 from datetime import datetime
 
@@ -7,7 +7,7 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from habitus.resources.sql import delete_sql, range_sql, select_sql, table_expr
+from habitus.resources.warehouses.sql import delete_sql, range_sql, select_sql, table_expr
 
 HOSTILE = 'x"; DROP TABLE y; --'
 HOSTILE_BQ = "a`b; DROP TABLE y; --"
@@ -159,7 +159,7 @@ def test_time_filter_keeps_sub_second_bounds(tmp_path):
     ("tsql", "DATEFROMPARTS(YEAR([ts]), MONTH([ts]), 1)", "CAST([ts] AS DATE)"),  # no DATETRUNC on Synapse
 ])
 def test_partition_counts_sql_per_dialect(dialect, month, day):
-    from habitus.resources.sql import freshness_sql, partition_counts_sql
+    from habitus.resources.warehouses.sql import freshness_sql, partition_counts_sql
 
     for grain, period in (("month", month), ("day", day)):
         sql = partition_counts_sql(dialect, "shop.events", "ts", grain)
@@ -174,7 +174,7 @@ def test_partition_counts_sql_per_dialect(dialect, month, day):
 def test_period_counts_parse_what_drivers_send():
     from datetime import date, timezone
 
-    from habitus.resources.remote import period_counts
+    from habitus.resources.warehouses.remote import period_counts
 
     rows = [("2026-03-01", 5, "2026-03-31 23:00:00.5"), (date(2026, 4, 1), 2, datetime(2026, 4, 2, 1, tzinfo=timezone.utc))]
     assert period_counts(rows) == {datetime(2026, 3, 1): (5, datetime(2026, 3, 31, 23, 0, 0, 500000)),

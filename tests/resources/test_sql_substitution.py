@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from habitus.resources.databricks import values_sql
-from habitus.resources.hive import DIALECT as HIVE, _values
-from habitus.resources.remote import text_literal
+from habitus.resources.warehouses.databricks import values_sql
+from habitus.resources.warehouses.hive import DIALECT as HIVE, _values
+from habitus.resources.warehouses.remote import text_literal
 
 HOSTILE = ["${env:DATABRICKS_TOKEN}", "${hiveconf:x}", "a${b}c${d}e", "$", "${", "}${}", "'${x}'", "\\${x}"]
 

@@ -1,4 +1,4 @@
-"""Tests for habitus.resources.synapse up to the wire: a stand-in `mssql_python` module records every
+"""Tests for habitus.resources.warehouses.synapse up to the wire: a stand-in `mssql_python` module records every
 statement, serves INFORMATION_SCHEMA rows and Arrow batches and takes bulk copies, so the T-SQL,
 the batching and the type mapping are checked without a server. tests/integration/
 test_connector_contract.py runs the same resource against a real server when SYNAPSE_* is set."""
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 import sqlglot
 
-from habitus.resources.errors import WarehouseError
-from habitus.resources.synapse import SynapseWarehouse, arrow_type, columns_sql
+from habitus.resources.warehouses.errors import WarehouseError
+from habitus.resources.warehouses.synapse import SynapseWarehouse, arrow_type, columns_sql
 
 COLUMNS = [("id", "bigint", 19, 0, None), ("Event Time", "datetime2", None, None, 7),
            ("amount", "decimal", 12, 2, None), ("note", "nvarchar", None, None, None)]

@@ -1,10 +1,10 @@
-"""Tests for habitus.resources.workspace.Workspace: POSIX roots only, safe names, free-space checks."""
+"""Tests for habitus.resources.store.workspace.Workspace: POSIX roots only, safe names, free-space checks."""
 
 import re
 
 import pytest
 
-from habitus.resources.workspace import HEADROOM, Workspace, WorkspaceError
+from habitus.resources.store.workspace import HEADROOM, Workspace, WorkspaceError
 
 
 @pytest.mark.parametrize("root", ["s3://bucket/habitus", "gs://b/x", "abfss://c@acct.dfs.core.windows.net/x"])

@@ -1,0 +1,1 @@
+"""The generated retail warehouse of `habitus demo` and `habitus demo-data`."""

@@ -1,0 +1,1 @@
+"""`habitus init`: a connection's tables profiled and a project config suggested."""

@@ -1,0 +1,1 @@
+"""The workspace on disk and the `output:` store: uploads, restores, manifests, free space."""

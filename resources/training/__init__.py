@@ -1,0 +1,1 @@
+"""Where training runs (the executor) and where it is recorded (MLflow tracking)."""
