@@ -25,9 +25,9 @@ Both are closed forms of the simulator's process over the window (cutoff, cutoff
   (1 + Binomial(7, p) items, p from the basket propensity and the store's format); the days' visits
   thin the Poisson rates as above.
 
-The latent state is regenerated from the seed (demo_simulation.latent_blocks, the draws that precede
+The latent state is regenerated from the seed (pipelines/demo/simulation.py latent_blocks, the draws that precede
 any visit, so nothing after the cut-off is read), with the sizes and dates of the warehouse, and
-checked against its customers table. The formulas mirror demo_simulation's _simulate_visits,
+checked against its customers table. The formulas mirror pipelines/demo/simulation.py's _simulate_visits,
 _ProductChooser.choose and _simulate; tests/bench/test_oracle.py checks they agree with the tables
 the simulator writes (calibration) and that the oracle ranks above every model on a small demo.
 """
@@ -79,7 +79,7 @@ def demo_oracle(warehouse_folder: Path, entity_ids: np.ndarray, cutoff: int, win
 
 
 def latent_state(warehouse_folder: Path, seed: int = 0) -> tuple[dict, list[tuple[int, dict]]]:
-    """(the warehouse's settings, its blocks of latent state as demo_simulation.latent_blocks gives them),
+    """(the warehouse's settings, its blocks of latent state as simulation.latent_blocks gives them),
     regenerated with the warehouse's sizes and dates and checked against its customers table."""
     import duckdb
 

@@ -21,8 +21,15 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from habitus.pipelines.config.project import ConfigError, ExecutorSettings, load_project
-from habitus.pipelines.run.managed import with_executor
+from habitus.assets.serving import serving_checkpoint
+from habitus.models.storage.files import read_json
+from habitus.pipelines.config.file import ConfigError
+from habitus.pipelines.config.operations import ExecutorSettings, with_executor
+from habitus.pipelines.config.project import load_project
+from habitus.pipelines.run.report import failed_checks_table, holdout_rows
+from habitus.pipelines.run.runner import (StageFailed, Stopped, materialize_all, materialize_selected, score,
+                                         scoring_days)
+from habitus.resources.store.workspace import Workspace
 
 __all__ = ["Project", "ProjectError"]
 
@@ -44,7 +51,8 @@ class Project:
             ("fp32", "int8", "bf16"), inference_processes.
 
     Runs go to $DAGSTER_HOME's instance when it is set (they then show in `make ui`), else to an ephemeral
-    one. Attributes: `config` (the validated project, pipelines/config/project.py) and `workspace`.
+    one. Attributes: `config` (the validated project config, a ProjectConfig: pipelines/config/project.py)
+    and `workspace`.
     """
 
     def __init__(self, config: str | os.PathLike | None = None, *, log=print, **executor):
@@ -52,8 +60,6 @@ class Project:
         if unknown:
             raise TypeError(f"habitus.Project: unknown executor setting(s) {', '.join(unknown)}; known: "
                             f"{', '.join(ExecutorSettings.model_fields)}")
-        from habitus.resources.store.workspace import Workspace
-
         self.config = with_executor(load_project(config), SimpleNamespace(**executor))
         self.workspace = Workspace(root=self.config.workspace)
         self.log = log
@@ -77,67 +83,33 @@ class Project:
                 `assets=None`: the newest day of the data; the daily assets named in `assets` need them.
             verbose: Dagster's own log as well.
 
-        Returns the run's summary: timings (seconds per stage), checks_passed, checks_failed (one line
-        each; a scenario that loses to its baselines is listed there, not promoted, and is no error),
-        and with `assets=None` also prediction_days and warnings.
+        Returns the run's summary (pipelines/run/runner.py): timings (seconds per stage), prediction_days,
+        checks_passed, checks_failed (one line each; a scenario that loses to its baselines is listed
+        there, not promoted, and is no error), failures (the same as dicts) and warnings.
 
         Raises ConfigError for an unknown asset or a day outside the predictions' range, ProjectError
         when a stage failed or a blocking check stopped the run (the message lists the failed checks).
         """
-        from habitus.pipelines.cli import StageFailed, materialize_all, scoring_days
-
         days = [d for day in days or () for d in scoring_days(self.config, str(day))]
         with warnings.catch_warnings():
             if not verbose:
                 warnings.filterwarnings("ignore", module=r"dagster(\..*)?$")  # preview/beta notices
-            if assets is not None:
-                return self._materialize_selected(list(assets), days, verbose)
             try:
+                if assets is not None:  # this runner's lines, not Dagster's log
+                    return materialize_selected(self.config, list(assets), days, log=self.log, verbose=verbose)
                 result = materialize_all(self.config, log=self.log, days=days, verbose=verbose)
-            except StageFailed as e:
-                raise ProjectError(f"a stage failed: {e} (materialize(verbose=True) shows Dagster's log)") from None
+            except (StageFailed, Stopped) as e:  # Stopped: what a blocking check left out
+                what = "a stage failed: " if isinstance(e, StageFailed) else ""
+                raise ProjectError(f"{what}{e} (materialize(..., verbose=True) shows Dagster's log)") from None
         if result["stopped"]:
-            from habitus.pipelines.run.report import failed_checks_table
-
             raise ProjectError(f"stopped: {result['stopped']}\n{failed_checks_table(result['failures'])}")
         return result
-
-    def _materialize_selected(self, names: list[str], days: list[str], verbose: bool) -> dict:
-        import dagster as dg
-
-        from habitus.pipelines.orchestration.build import build_assets
-        from habitus.pipelines.run.managed import Runner
-
-        by_name = {a.key.to_user_string(): a for a in build_assets(self.config)}
-        unknown = [n for n in names if n not in by_name]
-        if unknown:
-            raise ConfigError(f"no asset named {', '.join(map(repr, unknown))} in project {self.config.workspace}; "
-                              f"the assets are: {', '.join(by_name)}")
-        events = {f"source/{s.name}" for s in self.config.events_sources}
-        daily = [n for n in names if n not in events and by_name[n].partitions_def is not None]
-        if daily and not days:
-            raise ConfigError(f"{', '.join(daily)}: daily assets; give the days to score, e.g. days=['YYYY-MM-DD']")
-        runner = Runner(self.config, self.log, verbose, dagster_log=False)  # this runner's lines, not Dagster's
-        try:
-            if events & set(names):
-                runner.extract()
-            plain = [n for n in names if n not in events and n not in daily]
-            if plain:
-                runner.run([dg.AssetKey.from_user_string(n) for n in plain], ", ".join(plain))
-            for day in days if daily else ():
-                runner.run([dg.AssetKey.from_user_string(n) for n in daily], f"{', '.join(daily)} for {day}",
-                           partition_key=day)
-        except RuntimeError as e:
-            raise ProjectError(f"{e} (materialize(..., verbose=True) shows Dagster's log)") from None
-        return {"timings": runner.timings, "checks_passed": runner.passed, "checks_failed": runner.failed}
 
     def report(self) -> pa.Table:
         """Each scenario's hold-out metric next to its closest baseline, from its newest checkpoint, as
         `habitus report` prints it: one row per scenario with scenario, task, metric, model, best_baseline
         (which baseline), baseline (its value on the same labels), lower_is_better, beats_baselines and
         entities (hold-out entities). A scenario not trained yet has nulls. `.to_pandas()` for a frame."""
-        from habitus.pipelines.run.report import holdout_rows
-
         rows = holdout_rows(self.config)
         schema = pa.schema([("scenario", pa.string()), ("task", pa.string()), ("metric", pa.string()),
                             ("model", pa.float64()), ("best_baseline", pa.string()), ("baseline", pa.float64()),
@@ -157,8 +129,6 @@ class Project:
         then the scenario's predictions partition; its progress goes to `log`, as materialize()'s does. The scenario must be trained (`materialize()`), or its
         checkpoints in the config's `output:`. `.to_pandas()` on the result gives a frame (pandas needed).
         """
-        from habitus.assets.serving import serving_checkpoint
-
         day = self._day(day)
         if scenario not in self.config.scenarios:
             raise ConfigError(f"no scenario {scenario!r} in the project config; its scenarios: "
@@ -185,17 +155,12 @@ class Project:
     def _day(self, day: str | date) -> str:
         """`day` as YYYY-MM-DD, checked against the predictions' daily partitions (ConfigError naming the
         setting to change when it is outside them)."""
-        from habitus.pipelines.cli import scoring_days
-
         return scoring_days(self.config, day.isoformat() if isinstance(day, date) else str(day))[0]
 
     def _scored_file(self, path: Path, checkpoint: Path, model: str, day: str, rescore: bool, verbose: bool,
                      **what) -> pa.Table:
-        """The day's file at `path`, scored first (managed.score) unless it is there and was written by the
-        checkpoint whose config is `checkpoint`."""
-        from habitus.models.storage.files import read_json
-        from habitus.pipelines.run.managed import score
-
+        """The day's file at `path`, scored first (the runner's `score`) unless it is there and was written by
+        the checkpoint whose config is `checkpoint`."""
         if not checkpoint.exists() and not self.config.output:
             raise ProjectError(f"{model} is not trained in the workspace {self.config.workspace} (no "
                                f"{checkpoint}); run materialize() first")
@@ -205,8 +170,7 @@ class Project:
                 if not verbose:
                     warnings.filterwarnings("ignore", module=r"dagster(\..*)?$")
                 try:
-                    score(self.config, day, log=self.log, verbose=verbose, dagster_log=False, extract_again=False,
-                          **what)
+                    score(self.config, day, log=self.log, verbose=verbose, job_log=False, extract_again=False, **what)
                 except RuntimeError as e:
                     raise ProjectError(f"scoring {day} with {model} failed: {e}") from None
         return pq.read_table(path)

@@ -10,7 +10,7 @@ import dagster as dg
 
 from habitus.assets.checks import build_checks
 from habitus.assets.realized import realized_scenarios
-from habitus.pipelines.config.project import Project, load_project
+from habitus.pipelines.config.project import ProjectConfig, load_project
 from habitus.pipelines.orchestration.build import build_assets, build_resources
 from habitus.pipelines.orchestration.jobs import build_jobs
 from habitus.pipelines.orchestration.kubernetes import k8s_executor
@@ -20,7 +20,7 @@ from habitus.pipelines.orchestration.sensors import (build_scoring_sensor, build
                                                      with_cache_automation)
 
 
-def build_definitions(project: Project) -> dg.Definitions:
+def build_definitions(project: ProjectConfig) -> dg.Definitions:
     """Assets with their checks, the jobs, the new-data sensors, the cache automation and the
     retraining/scoring schedules (pipelines/orchestration/jobs.py, sensors.py, schedules.py; assets/checks.py)."""
     assets = with_cache_automation(build_assets(project))

@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from habitus.pipelines.config.keys import nearest_key
 from habitus.resources.warehouses.masking import ENV_REF as _ENV_REF, expand
 
 CONFIG_ENV = "HABITUS_CONFIG"
@@ -112,8 +113,6 @@ def readable_loc(loc: tuple) -> str:
 
 def format_errors(path: Path, err: ValidationError, model=None) -> str:
     """One line per problem, naming the key; an unknown key of `model`'s schema gets the nearest allowed one."""
-    from habitus.pipelines.config.keys import nearest_key
-
     lines = [f"{path}: invalid project config ({err.error_count()} problem(s)):"]
     for e in err.errors():
         loc = readable_loc(e["loc"]) or "(top level)"

@@ -1,13 +1,63 @@
-"""The project config's operations sections: when runs happen (`schedules:`), how an extraction retries
-a warehouse that failed for a moment (`retries:`), where steps run on a cluster (`kubernetes:`) and when
-the realized-performance checks fire (`realized:`).
+"""The project config's operations sections: where training and scoring run (`executor:`, which the command
+line's flags and habitus.Project's arguments may override), when runs happen (`schedules:`), how an
+extraction retries a warehouse that failed for a moment (`retries:`), where steps run on a cluster
+(`kubernetes:`) and when the realized-performance checks fire (`realized:`).
 Part of the schema of pipelines/config/project.py."""
 
-from typing import Annotated
+import argparse
+from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from habitus.pipelines.config.base import Strict
+from habitus.pipelines.config.file import ConfigError
+
+
+Precision = Literal["fp32", "int8", "bf16"]
+
+
+class ExecutorSettings(Strict):
+    """Where training and scoring run (resources/training/executor.py); the CLI's --device, --processes,
+    --precision and --inference-precision override these."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$", description="auto, cpu, cuda or cuda:N")
+    processes: int = Field(1, ge=0, description="training processes (torchrun when > 1); 0: one per visible GPU")
+    threads: int | None = Field(None, ge=1, description="CPU threads of each process")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="training precision (bf16: autocast on GPUs)")
+    inference_precision: Precision = Field("fp32", description="predictions and embeddings (int8: CPU only)")
+    inference_processes: int | None = Field(None, ge=1, description="processes scoring predictions and embeddings "
+                                            "(models/serve/parts.py); default one per GPU, or one per 2 CPU cores, "
+                                            "while each gets 2 chunks of the cache")
+
+
+def add_executor_arguments(p: argparse.ArgumentParser) -> None:
+    """The command line's flags over `executor:` (`habitus materialize`, `demo`, `train`, `score`, `embed`)."""
+    g = p.add_argument_group("executor (overrides the project's `executor:`)")
+    g.add_argument("--device", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--processes", type=int, help="training processes (torchrun when > 1; 0: one per GPU)")
+    g.add_argument("--threads", type=int, help="CPU threads per process")
+    g.add_argument("--precision", choices=("fp32", "bf16"), help="training precision")
+    g.add_argument("--inference-precision", choices=("fp32", "int8", "bf16"), help="predictions and embeddings")
+
+
+def executor_settings(project) -> dict:
+    """The project's `executor:` as the training executor takes it; unset: one process, or on Kubernetes
+    one per GPU of the pod (pipelines/orchestration/kubernetes.py)."""
+    return project.executor.model_dump() if project.executor else {"processes": 0 if project.kubernetes else 1}
+
+
+def with_executor(project, args):
+    """The project with the executor settings given on the command line (or as habitus.Project's
+    arguments: any object with those attributes) put over its `executor:`."""
+    given = {k: getattr(args, k, None) for k in ExecutorSettings.model_fields}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return project
+    try:
+        settings = ExecutorSettings(**{**executor_settings(project), **given})
+    except ValidationError as e:
+        bad = "; ".join(f"--{str(x['loc'][0]).replace('_', '-')}: {x['msg']}" for x in e.errors())
+        raise ConfigError(f"executor settings on the command line: {bad}") from None
+    return project.model_copy(update={"executor": settings})
 
 
 def _cron(v: str) -> str:

@@ -21,8 +21,8 @@ from habitus.models.train.config import (REFIT, SAVE_EVERY_STEPS, TRAIN_CUTOFFS,
                                          LoraConfig)
 from habitus.models.tasks import RANKING_K, TASKS
 from habitus.pipelines.config.base import Strict
-from habitus.pipelines.config.operations import (KubernetesSettings, RealizedSettings, RetrySettings,
-                                                ScheduleSettings)
+from habitus.pipelines.config.operations import (ExecutorSettings, KubernetesSettings, Precision, RealizedSettings,
+                                                RetrySettings, ScheduleSettings)
 from habitus.pipelines.config.file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
 from habitus.pipelines.config.tracking import MlflowSettings
 from habitus.resources.warehouses.masking import redact_url
@@ -166,22 +166,6 @@ class LoraSettings(Strict):
     alpha: float = Field(_LORA.alpha, gt=0, description="scale of the adapters' update (alpha / rank)")
 
 
-Precision = Literal["fp32", "int8", "bf16"]
-
-
-class ExecutorSettings(Strict):
-    """Where training and scoring run (resources/training/executor.py); the CLI's --device, --processes,
-    --precision and --inference-precision override these."""
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$", description="auto, cpu, cuda or cuda:N")
-    processes: int = Field(1, ge=0, description="training processes (torchrun when > 1); 0: one per visible GPU")
-    threads: int | None = Field(None, ge=1, description="CPU threads of each process")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="training precision (bf16: autocast on GPUs)")
-    inference_precision: Precision = Field("fp32", description="predictions and embeddings (int8: CPU only)")
-    inference_processes: int | None = Field(None, ge=1, description="processes scoring predictions and embeddings "
-                                            "(models/serve/parts.py); default one per GPU, or one per 2 CPU cores, "
-                                            "while each gets 2 chunks of the cache")
-
-
 class ExplainSettings(Strict):
     """explanations/<scenario>: each entity's top reasons, daily (assets/explanations.py)."""
     top: int = Field(DEFAULT_TOP, ge=1, le=50, description="reasons kept per entity and score")
@@ -282,7 +266,7 @@ class DriftSettings(Strict):
                                                            "the trailing mean warn")
 
 
-class Project(Strict):
+class ProjectConfig(Strict):
     workspace: str = Field(description="POSIX folder of the cache, checkpoints and outputs (a real filesystem; "
                                        "s3:// is refused); relative to the config file")
     output: str | None = Field(None, description="where each stage uploads what it finished: s3://, gs://, "
@@ -427,15 +411,15 @@ def _warn_retired_env(path: Path) -> None:
                           f"`{key}: ${{{var}:-...}}` there to keep reading the variable)", stacklevel=3)
 
 
-def load_project(path: str | os.PathLike | None = None) -> Project:
+def load_project(path: str | os.PathLike | None = None) -> ProjectConfig:
     """Read, substitute `${ENV}`, validate. `path` defaults to $HABITUS_CONFIG, then examples/demo.yaml."""
     path = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
     _warn_retired_env(path)
     raw = read_yaml(path)
     try:
-        project = Project.model_validate(raw)
+        project = ProjectConfig.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(format_errors(path, e, Project)) from None
+        raise ConfigError(format_errors(path, e, ProjectConfig)) from None
     base = path.resolve().parent
     update: dict = {"workspace": resolve_path(base, project.workspace)}
     if project.output and "://" not in project.output:

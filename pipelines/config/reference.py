@@ -1,5 +1,5 @@
 """The config reference (docs/reference/config.md), generated from the project config's pydantic schema
-(pipelines/config/project.py, config_sources.py, config_operations.py): every key with its type, default, allowed values and
+(pipelines/config/project.py, sources.py, operations.py): every key with its type, default, allowed values and
 description, one table per section.
 
     python -m habitus.pipelines.config.reference            # print it
@@ -19,14 +19,14 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from habitus.pipelines.config.project import Project
+from habitus.pipelines.config.project import ProjectConfig
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "config.md"
 
 HEADER = """# Config reference
 
 Every key of the project config (the YAML file named by `HABITUS_CONFIG`, default `examples/demo.yaml`),
-generated from its schema (`pipelines/config/project.py`, `config_sources.py`, `config_operations.py`) by
+generated from its schema (`pipelines/config/project.py`, `sources.py`, `operations.py`) by
 `python -m habitus.pipelines.config.reference --write`; a test fails when this page and the schema differ. How the keys fit together, with an example:
 [the project config](../guide/config.md).
 
@@ -180,7 +180,7 @@ def _doc(model: type[BaseModel]) -> str:
 
 def generate() -> str:
     lines = [HEADER]
-    sections = _sections(Project, "project")
+    sections = _sections(ProjectConfig, "project")
     lines.append("Sections: " + ", ".join(f"[`{key}`](#{_anchor(key)})" for key, _, _ in sections) + ".\n")
     for key, model, aliases in sections:
         path, _, shape = key.partition(" (")

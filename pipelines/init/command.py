@@ -18,17 +18,23 @@ import argparse
 import re
 import sys
 
+from pydantic import TypeAdapter, ValidationError
+
+from habitus.pipelines.config.file import ConfigError, env_template, format_errors, parse_yaml, substitute_env
+from habitus.pipelines.config.project import Connection, load_project
+
 from habitus.pipelines.init.profile import OUTPUT_COLUMNS, habitus_output, profile_table, scan_events
 from habitus.pipelines.init.suggest import check_joins, pick_events, render, suggest
+from habitus.pipelines.orchestration.build import connection_resource
+from habitus.resources.warehouses.errors import WarehouseError
+from habitus.resources.warehouses.masking import redact_text, template_secrets
+from habitus.resources.warehouses.remote import SECRET_KEYS
 
 
 def _hide_secrets(name: str, conn: dict) -> dict:
     """The connection as printed: a value that holds ${VAR} is shown as written (`pw-${VAR}`, whatever its key
     and however deep), a secret-named key's value not already a ${VAR} reference becomes one; `options`
     and nested dicts and lists likewise."""
-    from habitus.pipelines.config.file import env_template
-    from habitus.resources.warehouses.remote import SECRET_KEYS
-
     def shown(k, v):
         if env_template(v) is not None:
             return env_template(v)
@@ -45,9 +51,6 @@ def _hide_secrets(name: str, conn: dict) -> dict:
 
 def _list_tables(kind: str, conn: dict, warehouse=None) -> list[str]:
     """The tables of a DuckDB file, a Parquet folder or an s3:// prefix, through the connector's `tables()`."""
-    from habitus.pipelines.config.project import ConfigError
-    from habitus.resources.warehouses.errors import WarehouseError
-
     if kind not in ("duckdb", "parquet") or warehouse is None:
         raise ValueError(f"a {kind} connection: name the tables with --tables")
     try:
@@ -74,14 +77,6 @@ def main(argv: list[str] | None = None) -> int:
                     "to count entities and their gaps (default 5,000,000)")
     ap.add_argument("--out", help="write the suggestion to this file too")
     args = ap.parse_args(argv)
-
-    from pydantic import TypeAdapter, ValidationError
-
-    from habitus.pipelines.config.project import Connection, ConfigError, load_project
-    from habitus.pipelines.config.file import format_errors, parse_yaml, substitute_env
-    from habitus.pipelines.orchestration.build import connection_resource
-    from habitus.resources.warehouses.errors import WarehouseError
-    from habitus.resources.warehouses.masking import redact_text, template_secrets
 
     secrets: list[str] = []  # what the connection's ${VAR}s became: never printed, in an error either
     try:

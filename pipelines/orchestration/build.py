@@ -5,6 +5,8 @@ resource per connection. The code location (pipelines/definitions.py) puts them 
 jobs, sensors and schedules; the runner (pipelines/run/runner.py) materializes them.
 """
 
+import importlib
+import typing
 import warnings
 
 import dagster as dg
@@ -17,14 +19,17 @@ from habitus.assets.predictions import build_predictions_asset
 from habitus.assets.realized import build_realized_asset, realized_scenarios
 from habitus.assets.scenarios import build_scenario_asset
 from habitus.assets.sources import build_source_asset, connection_key
-from habitus.pipelines.config.project import Project
+from habitus.pipelines.config.file import env_template, env_var
+from habitus.pipelines.config.operations import executor_settings
+from habitus.pipelines.config.project import ProjectConfig
 from habitus.pipelines.orchestration.kubernetes import pod_tags
 from habitus.pipelines.orchestration.kubernetes_nodes import group_of
 from habitus.pipelines.orchestration.partitions import events_partitions, predictions_partitions
-from habitus.resources.warehouses.duckdb import DuckDBWarehouse
-from habitus.resources.training.executor import TrainingExecutor
-from habitus.resources.warehouses.parquet import ParquetWarehouse
 from habitus.resources.store.workspace import Workspace
+from habitus.resources.training.executor import TrainingExecutor
+from habitus.resources.warehouses.duckdb import DuckDBWarehouse
+from habitus.resources.warehouses.parquet import ParquetWarehouse
+from habitus.resources.warehouses.remote import SECRET_KEYS
 
 warnings.filterwarnings("ignore", category=dg.BetaWarning)  # backfill_policy is marked beta
 
@@ -43,8 +48,6 @@ REMOTE_WAREHOUSES = {
 def _warehouse_class(kind: str):
     if kind in WAREHOUSES:
         return WAREHOUSES[kind]
-    import importlib
-
     module, cls = REMOTE_WAREHOUSES[kind]
     return getattr(importlib.import_module(module), cls)
 
@@ -56,9 +59,6 @@ def _as_env_var(key: str, value, annotation=str):
     whatever its key is called. An integer field of exactly `${VAR}` becomes EnvVar.int(VAR); a flag is its
     value. A value whose key names a secret (resources/warehouses/remote.py SECRET_KEYS) written literally in the
     file is kept, with a warning."""
-    from habitus.pipelines.config.file import env_template, env_var
-    from habitus.resources.warehouses.remote import SECRET_KEYS
-
     template = env_template(value)
     if template is not None:
         if annotation is int:
@@ -75,8 +75,6 @@ def _as_env_var(key: str, value, annotation=str):
 
 def _plain_type(annotation):
     """int for `int` and `int | None`, bool likewise, else str (what EnvVar can stand for)."""
-    import typing
-
     args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
     return args[0] if len(args) == 1 and args[0] in (int, bool) else str
 
@@ -105,7 +103,7 @@ def connection_resource(name: str, conn) -> dg.ConfigurableResource:
     return cls(**fields)
 
 
-def build_assets(project: Project) -> list[dg.AssetsDefinition]:
+def build_assets(project: ProjectConfig) -> list[dg.AssetsDefinition]:
     assets = [build_source_asset(project, s, events_partitions(s) if s.role == "events" else None)
               for s in project.sources]
     assets += [build_cache_asset(project), build_foundation_asset(
@@ -121,10 +119,8 @@ def build_assets(project: Project) -> list[dg.AssetsDefinition]:
     return assets
 
 
-def build_resources(project: Project) -> dict:
-    # on Kubernetes each training pod trains with one process per GPU it got (pipelines/orchestration/kubernetes.py)
-    settings = project.executor.model_dump() if project.executor else {"processes": 0 if project.kubernetes else 1}
-    executor = TrainingExecutor(**settings)  # `executor:` in the project config (the CLI may override it)
+def build_resources(project: ProjectConfig) -> dict:
+    executor = TrainingExecutor(**executor_settings(project))  # `executor:` (the CLI may override it)
     resources = {"workspace": Workspace(root=project.workspace, output=project.output,
                                         output_pins=project.output_pins), "executor": executor}
     resources.update({connection_key(n): connection_resource(n, c) for n, c in project.connections.items()})

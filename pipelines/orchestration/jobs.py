@@ -21,8 +21,12 @@ import dagster as dg
 from pydantic import Field
 
 from habitus.assets.cache import CACHE_KEY
+from habitus.assets.foundation_versions import rollback_foundation
 from habitus.assets.scenarios import scenario_key
 from habitus.assets.sources import source_key
+from habitus.assets.tracking import tracked_rollback
+from habitus.models.storage.versions import VersionError
+from habitus.resources.training.mlflow_tracking import MlflowMissing
 
 
 KIND_TAG = "habitus/kind"
@@ -68,13 +72,7 @@ def rollback_job(project) -> dg.JobDefinition:
     @dg.op(required_resource_keys={"workspace"}, description="Move a scenario's (or the foundation's) serving pointer "
                                                         "to a kept version")
     def move_serving_pointer(context: dg.OpExecutionContext, config: RollbackConfig) -> str:
-        from habitus.assets.tracking import tracked_rollback
-        from habitus.models.storage.versions import VersionError
-        from habitus.resources.training.mlflow_tracking import MlflowMissing
-
         if config.scenario == "foundation":  # config validation keeps scenarios from taking this name
-            from habitus.assets.foundation_versions import rollback_foundation
-
             try:
                 fp = rollback_foundation(context.resources.workspace, config.to or None, project.versions.keep,
                                          project.versions.keep_served)

@@ -13,7 +13,7 @@ under torchrun when that is more than one. Nothing here needs a cluster to build
 plain dictionaries and dagster-k8s is imported only for the executor.
 """
 
-from habitus.pipelines.config.project import Project
+from habitus.pipelines.config.project import ProjectConfig
 from habitus.pipelines.config.operations import KubernetesSettings, TrainingPod
 
 K8S_CONFIG_TAG = "dagster-k8s/config"  # dagster_k8s.job.USER_DEFINED_K8S_CONFIG_KEY
@@ -48,7 +48,7 @@ def pod_config(pod: TrainingPod, k8s: KubernetesSettings) -> dict:
     return config
 
 
-def pod_tags(project: Project, stage: str) -> dict:
+def pod_tags(project: ProjectConfig, stage: str) -> dict:
     """Op tags of a training asset (`stage`: foundation or scenarios): the GPU pod on Kubernetes,
     nothing otherwise."""
     if project.kubernetes is None:
@@ -57,7 +57,7 @@ def pod_tags(project: Project, stage: str) -> dict:
     return {K8S_CONFIG_TAG: config} if config else {}
 
 
-def executor_config(project: Project) -> dict:
+def executor_config(project: ProjectConfig) -> dict:
     """The k8s_job_executor's config: namespace, image, concurrency, secrets and the workspace volume
     (every step pod mounts the same ReadWriteMany claim where the config puts the workspace)."""
     k8s = project.kubernetes
@@ -72,7 +72,7 @@ def executor_config(project: Project) -> dict:
     return config
 
 
-def k8s_executor(project: Project):
+def k8s_executor(project: ProjectConfig):
     """dagster-k8s's k8s_job_executor with the project's settings."""
     try:
         from dagster_k8s import k8s_job_executor

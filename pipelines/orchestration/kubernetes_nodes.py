@@ -37,8 +37,12 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
-from habitus.pipelines.config.project import Project
+import yaml
+
+from habitus.pipelines.config.file import ConfigError
+from habitus.pipelines.config.project import ProjectConfig, load_project
 from habitus.pipelines.orchestration.kubernetes import GPU, WORKSPACE_VOLUME
+from habitus.resources.training.executor import TrainingExecutor
 
 RDZV_PORT = 29400
 GROUP_LABEL = "habitus/group"
@@ -54,8 +58,6 @@ def node_command(nodes: int, processes: int, endpoint: str, rdzv_id: str, target
     """The shell command of every pod: torchrun as TrainingExecutor builds it for `nodes` machines,
     pod 0 (by JOB_COMPLETION_INDEX) hosting the c10d store; every store read may wait for pod 0 as
     long as a join does (a pod scheduled later, an image still pulling)."""
-    from habitus.resources.training.executor import TrainingExecutor
-
     cmd = TrainingExecutor(device="auto", processes=processes, nnodes=nodes, rdzv_endpoint=endpoint,
                            rdzv_id=rdzv_id).torchrun_command(target)
     # the image's python (PATH=/opt/venv/bin:...), not this process's
@@ -67,7 +69,7 @@ def node_command(nodes: int, processes: int, endpoint: str, rdzv_id: str, target
             f"exec {quoted}")
 
 
-def training_group(project: Project, stage: str, nodes: int, job_dir: str, *, name: str | None = None,
+def training_group(project: ProjectConfig, stage: str, nodes: int, job_dir: str, *, name: str | None = None,
                    image: str | None = None, port: int = RDZV_PORT, rdzv_host: str | None = None,
                    target: list[str] | None = None) -> list[dict]:
     """[Service, Job]: `nodes` pods of `kubernetes.<stage>` (foundation or scenarios: GPUs, CPU and
@@ -149,7 +151,7 @@ def training_group(project: Project, stage: str, nodes: int, job_dir: str, *, na
     return [service, job]
 
 
-def group_of(project: Project, stage: str, what: str):
+def group_of(project: ProjectConfig, stage: str, what: str):
     """TrainingExecutor.train's `group` for a training of `stage` (`what`: foundation, or the scenario's
     name) when `kubernetes.<stage>.nodes` is above 1: a job folder on the workspace and run_group; else None."""
     k8s = project.kubernetes
@@ -163,7 +165,7 @@ def group_of(project: Project, stage: str, what: str):
 INDEX = "batch.kubernetes.io/job-completion-index"  # the pod's index, as the Job controller annotates it
 
 
-def run_group(project: Project, stage: str, job_dir: Path, log: Callable[[str], None] = print, *, apis=None,
+def run_group(project: ProjectConfig, stage: str, job_dir: Path, log: Callable[[str], None] = print, *, apis=None,
               poll_s: float = 5.0, name: str | None = None, **render) -> None:
     """Train the job in `job_dir` (job.json written, on the workspace claim) on `kubernetes.<stage>.nodes`
     pods: create the Service and the indexed Job (training_group), stream pod 0's log to `log`, return when
@@ -258,14 +260,10 @@ def _delete(core, batch, namespace: str, created: list, log) -> None:
 
 
 def to_yaml(manifests: list[dict]) -> str:
-    import yaml
-
     return "---\n".join(yaml.safe_dump(m, sort_keys=False, width=120) for m in manifests)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from habitus.pipelines.config.project import ConfigError, load_project
-
     parser = argparse.ArgumentParser(prog="python -m habitus.pipelines.orchestration.kubernetes_nodes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="project YAML with `kubernetes:` (default: $HABITUS_CONFIG)")
     parser.add_argument("--stage", choices=["foundation", "scenarios"], default="foundation",

@@ -26,6 +26,8 @@ import dagster as dg
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from habitus.assets.cache import CACHE_KEY
+from habitus.assets.embeddings import EMBEDDINGS_KEY
+from habitus.assets.predictions import predictions_key
 from habitus.assets.sources import connection_key, extraction_fingerprint, source_key
 from habitus.pipelines.orchestration.jobs import extract_job_name
 from habitus.pipelines.orchestration.schedules import cache_in_use, predictions_request
@@ -173,9 +175,6 @@ def days_to_score(newest: date, state: dict | None, fingerprint: str, limit: int
 
 
 def build_scoring_sensor(project, jobs: dict, assets: list[dg.AssetsDefinition]) -> dg.SensorDefinition | None:
-    from habitus.assets.embeddings import EMBEDDINGS_KEY
-    from habitus.assets.predictions import predictions_key
-
     by_key = {k: a for a in assets for k in a.keys}
     scored = [by_key[predictions_key(n)] for n in project.prediction_scenarios if predictions_key(n) in by_key]
     with_embeddings = EMBEDDINGS_KEY in by_key

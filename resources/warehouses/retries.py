@@ -25,7 +25,7 @@ from habitus.resources.warehouses.errors import WarehouseError
 
 def extraction_retry_policy(max_retries: int, delay_s: float) -> dg.RetryPolicy:
     """Dagster's RetryPolicy for a source asset: `max_retries` retries, the n-th after (2**n - 1) x `delay_s`
-    seconds +- `delay_s` of jitter (a project's `retries:`, `Project.extraction_retries(source)`)."""
+    seconds +- `delay_s` of jitter (a project's `retries:`, `ProjectConfig.extraction_retries(source)`)."""
     return dg.RetryPolicy(max_retries=max_retries, delay=delay_s, backoff=dg.Backoff.EXPONENTIAL,
                           jitter=dg.Jitter.PLUS_MINUS)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from habitus.pipelines.cli import materialize_all
+from habitus.pipelines.run.runner import materialize_all
 from habitus.pipelines.config.project import load_project
 from habitus.pipelines.orchestration.build import build_assets, build_resources
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from habitus.pipelines.cli import materialize_all
+from habitus.pipelines.run.runner import materialize_all
 from habitus.pipelines.config.project import load_project
 
 pytestmark = pytest.mark.slow

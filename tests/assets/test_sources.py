@@ -231,7 +231,7 @@ def test_where_naming_a_missing_column_fails_naming_it_and_the_source(tmp_path, 
 
 def test_habitus_train_extracts_again_what_another_where_extracted(tmp_path, warehouse, monkeypatch):
     from habitus.assets.sources import stale_partitions
-    from habitus.pipelines.run.managed import Runner
+    from habitus.pipelines.run.runner import Runner
 
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     folder = tmp_path / "ws" / "sources" / "purchases"

@@ -8,7 +8,8 @@ from datetime import datetime
 import pyarrow.parquet as pq
 import pytest
 
-from habitus.pipelines.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_STAGE_FAILED, EXIT_USAGE, main, scoring_days
+from habitus.pipelines.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_STAGE_FAILED, EXIT_USAGE, main
+from habitus.pipelines.run.runner import scoring_days
 from habitus.pipelines.config.project import ConfigError, load_project
 from habitus.pipelines.run.report import failed_checks_table
 

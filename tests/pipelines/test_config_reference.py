@@ -17,7 +17,7 @@ def test_the_committed_reference_is_what_the_schema_generates():
 
 def test_every_key_of_every_section_is_listed_with_a_description():
     text = reference.generate()
-    for key, model, _ in reference._sections(project.Project, "project"):
+    for key, model, _ in reference._sections(project.ProjectConfig, "project"):
         section = text.split(f"{{ #{reference._anchor(key)} }}", 1)[1].split("\n## ", 1)[0]
         for name, info in model.model_fields.items():
             row = re.search(rf'^\| <code class="key">{name}</code> \|.*$', section, re.M)
@@ -29,11 +29,11 @@ def test_a_changed_default_changes_the_reference(monkeypatch):
     class Quality(project.QualitySettings):
         max_dropped_share: float = Field(0.02, ge=0, le=1, description="events dropped by the quarantine")
 
-    class Changed(project.Project):
+    class Changed(project.ProjectConfig):
         quality: Quality = Field(Quality(), description="bad input tolerated before checks fail")
 
     assert '| <code class="key">max_dropped_share</code> | number | `0.01` |' in reference.generate()
-    monkeypatch.setattr(reference, "Project", Changed)
+    monkeypatch.setattr(reference, "ProjectConfig", Changed)
     after = reference.generate()
     assert '| <code class="key">max_dropped_share</code> | number | `0.02` |' in after
     assert after != reference.REFERENCE.read_text()  # what the first test would catch
@@ -71,12 +71,12 @@ def _table(model) -> str:
     class Root(Strict):
         section: model = Field(description="the section")
 
-    original = reference.Project
+    original = reference.ProjectConfig
     try:
-        reference.Project = Root
+        reference.ProjectConfig = Root
         return reference.generate()
     finally:
-        reference.Project = original
+        reference.ProjectConfig = original
 
 
 def test_the_module_prints_the_reference(capsys):

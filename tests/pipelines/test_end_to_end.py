@@ -15,7 +15,7 @@ import pytest
 from habitus.models.nn.checkpoint import load_checkpoint
 from habitus.models.data.features import FeatureSpec
 from habitus.models.nn.profile import Profile, profile_shape
-from habitus.pipelines.cli import materialize_all
+from habitus.pipelines.run.runner import materialize_all
 from habitus.pipelines.run.report import report
 from habitus.pipelines.config.project import load_project
 from habitus.pipelines.definitions import build_definitions

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from habitus.pipelines.cli import main as cli
-from habitus.pipelines.cli import materialize_all
+from habitus.pipelines.run.runner import materialize_all
 from habitus.pipelines.config.project import load_project
 from habitus.pipelines.demo.data import generate_demo_warehouse
 from habitus.pipelines.init.profile import EventsVolume, profile_table

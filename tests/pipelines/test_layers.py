@@ -1,9 +1,9 @@
 """The layers of docs/ARCHITECTURE: pipelines → assets → resources → models, arrows pointing down
 only. Every import in the four packages, at module level or inside a function, is read with `ast`;
-one that reaches a package above its own fails the test with its file and line. Inside models/ the
-rooms have an order of their own (ROOMS, models/__init__.py), no module imports the project's
-own modules inside a function (but those in DEFERRED, each with its reason), and no module outside
-models/tasks/ compares a task type's name."""
+one that reaches a package above its own fails the test with its file and line. Inside models/,
+resources/ and pipelines/ the rooms have an order of their own (ROOMS, written down in each package's
+__init__.py); in models/ no module imports the project's own modules inside a function (but those in
+DEFERRED, each with its reason), and no module outside models/tasks/ compares a task type's name."""
 
 import ast
 import re
@@ -156,19 +156,33 @@ def test_the_task_registry_counts_as_importing_its_task_modules(tmp_path):
     assert import_circles(tmp_path) == [["models.tasks", "models.tasks.helpers", "models.tasks.toy"]]
 
 
-# ---------------------------------------------------------------------- the rooms of models/
+# ---------------------------------------------------------------------- the rooms of each package
 
-# bottom to top: a module imports its own room and the rooms below it (models/__init__.py says why)
-ROOMS = ["storage", "cache", "data", "nn", "tasks", "evaluate", "heads", "train", "serve", "explain"]
-# the project's own modules imported inside a function: (file, module) -> the reason it cannot be at the
-# top, which a comment at the import repeats (none today: third-party imports such as lightgbm may wait)
+# bottom to top: a module imports its own room and the rooms below it (each package's __init__.py says why).
+# The modules at the top of pipelines/ (cli.py, api.py, definitions.py: the ways in) stand above its rooms.
+ROOMS = {
+    "models": ["storage", "cache", "data", "nn", "tasks", "evaluate", "heads", "train", "serve", "explain"],
+    "resources": ["store", "warehouses", "training"],
+    "pipelines": ["config", "demo", "orchestration", "init", "run"],
+}
+# the project's own modules imported inside a function in models/: (file, module) -> the reason it cannot be
+# at the top, which a comment at the import repeats (none today: third-party imports such as lightgbm may wait)
 DEFERRED: dict[tuple[str, str], str] = {}
 
 
-def room_of(module: str) -> str | None:
-    """The room of a module of models/ ("models.heads.stacking" -> "heads"); None outside models/."""
-    parts = module.split(".")
-    return parts[1] if parts[0] == "models" and len(parts) > 1 and parts[1] in ROOMS else None
+def floor_of(parts: tuple[str, ...] | list[str]) -> tuple[str, int] | None:
+    """(package, floor) of a module given as its dotted parts or its path's parts: the index of its room,
+    or one above the last room for a module at the top of the package (None: not in a package with rooms)."""
+    rooms = ROOMS.get(parts[0]) if parts else None
+    if rooms is None or len(parts) < 2:
+        return None
+    room = parts[1].removesuffix(".py")
+    return parts[0], rooms.index(room) if room in rooms else len(rooms)
+
+
+def room_name(package: str, floor: int) -> str:
+    rooms = ROOMS[package]
+    return f"{package}/{rooms[floor]}/" if floor < len(rooms) else f"the top of {package}/"
 
 
 def function_imports(tree: ast.AST):
@@ -180,35 +194,41 @@ def function_imports(tree: ast.AST):
 
 
 def room_violations(root: Path = ROOT, deferred: dict = DEFERRED) -> list[str]:
-    """Imports inside models/ that point up the rooms, and the project's modules imported inside a
-    function where DEFERRED does not name the reason."""
+    """Imports that point up the rooms of their package, and in models/ the project's modules imported
+    inside a function where DEFERRED does not name the reason."""
     found = []
-    for path in sorted((root / "models").rglob("*.py")):
-        rel = path.relative_to(root)
-        room = rel.parts[1] if len(rel.parts) > 2 else None
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for line, module in imported_modules(tree):
-            target = room_of(module)
-            if room in ROOMS and target is not None and ROOMS.index(target) > ROOMS.index(room):
-                found.append(f"{rel}:{line}: models/{room}/ imports {module} ({target}/ is above it)")
-        for line, module in function_imports(tree):
-            if module.split(".")[0] in LAYERS and (str(rel), module) not in deferred:
-                found.append(f"{rel}:{line}: {module} imported inside a function")
+    for package in ROOMS:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root)
+            _, floor = floor_of(rel.parts) if len(rel.parts) > 2 else (package, len(ROOMS[package]))
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for line, module in imported_modules(tree):
+                target = floor_of(module.split("."))
+                if target is not None and target[0] == package and target[1] > floor:
+                    found.append(f"{rel}:{line}: {room_name(package, floor)} imports {module} "
+                                 f"({room_name(package, target[1])} is above it)")
+            if package != "models":
+                continue
+            for line, module in function_imports(tree):
+                if module.split(".")[0] in LAYERS and (str(rel), module) not in deferred:
+                    found.append(f"{rel}:{line}: {module} imported inside a function")
     return found
 
 
-def test_models_rooms_point_down_and_import_at_the_top():
+def test_rooms_point_down_and_models_import_at_the_top():
     found = room_violations()
-    assert not found, ("imports inside models/ that point up its rooms (" + " < ".join(ROOMS) + ") or sit "
+    orders = "; ".join(f"{p}/: " + " < ".join(r) for p, r in ROOMS.items())
+    assert not found, ("imports that point up their package's rooms (" + orders + ") or, in models/, sit "
                        "inside a function; move the code to the room it belongs in, or the import to the "
                        "top:\n  " + "\n  ".join(found))
 
 
-def test_the_rooms_are_the_folders_of_models():
-    folders = sorted(p.name for p in (ROOT / "models").iterdir() if (p / "__init__.py").exists())
-    assert folders == sorted(ROOMS)
-    order = (ROOT / "models" / "__init__.py").read_text()
-    assert " < ".join(ROOMS) in order  # the order written down where a reader of models/ looks first
+def test_the_rooms_are_the_folders_of_each_package():
+    for package, rooms in ROOMS.items():
+        folders = sorted(p.name for p in (ROOT / package).iterdir() if (p / "__init__.py").exists())
+        assert folders == sorted(rooms), package
+        order = (ROOT / package / "__init__.py").read_text()
+        assert " < ".join(rooms) in order, package  # written down where a reader of the package looks first
 
 
 def test_an_upward_room_import_and_a_deferred_import_are_named(tmp_path):
@@ -216,10 +236,29 @@ def test_an_upward_room_import_and_a_deferred_import_are_named(tmp_path):
                        "models/heads/stacking.py": "def fit():\n    import lightgbm\n    from habitus.models.tasks import task\n"})
     assert room_violations(tmp_path) == [
         "models/heads/stacking.py:3: models.tasks imported inside a function",
-        "models/tasks/binary.py:3: models/tasks/ imports models.heads.stacking (heads/ is above it)"]
+        "models/tasks/binary.py:3: models/tasks/ imports models.heads.stacking (models/heads/ is above it)"]
     allowed = {("models/heads/stacking.py", "models.tasks"): "(the reason)"}
     assert room_violations(tmp_path, allowed) == [
-        "models/tasks/binary.py:3: models/tasks/ imports models.heads.stacking (heads/ is above it)"]
+        "models/tasks/binary.py:3: models/tasks/ imports models.heads.stacking (models/heads/ is above it)"]
+
+
+def test_the_rooms_of_pipelines_and_resources_are_enforced(tmp_path):
+    planted(tmp_path, {
+        # the ways in stand on top: they may import every room
+        "pipelines/cli.py": "from habitus.pipelines.run.runner import materialize_all\n",
+        "pipelines/api.py": "from habitus.pipelines.config.project import load_project\n",
+        # a room importing a way in, or a room above it (inside a function too)
+        "pipelines/run/runner.py": "from habitus.pipelines.orchestration.build import build_assets\n\n\n"
+                                   "def f():\n    from habitus.pipelines.cli import main\n",
+        "pipelines/config/project.py": "from habitus.pipelines.run import report\n",
+        "pipelines/orchestration/jobs.py": "import dagster\n\nfrom habitus.pipelines.config.project import x\n",
+        "resources/store/workspace.py": "from habitus.resources.warehouses.duckdb import DuckDBWarehouse\n",
+        "resources/training/executor.py": "from habitus.resources.store.space import ensure_space\n"})
+    assert room_violations(tmp_path) == [
+        "resources/store/workspace.py:1: resources/store/ imports resources.warehouses.duckdb "
+        "(resources/warehouses/ is above it)",
+        "pipelines/config/project.py:1: pipelines/config/ imports pipelines.run (pipelines/run/ is above it)",
+        "pipelines/run/runner.py:5: pipelines/run/ imports pipelines.cli (the top of pipelines/ is above it)"]
 
 
 # ---------------------------------------------------------------------- task types own their decisions

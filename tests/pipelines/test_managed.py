@@ -14,7 +14,7 @@ from habitus.pipelines.cli import main
 from habitus.pipelines.config.project import ConfigError, load_project
 from habitus.pipelines.orchestration.build import build_resources
 from habitus.pipelines.demo.data import generate_demo_warehouse
-from habitus.pipelines.run.managed import with_executor
+from habitus.pipelines.config.operations import with_executor
 
 CHURN = {"task": "binary", "target": {"no_event": "purchases", "within": "14d"}, "epochs": 1}
 
