@@ -70,11 +70,12 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
         model, task, (data.kept.get((s, lo, hi, c)) for s, lo, hi in data.plan for c in train_cutoffs), data.val,
         str(dev), log) if cfg.second_stage else None
     data.kept.close()
+    new_items = task_of(task).fit_new_items(model, task, cache, val_cutoff, log)  # (recommendation: the item map)
     rows = int(sum_over_ranks([rows], dist)[0]) if dist.enabled else rows
     info = {"best_epoch": best[2] + 1, "soup_epochs": [e + 1 for e in soup], "seconds": round(time.time() - started, 2),
             "rows_seen": rows, "train_cutoffs": [iso(c) for c in train_cutoffs], "val_cutoff": iso(val_cutoff),
             "val_rows": int(data.n_val), "val_chunk_stride": validation.stride, "head_start": start,
-            **({"second_stage": second} if second else {}),
+            **({"second_stage": second} if second else {}), **({"new_items": new_items} if new_items else {}),
             "val_target_mean": float(np.mean(data.y_mean)) if data.n_val else 0.0,
             "device": str(dev), **processes_info(dist),
             **({"sampled_negatives": validation.train_negatives} if validation.train_negatives else {})}
@@ -117,6 +118,7 @@ def fixed_recipe(model: Model, opt, task: TaskSpec, spec: FeatureSpec, cfg: Fine
                            for k, v in chosen[0].items()})
     model.eval()
     data.kept.close()
+    task_of(task).fit_new_items(model, task, cache, max(train_cutoffs), log)
     info = {"epochs": epochs, "soup_epochs": list(fixed.soup), "head_start": fixed.start,
             "seconds": round(time.time() - started, 2), "rows_seen": int(rows),
             "train_cutoffs": [iso(c) for c in train_cutoffs],
