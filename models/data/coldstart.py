@@ -131,11 +131,13 @@ def encode(cache, spec: dict, ids: np.ndarray, profile: dict) -> np.ndarray:
     return np.concatenate(parts, 1) if parts else np.zeros((n, 0), np.float32)
 
 
-def fit_item_map(cache, column: str, labels: tuple[int, ...], embeddings: np.ndarray, cutoff: int
-                 ) -> tuple[dict, np.ndarray, dict]:
+def fit_item_map(cache, column: str, labels: tuple[int, ...], embeddings: np.ndarray, cutoff: int,
+                 start: np.ndarray | None = None) -> tuple[dict, np.ndarray, dict]:
     """(attribute spec, map [features + 1, dim], what was measured) from the catalog `labels` (vocabulary
     ids of `column`, in head order) and their trained `embeddings` [labels, dim]: a ridge regression
-    on the items with at least MIN_EVENTS events by `cutoff`, its penalty chosen on one item in HELD."""
+    on the items with at least MIN_EVENTS events by `cutoff`, its penalty chosen on one item in HELD.
+    `start`: the embeddings before training (random): the map learns what training moved them by, not
+    the random start, which no attribute predicts (and which a new item does not have)."""
     ids = np.asarray(labels, np.int64)
     order = np.argsort(ids, kind="stable")
     profile = item_profile(cache, column, ids[order], cutoff)
@@ -145,7 +147,7 @@ def fit_item_map(cache, column: str, labels: tuple[int, ...], embeddings: np.nda
     spec = attribute_spec(cache, column, profile)
     x = encode(cache, spec, ids, profile).astype(np.float64)
     train = profile["events"] >= MIN_EVENTS
-    y = embeddings.astype(np.float64)
+    y = embeddings.astype(np.float64) - (0.0 if start is None else start)
     if train.sum() < 2 * HELD:  # too few items to learn from: the known items' mean embedding
         w = np.zeros((x.shape[1] + 1, y.shape[1]))
         w[-1] = y[train].mean(0) if train.any() else y.mean(0)

@@ -42,6 +42,8 @@ class Recommendation(Task):
         return (item_popularity(cache, target, cutoff),)
 
     def init_head(self, model, spec, features, val, y_mean, n_val, extra) -> None:
+        # the item embeddings' random start: what training moved them by is what the item map learns
+        model.head.start_items = model.head.items.weight.detach().clone()
         # popularity breaks ties among what the entity already buys
         model.head.popularity.weight.zero_()
         model.head.popularity.weight[0, -1] = POPULARITY_INIT
@@ -61,8 +63,11 @@ class Recommendation(Task):
     def fit_new_items(self, model, spec, cache, cutoff, log):
         if spec.target.function or not spec.target.labels:
             return None
+        start = getattr(model.head, "start_items", None)
         item_spec, weight, info = fit_item_map(cache, spec.target.column, spec.target.labels,
-                                               model.head.items.weight.detach().float().cpu().numpy(), cutoff)
+                                               model.head.items.weight.detach().float().cpu().numpy(), cutoff,
+                                               None if start is None else start.float().cpu().numpy())
+        model.head.start_items = None
         model.head.set_item_map(spec_bytes(item_spec), torch.from_numpy(weight).to(model.head.items.weight.device))
         log(f"recommendation new items: embeddings mapped from {info['features']} attribute features "
             f"(fitted on {info['items']:,} items)")
