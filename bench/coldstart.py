@@ -22,6 +22,9 @@ the new items the entity buys), for:
                    category column of the dataset), 30-day popularity breaking ties
   (b0) popularity  30-day popularity alone
   (c) trained      the full world's model: the same items' trained embeddings
+  (c') the full world's model with those items' embeddings replaced by its own item map's (fitted
+                   on every item, the hidden ones included): what their history gives without
+                   their trained embeddings
 and, over the whole catalog, the share of those entities whose served top 10 holds a hidden item
 they buy ("served HR@10"). Intervals: paired bootstrap over the entities (1,000 resamples) of each
 arm's difference to (a).
@@ -50,7 +53,7 @@ from quality import dataset_spec  # noqa: E402
 
 from habitus.models.cache import Cache, build_cache  # noqa: E402
 from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan  # noqa: E402
-from habitus.models.data.coldstart import item_profile  # noqa: E402
+from habitus.models.data.coldstart import encode, item_profile  # noqa: E402
 from habitus.models.data.features import DAY, FeatureSpec, chunk_at  # noqa: E402
 from habitus.models.data.items import SparseRows, batch_history  # noqa: E402
 from habitus.models.data.labels import item_popularity, recent_popularity, task_inputs  # noqa: E402
@@ -116,7 +119,8 @@ def train_world(spec, folder: Path, split: int, hidden: set | None, items: str, 
     result = finetune(cache1, foundation.model.state_dict(), foundation.info, task, list(plan.train_cutoffs),
                       plan.val_cutoff, FinetuneConfig(epochs=EPOCHS), log=lambda m: log(f"  {m}") if "new items" in m
                       or "re-ranking" in m else None)
-    log(f"  trained in {time.time() - t0:.0f}s; item map {result.info.get('new_items')}")
+    log(f"  trained in {time.time() - t0:.0f}s (soup of epochs {result.info['soup_epochs']}, 0: the start); "
+        f"item map {result.info.get('new_items')}")
     grown = type(first)(spec.entity, [type(events)(events.name, [before, after], events.columns, events.timestamp)],
                         spec.entity_attributes, spec.attributes)
     cache2 = Cache(build_cache(grown, folder / "cache", previous=cache1.path, log=lambda _: None))
@@ -226,6 +230,17 @@ def run(dataset: str, customers: int, share: float, seed: int, log=print) -> dic
         back = np.empty_like(order_f)
         back[order_f] = np.arange(len(order_f))
         arms["(c) trained embeddings (no hiding)"] = trained[:, back]
+        # the full world with the hidden items' embeddings replaced by its own map's: what history alone gives
+        full_cache = worlds["full"][0]
+        fspec_, fweight = full_model.head.item_map_of
+        ids_f = np.asarray(f["task"].target.labels, np.int64)[cand_f[order_f]]
+        prof_f = item_profile(full_cache, items, ids_f, test_cutoff)
+        x_f = encode(full_cache, fspec_, ids_f, prof_f)
+        weight = full_model.head.items.weight
+        kept = weight.data[torch.from_numpy(cand_f[order_f])].clone()
+        weight.data[torch.from_numpy(cand_f[order_f])] = torch.from_numpy(x_f @ fweight[:-1].numpy() + fweight[-1].numpy())
+        arms["(c') no hiding, mapped embeddings"] = model_scores(full_model, f, rows_f, cand_f[order_f])[:, back]
+        weight.data[torch.from_numpy(cand_f[order_f])] = kept
         per_arm = {a: metrics_at(s, relevant) for a, s in arms.items()}
         # the served ranking over the whole catalog: a hidden item bought in the entity's top 10
         served = {}

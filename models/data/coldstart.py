@@ -105,30 +105,34 @@ def attribute_spec(cache, column: str, profile: dict) -> dict:
     return spec
 
 
-def encode(cache, spec: dict, ids: np.ndarray, profile: dict) -> np.ndarray:
-    """[items, features] float32 attribute encoding of the items `ids` (the order of `profile`)."""
+def encode(cache, spec: dict, ids: np.ndarray, profile: dict):
+    """[items, features] sparse (CSR, float32) attribute encoding of the items `ids` (the order of
+    `profile`): a few entries per item, so a catalog of a million items is a few million numbers."""
+    import scipy.sparse as sp
+
     n, parts = len(ids), []
+    rows = np.arange(n)
+
+    def one_hot(slot, width):
+        return sp.csr_matrix((np.ones(n, np.float32), (rows, slot)), shape=(n, width))
+
     for c, kept in spec["categorical"].items():
-        value = profile["modes"][c][0]
+        value, kept = profile["modes"][c][0], np.asarray(kept, np.int64)
         slot = np.searchsorted(kept, value).clip(max=len(kept) - 1)
-        slot = np.where(np.asarray(kept)[slot] == value, slot, len(kept))  # not among the kept: "other"
-        one = np.zeros((n, len(kept) + 1), np.float32)
-        one[np.arange(n), slot] = 1.0
-        parts.append(one)
+        parts.append(one_hot(np.where(kept[slot] == value, slot, len(kept)), len(kept) + 1))  # else: "other"
     for c, s in spec["numeric"].items():
         mean = profile["means"][c]
         ok = np.isfinite(mean)
-        tier = np.zeros((n, len(s["edges"]) + 2), np.float32)
-        tier[np.arange(n), np.where(ok, np.searchsorted(s["edges"], np.nan_to_num(mean)), len(s["edges"]) + 1)] = 1.0
-        z = np.where(ok, (np.nan_to_num(mean) - s["mean"]) / s["std"], 0.0).astype(np.float32)
-        parts += [tier, z[:, None]]
+        edges = np.asarray(s["edges"])
+        parts.append(one_hot(np.where(ok, np.searchsorted(edges, np.nan_to_num(mean)), len(edges) + 1), len(edges) + 2))
+        parts.append(sp.csr_matrix(np.where(ok, (np.nan_to_num(mean) - s["mean"]) / s["std"], 0.0)
+                                   .astype(np.float32)[:, None]))
     if spec["text"]:
         from habitus.models.data.text import text_vectors
 
         for c in spec["text"]:
-            value = ids if c == spec["column"] else profile["modes"][c][0]
-            parts.append(text_vectors(cache, c, value))
-    return np.concatenate(parts, 1) if parts else np.zeros((n, 0), np.float32)
+            parts.append(sp.csr_matrix(text_vectors(cache, c, ids if c == spec["column"] else profile["modes"][c][0])))
+    return sp.hstack(parts, format="csr", dtype=np.float32) if parts else sp.csr_matrix((n, 0), dtype=np.float32)
 
 
 def fit_item_map(cache, column: str, labels: tuple[int, ...], embeddings: np.ndarray, cutoff: int,
@@ -145,37 +149,50 @@ def fit_item_map(cache, column: str, labels: tuple[int, ...], embeddings: np.nda
     back[order] = np.arange(len(order))
     profile = _take(profile, back)  # head order
     spec = attribute_spec(cache, column, profile)
-    x = encode(cache, spec, ids, profile).astype(np.float64)
+    x = encode(cache, spec, ids, profile)
     train = profile["events"] >= MIN_EVENTS
     y = embeddings.astype(np.float64) - (0.0 if start is None else start)
+    info = {"items": int(train.sum()), "features": int(x.shape[1]),
+            "columns": {k: sorted(spec[k]) for k in ("categorical", "numeric", "text")}}
     if train.sum() < 2 * HELD:  # too few items to learn from: the known items' mean embedding
         w = np.zeros((x.shape[1] + 1, y.shape[1]))
         w[-1] = y[train].mean(0) if train.any() else y.mean(0)
-        return spec, w.astype(np.float32), {"items": int(train.sum()), "features": int(x.shape[1])}
+        return spec, w.astype(np.float32), info
     held = train & (ids % HELD == 0)
     fit = train & ~held
     best, scores = ALPHAS[0], {}
     if held.any() and fit.sum() > 1 and x.shape[1]:
+        path = _ridge_path(x[fit], y[fit])
         for alpha in ALPHAS:
-            w = _ridge(x[fit], y[fit], alpha)
+            w = path(alpha)
             scores[alpha] = float(((x[held] @ w[:-1] + w[-1] - y[held]) ** 2).sum(1).mean())
         best = min(scores, key=scores.get)
-    w = _ridge(x[train], y[train], best)
-    base = float(((y[held] - y[fit].mean(0)) ** 2).sum(1).mean()) if held.any() else float("nan")
-    return spec, w.astype(np.float32), {"items": int(train.sum()), "features": int(x.shape[1]), "alpha": best,
-                                        "held_mse": scores.get(best, float("nan")), "held_mse_mean_embedding": base,
-                                        "columns": {k: sorted(spec[k]) for k in ("categorical", "numeric", "text")}}
+    w = _ridge_path(x[train], y[train])(best)
+    info.update(alpha=best, held_mse=scores.get(best, float("nan")),
+                held_mse_mean_embedding=float(((y[held] - y[fit].mean(0)) ** 2).sum(1).mean()) if held.any()
+                else float("nan"))
+    return spec, w.astype(np.float32), info
 
 
-def _ridge(x: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
-    """[features + 1, dim]: weights, then the intercept; the penalty scaled by the mean feature variance."""
-    mx, my = x.mean(0), y.mean(0)
-    xc = x - mx
-    gram = xc.T @ xc
-    scale = max(float(np.trace(gram)) / max(x.shape[1], 1), 1e-9)
-    b = np.linalg.solve(gram + alpha * scale * np.eye(x.shape[1]), xc.T @ (y - my)) if x.shape[1] else \
-        np.zeros((0, y.shape[1]))
-    return np.vstack([b, my - mx @ b])
+def _ridge_path(x, y: np.ndarray):
+    """alpha -> [features + 1, dim] (weights, then the intercept) of the ridge regression of y on the
+    sparse x, centered without densifying x; the penalty is alpha x the mean feature variance. One
+    eigendecomposition of the [features, features] Gram matrix serves every alpha."""
+    n = x.shape[0]
+    mx, my = np.asarray(x.mean(0)).ravel(), y.mean(0)
+    if not x.shape[1]:
+        return lambda alpha: np.vstack([np.zeros((0, y.shape[1])), my])
+    gram = np.asarray((x.T @ x).todense(), np.float64) - n * np.outer(mx, mx)
+    xty = np.asarray(x.T @ y) - n * np.outer(mx, my)
+    scale = max(float(np.trace(gram)) / x.shape[1], 1e-9)
+    s, v = np.linalg.eigh(gram)
+    proj = v.T @ xty
+
+    def solve(alpha: float) -> np.ndarray:
+        b = v @ (proj / (np.clip(s, 0, None) + alpha * scale)[:, None])
+        return np.vstack([b, my - mx @ b])
+
+    return solve
 
 
 def _take(profile: dict, index: np.ndarray) -> dict:
@@ -196,7 +213,7 @@ def new_item_embeddings(cache, spec: dict, weight: np.ndarray, n_known: int, cut
     seen = profile["events"] > 0
     ids, profile = ids[seen], _take(profile, np.flatnonzero(seen))
     x = encode(cache, spec, ids, profile)
-    return ids, (x @ weight[:-1] + weight[-1]).astype(np.float32)
+    return ids, np.asarray(x @ weight[:-1] + weight[-1], np.float32)
 
 
 def spec_bytes(spec: dict) -> str:

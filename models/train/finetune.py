@@ -55,8 +55,10 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     validation = Validation.of(task, cfg, data, dev)
     opt = optimizer(model, cfg, dev)
     if fixed is not None:
-        return fixed_recipe(model, opt, task, spec, cfg, data, validation, train_cutoffs, foundation_state, fixed,
-                            order, rng, dist, log, started, resume)
+        refit = fixed_recipe(model, opt, task, spec, cfg, data, validation, train_cutoffs, foundation_state, fixed,
+                             order, rng, dist, log, started, resume)
+        task_of(task).fit_new_items(refit.model, task, cache, max(train_cutoffs), log)
+        return refit
     best, start = choose_start(model, task, spec, data, validation, train_cutoffs, foundation_state,
                                use_forecast=cfg.foundation_start and not from_scratch, log=log)
     curves, rows, best, snapshots = train_epochs(model, opt, task, cfg, data, validation, train_cutoffs, best, order,
@@ -118,7 +120,6 @@ def fixed_recipe(model: Model, opt, task: TaskSpec, spec: FeatureSpec, cfg: Fine
                            for k, v in chosen[0].items()})
     model.eval()
     data.kept.close()
-    task_of(task).fit_new_items(model, task, cache, max(train_cutoffs), log)
     info = {"epochs": epochs, "soup_epochs": list(fixed.soup), "head_start": fixed.start,
             "seconds": round(time.time() - started, 2), "rows_seen": int(rows),
             "train_cutoffs": [iso(c) for c in train_cutoffs],
