@@ -27,7 +27,7 @@ PURITY = 0.9  # a column describes an item where the item's most frequent value 
 MAX_VALUES = 1_024  # one-hot slots per categorical column (its most common values; the rest share one)
 TIERS = 8  # quantile tiers of a numeric column's per-item mean
 MIN_EVENTS = 5  # known items with fewer events do not train the map (their embeddings barely moved from the start)
-ALPHAS = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)  # ridge penalties (x the mean feature variance) chosen on held-out items
+ALPHAS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)  # ridge penalties (x the mean feature variance) chosen on held-out items
 HELD = 5  # one known item in HELD (by id) chooses the penalty
 
 

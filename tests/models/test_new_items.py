@@ -83,6 +83,13 @@ def test_items_first_seen_after_training_are_ranked_by_the_next_daily_prediction
     vocab = after.vocab("product_id").to_pydict()
     new_ids = {v: i for v, i in zip(vocab["value"], vocab["id"]) if v.startswith("n")}
     assert sorted(new_ids.values()) == [known + 1, known + 2]
+    # their events carry their category (the attributes table, through the appended lookup): a propensity
+    # over categories counts them at once
+    cats = after.vocab("category").to_pydict()
+    rows = [after.shard(s) for s in range(after.shard_count)]
+    of_new = np.concatenate([np.isin(r.columns["product_id"], list(new_ids.values())) for r in rows])
+    category = np.concatenate([r.columns["category"] for r in rows])
+    assert of_new.sum() > 50 and set(category[of_new]) == {cats["id"][cats["value"].index("cat0")]}
 
     # a checkpoint's round trip: the item map travels in the head's state
     loaded, spec, saved_task = load_model(model.state_dict(), {"feature_spec": foundation.info["feature_spec"],
