@@ -60,7 +60,6 @@ from habitus.models.data.labels import item_popularity, recent_popularity, task_
 from habitus.models.data.targets import TargetSpec  # noqa: E402
 from habitus.models.evaluate.holdout import protocol  # noqa: E402
 from habitus.models.tasks import task as task_of  # noqa: E402
-from habitus.models.tasks.metrics import ranking_metrics_at  # noqa: E402
 from habitus.models.tasks.recommendation import rank_items  # noqa: E402
 from habitus.models.tasks.spec import TaskSpec  # noqa: E402
 from habitus.models.train.config import TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig  # noqa: E402

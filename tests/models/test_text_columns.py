@@ -6,7 +6,7 @@ import filecmp
 import numpy as np
 import pytest
 
-from habitus.models.cache import Cache, CacheError, TableInput, build_cache
+from habitus.models.cache import Cache, CacheError, build_cache
 from habitus.models.data.coldstart import fit_item_map, new_item_embeddings
 from habitus.models.data.text import TEXT_WIDTH, encoder_path, fit_encoder, text_vectors, transform
 
