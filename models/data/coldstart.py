@@ -1,9 +1,10 @@
 """Items first seen after a recommendation scenario was trained: an embedding from what an item has
 on its first day, in the space of the trained item embeddings.
 
-At training, a ridge regression is fitted from each known item's attributes to its learned embedding
-(the item head's `items` rows), and saved with the head (`ItemHead.set_item_map`). The attributes
-are what the cache holds about an item whatever its age:
+At training, a ridge regression is fitted from each known item's attributes to what training moved
+its embedding by (the item head's `items` row less its random start: the start is noise no attribute
+predicts, some 25 times the movement in mean square on Ta-Feng), and saved with the head
+(`ItemHead.set_item_map`). The attributes are what the cache holds about an item whatever its age:
 
 - every categorical event column an item determines (its most frequent value covers at least
   `PURITY` of the item's events, over the catalog): a category, a brand, a subclass, a store, also
