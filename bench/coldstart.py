@@ -16,7 +16,8 @@ same items' trained embeddings, the upper reference).
 Measured on the entities whose test window holds a hidden item, over the catalog of the hidden items
 that sold between the split and the cut-off (new items' HR@10 / NDCG@10 among new items: which of
 the new items the entity buys), for:
-  (a) mapped       the hidden world's model, new items scored with the mapped embedding
+  (a) mapped       the hidden world's model, new items scored with the item map as served: the
+                   attributes' embedding or, where validation chose it, the map's intercept alone
   (a0) mean        the same model, every new item given the map's intercept (no attributes)
   (b) popularity within category: the entity's decayed count in the item's category (the
                    category column of the dataset), 30-day popularity breaking ties

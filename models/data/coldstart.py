@@ -23,6 +23,7 @@ bincounts, and the map is [features, dim]: nothing grows as entities x catalog.
 import json
 
 import numpy as np
+import torch
 
 PURITY = 0.9  # a column describes an item where the item's most frequent value covers this share of its events
 MAX_VALUES = 1_024  # one-hot slots per categorical column (its most common values; the rest share one)
@@ -137,12 +138,15 @@ def encode(cache, spec: dict, ids: np.ndarray, profile: dict):
 
 
 def fit_item_map(cache, column: str, labels: tuple[int, ...], embeddings: np.ndarray, cutoff: int,
-                 start: np.ndarray | None = None) -> tuple[dict, np.ndarray, dict]:
-    """(attribute spec, map [features + 1, dim], what was measured) from the catalog `labels` (vocabulary
-    ids of `column`, in head order) and their trained `embeddings` [labels, dim]: a ridge regression
-    on the items with at least MIN_EVENTS events by `cutoff`, its penalty chosen on one item in HELD.
-    `start`: the embeddings before training (random): the map learns what training moved them by, not
-    the random start, which no attribute predicts (and which a new item does not have)."""
+                 start: np.ndarray | None = None) -> tuple[dict, np.ndarray, dict, dict | None]:
+    """(attribute spec, map [features + 1, dim], what was measured, the held-out items) from the
+    catalog `labels` (vocabulary ids of `column`, in head order) and their trained `embeddings`
+    [labels, dim]: a ridge regression on the items with at least MIN_EVENTS events by `cutoff`, its
+    penalty chosen on one item in HELD. `start`: the embeddings before training (random): the map
+    learns what training moved them by, not the random start, which no attribute predicts (and which
+    a new item does not have). The held-out items, as new items would be scored by the map fitted
+    without them: {"positions": their head positions, "mapped": [held, dim], "intercept": [dim]}
+    (None where there are none): what chooses between the map and its intercept alone."""
     ids = np.asarray(labels, np.int64)
     order = np.argsort(ids, kind="stable")
     profile = item_profile(cache, column, ids[order], cutoff)
@@ -158,21 +162,24 @@ def fit_item_map(cache, column: str, labels: tuple[int, ...], embeddings: np.nda
     if train.sum() < 2 * HELD:  # too few items to learn from: the known items' mean embedding
         w = np.zeros((x.shape[1] + 1, y.shape[1]))
         w[-1] = y[train].mean(0) if train.any() else y.mean(0)
-        return spec, w.astype(np.float32), info
+        return spec, w.astype(np.float32), info, None
     held = train & (ids % HELD == 0)
     fit = train & ~held
-    best, scores = ALPHAS[0], {}
+    best, scores, out = ALPHAS[0], {}, None
     if held.any() and fit.sum() > 1 and x.shape[1]:
         path = _ridge_path(x[fit], y[fit])
         for alpha in ALPHAS:
             w = path(alpha)
             scores[alpha] = float(((x[held] @ w[:-1] + w[-1] - y[held]) ** 2).sum(1).mean())
         best = min(scores, key=scores.get)
+        w = path(best)
+        out = {"positions": np.flatnonzero(held), "mapped": np.asarray(x[held] @ w[:-1] + w[-1], np.float32),
+               "intercept": w[-1].astype(np.float32)}
     w = _ridge_path(x[train], y[train])(best)
     info.update(alpha=best, held_mse=scores.get(best, float("nan")),
                 held_mse_mean_embedding=float(((y[held] - y[fit].mean(0)) ** 2).sum(1).mean()) if held.any()
                 else float("nan"))
-    return spec, w.astype(np.float32), info
+    return spec, w.astype(np.float32), info, out
 
 
 def _ridge_path(x, y: np.ndarray):
@@ -215,6 +222,41 @@ def new_item_embeddings(cache, spec: dict, weight: np.ndarray, n_known: int, cut
     ids, profile = ids[seen], _take(profile, np.flatnonzero(seen))
     x = encode(cache, spec, ids, profile)
     return ids, np.asarray(x @ weight[:-1] + weight[-1], np.float32)
+
+
+@torch.no_grad()
+def held_out_ndcg(model, held: dict, val, k: int) -> dict:
+    """NDCG@k among the held-out items (fit_item_map's `held`) of the validation entities that bought
+    one, each item scored as a new one would be (no history of it, its popularity at the cut-off):
+    with the mapped embedding and with the map's intercept alone. `val`: (x, history, bought,
+    popularity) chunks. Returns both and the one chosen ("attributes" where it is higher)."""
+    from habitus.models.tasks.metrics import ranking_metrics_at
+
+    head, dev = model.head, model.head.items.weight.device
+    cand = np.sort(held["positions"])
+    order = np.argsort(held["positions"])
+    arms = {"attributes": torch.from_numpy(held["mapped"][order]).to(dev),
+            "intercept": torch.from_numpy(np.broadcast_to(held["intercept"], held["mapped"].shape).copy()).to(dev)}
+    sums, n = dict.fromkeys(arms, 0.0), 0
+    for x, _, y, pop, *_ in val:
+        pos = np.searchsorted(cand, y.cols).clip(max=len(cand) - 1)
+        inside = cand[pos] == y.cols
+        rows = np.unique(y.rows[inside])
+        if not len(rows):
+            continue
+        local = np.searchsorted(rows, y.rows[inside])
+        h = model.trunk(torch.from_numpy(x[rows]).to(dev))
+        query, bias = head.query(h), head.popularity(torch.from_numpy(pop[cand]).to(dev)).squeeze(-1)
+        for arm, emb in arms.items():
+            scores = (query @ emb.to(query.dtype).T + bias).float().cpu().numpy()
+            top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+            sums[arm] += ranking_metrics_at(top, local, pos[inside], k)[f"ndcg@{k}"] * len(rows)
+        n += len(rows)
+    if not n:
+        return {}
+    out = {f"held_ndcg@{k}_{arm}": sums[arm] / n for arm in arms}
+    return {**out, "held_entities": n,
+            "chosen": "attributes" if out[f"held_ndcg@{k}_attributes"] > out[f"held_ndcg@{k}_intercept"] else "intercept"}
 
 
 def spec_bytes(spec: dict) -> str:

@@ -118,9 +118,10 @@ class Task:
         was measured, or None where the task has none."""
         return None
 
-    def fit_new_items(self, model: Model, spec, cache, cutoff: int, log) -> dict | None:
+    def fit_new_items(self, model: Model, spec, cache, cutoff: int, log, val=None) -> dict | None:
         """After training: what scores labels first seen after it (recommendation: the item map of
-        models/data/coldstart.py, saved with the head). Returns what was measured, or None."""
+        models/data/coldstart.py, saved with the head, chosen on the validation chunks `val`).
+        Returns what was measured, or None."""
         return None
 
     def with_new_items(self, model: Model, spec, cache, cutoff: int):

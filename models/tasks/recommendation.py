@@ -7,7 +7,7 @@ import math
 import numpy as np
 import torch
 
-from habitus.models.data.coldstart import fit_item_map, new_item_embeddings, spec_bytes
+from habitus.models.data.coldstart import fit_item_map, held_out_ndcg, new_item_embeddings, spec_bytes
 from habitus.models.data.items import SparseRows, batch_history, candidates, sampled_softmax_loss, top_k_items
 from habitus.models.data.labels import POPULARITY_DAYS, item_popularity, recent_popularity
 from habitus.models.data.targets import TargetSpec
@@ -60,17 +60,22 @@ class Recommendation(Task):
 
         return fit_reranker(model.head, retrieve, train, val, spec.k, log=log)
 
-    def fit_new_items(self, model, spec, cache, cutoff, log):
+    def fit_new_items(self, model, spec, cache, cutoff, log, val=None):
         if spec.target.function or not spec.target.labels:
             return None
         start = getattr(model.head, "start_items", None)
-        item_spec, weight, info = fit_item_map(cache, spec.target.column, spec.target.labels,
-                                               model.head.items.weight.detach().float().cpu().numpy(), cutoff,
-                                               None if start is None else start.float().cpu().numpy())
+        item_spec, weight, info, held = fit_item_map(cache, spec.target.column, spec.target.labels,
+                                                     model.head.items.weight.detach().float().cpu().numpy(), cutoff,
+                                                     None if start is None else start.float().cpu().numpy())
         model.head.start_items = None
+        if held is not None and val is not None:  # the attributes, or the intercept alone: chosen on validation
+            info.update(held_out_ndcg(model, held, val, spec.k))
+            if info["chosen"] == "intercept":
+                weight[:-1] = 0.0
         model.head.set_item_map(spec_bytes(item_spec), torch.from_numpy(weight).to(model.head.items.weight.device))
         log(f"recommendation new items: embeddings mapped from {info['features']} attribute features "
-            f"(fitted on {info['items']:,} items)")
+            f"(fitted on {info['items']:,} items; on validation, held-out items ranked as new: "
+            f"{info.get('chosen', 'attributes')})")
         return info
 
     def with_new_items(self, model, spec, cache, cutoff):

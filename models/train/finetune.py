@@ -72,7 +72,8 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
         model, task, (data.kept.get((s, lo, hi, c)) for s, lo, hi in data.plan for c in train_cutoffs), data.val,
         str(dev), log) if cfg.second_stage else None
     data.kept.close()
-    new_items = task_of(task).fit_new_items(model, task, cache, val_cutoff, log)  # (recommendation: the item map)
+    # (recommendation: the item map, chosen on validation)
+    new_items = task_of(task).fit_new_items(model, task, cache, val_cutoff, log, data.val)
     rows = int(sum_over_ranks([rows], dist)[0]) if dist.enabled else rows
     info = {"best_epoch": best[2] + 1, "soup_epochs": [e + 1 for e in soup], "seconds": round(time.time() - started, 2),
             "rows_seen": rows, "train_cutoffs": [iso(c) for c in train_cutoffs], "val_cutoff": iso(val_cutoff),

@@ -74,6 +74,11 @@ def test_items_first_seen_after_training_are_ranked_by_the_next_daily_prediction
     assert result.info["new_items"]["columns"]["categorical"] == ["category"]  # price: numeric, too
     assert any("new items" in m for m in said)
     model = result.model
+    # the attributes, or every new item the map's intercept: chosen on validation, held-out items ranked as new
+    fitted = result.info["new_items"]
+    assert fitted["held_entities"] > 0
+    assert (fitted["chosen"] == "attributes") == (fitted["held_ndcg@3_attributes"] > fitted["held_ndcg@3_intercept"])
+    assert bool((model.head.item_map_of[1][:-1] == 0).all()) == (fitted["chosen"] == "intercept")
 
     # the days they sell are appended: the new products get the next ids, nothing collides
     after = Cache(build_cache(sources.spec(sources.events(files["before"], files["after"], columns=columns),
@@ -125,7 +130,7 @@ def test_the_item_map_reads_a_category_into_the_embedding_space(sources):
     rng = np.random.default_rng(1)
     centers = rng.normal(size=(CATEGORIES, 8))
     emb = np.stack([centers[cat[i]] + 0.05 * rng.normal(size=8) for i in labels]).astype(np.float32)
-    spec, weight, info = fit_item_map(cache, "product_id", labels, emb, sources.at(SPAN))
+    spec, weight, info, _ = fit_item_map(cache, "product_id", labels, emb, sources.at(SPAN))
     assert "category" in spec["categorical"] and info["held_mse"] < 0.1 * info["held_mse_mean_embedding"]
 
     ids, mapped = new_item_embeddings(cache, spec, weight, len(labels) - 2, sources.at(SPAN))  # the last two as new

@@ -85,7 +85,7 @@ def test_the_item_map_reads_a_products_name(sources):
     labels = tuple(range(1, len(vocab) - 1))  # the last two are not in the trained catalog
     center = {"milk": np.full(8, 1.0), "dog": np.full(8, -1.0)}
     emb = np.stack([center["dog" if "dog" in vocab[i - 1] else "milk"] + 0.1 * rng.normal(size=8) for i in labels])
-    spec, weight, info = fit_item_map(cache, "product", labels, emb.astype(np.float32), sources.at(61))
+    spec, weight, info, _ = fit_item_map(cache, "product", labels, emb.astype(np.float32), sources.at(61))
     assert "product_name" in spec["text"] and "product_name" not in spec["categorical"]
     # the two new products: each lands on its kind's side, from its name alone
     ids, mapped = new_item_embeddings(cache, spec, weight, len(labels), sources.at(61))
