@@ -284,6 +284,15 @@ class ItemHead(nn.Module):
         extra = getattr(self, "new_items", None)
         return self.items.weight if extra is None or not len(extra) else torch.cat([self.items.weight, extra])
 
+    def item_block(self, lo: int, hi: int) -> torch.Tensor:
+        """The embeddings of catalog positions lo..hi, without copying the catalog (item_weight does)."""
+        n, extra = self.items.num_embeddings, getattr(self, "new_items", None)
+        if hi <= n or extra is None:
+            return self.items.weight[lo:hi]
+        if lo >= n:
+            return extra[lo - n:hi - n]
+        return torch.cat([self.items.weight[lo:], extra[:hi - n]])
+
     def set_item_map(self, spec: str, weight: torch.Tensor) -> None:
         """The map from an item's attributes to an embedding (models/data/coldstart.py): its encoding (JSON)
         and its [features + 1, dim] weights, kept in the state so that a checkpoint carries them."""
@@ -333,16 +342,15 @@ class ItemHead(nn.Module):
               cand: torch.Tensor | None = None) -> torch.Tensor:
         """[rows, items] scores without the history term: items lo..hi, or the candidate positions.
         `item_features`: [catalog, item_channels] popularity of every item at the cut-off."""
-        items = self.item_weight()
-        weight = items[lo:hi] if cand is None else items[cand]
+        weight = self.item_block(lo, self.n_items if hi is None else hi) if cand is None else self.item_weight()[cand]
         feats = item_features[lo:hi] if cand is None else item_features[cand]
         return self.query(h) @ weight.T + self.popularity(feats).squeeze(-1)
 
     def scorer(self, h: torch.Tensor, item_features: torch.Tensor):
         """dense() by blocks, (row lo, row hi, item lo, item hi) -> scores, for a full-catalog ranking
         (habitus.models.data.items.top_k_items): the query and the popularity term are computed once, not per block."""
-        query, bias, items = self.query(h), self.popularity(item_features).squeeze(-1), self.item_weight()
-        return lambda r0, r1, i0, i1: query[r0:r1] @ items[i0:i1].T + bias[i0:i1]
+        query, bias = self.query(h), self.popularity(item_features).squeeze(-1)
+        return lambda r0, r1, i0, i1: query[r0:r1] @ self.item_block(i0, i1).T + bias[i0:i1]
 
     def history_scores(self, h: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """The history term of each sparse entry (row, values)."""
