@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
 
 from habitus.models.cache.reader import Cache
 from habitus.models.cache.shards import _ShardFiles, _Tie
@@ -38,6 +39,7 @@ from habitus.models.cache.sql import _epoch_s, _lit, _one, _q
 from habitus.models.cache.stage import _attribute_stats, _count, _counted, _describe, _Staged
 from habitus.models.cache.stored import BATCH_ROWS, IPC_OPTIONS, _stored_schema, _values
 from habitus.models.cache.vocab import _stage_entity_ids, _write_entity_vocab, _write_vocab
+from habitus.models.data.text import write_encoder
 
 PART_EVENTS = 2_000_000  # events sorted at a time (~150 MB of DuckDB sort); build_cache(part_events=...)
 
@@ -78,6 +80,9 @@ def _encode_kept(con, spec: CacheSpec, st: _Staged, kept: str, out: Path, *, see
             mean, std, lo, hi, nulls = _attribute_stats(con, st, sets, c, n_events)
             columns[c] = {"type": "numeric", "mean": _round(mean), "std": _round(std), "min": lo, "max": hi,
                           "nulls": int(nulls)}
+    for c in text_columns(spec):  # a text column's vectors: its encoder, fitted once (habitus.models.data.text)
+        texts = pq.read_table(out / "vocab" / f"{c}.parquet", columns=["value"]).column("value").to_pylist()
+        columns[c]["text"] = write_encoder(out, c, texts, seed and seed.path)
     if append:  # numeric statistics stay those of the first build: the models standardize with them
         columns = {c: (info if info["type"] == "categorical" else dict(seed.manifest["columns"][c]))
                    for c, info in columns.items()}
@@ -123,6 +128,11 @@ def _encode_kept(con, spec: CacheSpec, st: _Staged, kept: str, out: Path, *, see
     return {"columns": columns, "lookups": lookups, "coverage": coverage, "n_events": n_events, "n_entities": n_entities,
             "time_range": time_range,
             "n_shards": n_shards, "written": written, "entities": entities, "schema": files.schema}
+
+
+def text_columns(spec: CacheSpec) -> list[str]:
+    """The events' and attribute tables' columns of type text."""
+    return sorted({c for t in spec.events + spec.attributes for c, kind in t.columns.items() if kind == "text"})
 
 
 def _lookups(con, st: _Staged, sets: dict[str, int], vocab_table: dict[str, str]

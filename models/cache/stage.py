@@ -5,9 +5,16 @@ habitus.models.cache.encode for the whole sequence)."""
 import time
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from habitus.models.cache.quarantine import screen
 from habitus.models.cache.spec import CacheError, CacheSpec, TableInput
 from habitus.models.cache.sql import _column_sql, _epoch_s, _field_type, _files_sql, _one, _q, _utc
+
+
+# how a column type is encoded: a time as a number of seconds, a text as a value of a vocabulary (its
+# vectors: habitus.models.data.text)
+STORED_AS = {"timestamp": "numeric", "text": "categorical"}
 
 
 @dataclass
@@ -24,6 +31,11 @@ def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> _Staged:
     `raw_events_valid`; one temp table per attributes source (one row per key: duplicate keys would
     copy events)."""
     ent = _q(spec.entity)
+    for t in spec.events + spec.attributes:
+        for c, kind in t.columns.items():
+            if kind == "text" and not (pa.types.is_string(_field_type(t, c)) or pa.types.is_large_string(_field_type(t, c))):
+                raise CacheError(f"column {c!r} of source {t.name!r} has `type: text` but holds {_field_type(t, c)}, "
+                                 f"not strings; give it another type under `types:` (categorical, numeric)")
     parts = []
     for i, t in enumerate(spec.events):
         if not files.get(t.name):
@@ -35,7 +47,7 @@ def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> _Staged:
     event_cols: dict[str, str] = {}
     for t in spec.events:
         for c, kind in t.columns.items():
-            event_cols.setdefault(c, "numeric" if kind == "timestamp" else kind)
+            event_cols.setdefault(c, STORED_AS.get(kind, kind))
     source_cols = list(event_cols)
     valid, stats = screen(con, "raw_events", event_cols, now_s=int(time.time()))
 
@@ -50,7 +62,7 @@ def _stage_events(con, spec: CacheSpec, files: dict[str, list[str]]) -> _Staged:
                 raise CacheError(f"column {c!r} of attributes source {t.name!r} clashes with an events column of the "
                                  f"same name; leave one of them out of `columns`")
             kind = t.columns[c]
-            event_cols[c] = "numeric" if kind == "timestamp" else kind
+            event_cols[c] = STORED_AS.get(kind, kind)
         picks = "".join(f", any_value({_epoch_s(_utc(_q(c), _field_type(t, c))) if t.columns[c] == 'timestamp' else _q(c)}) "
                         f"AS {_q(c)}" for c in cols)
         con.sql(f"CREATE OR REPLACE TEMP TABLE __a{j} AS SELECT CAST({_q(t.key)} AS VARCHAR) AS __key{picks} "

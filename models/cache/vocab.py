@@ -92,7 +92,7 @@ def _write_entity_table(con, spec: CacheSpec, out: Path, seed: "Cache | None" = 
             kind = t.columns[c]
             if c in info:
                 raise CacheError(f"entity attribute {c!r} appears in two entity_attributes sources; keep one")
-            if kind == "categorical":
+            if kind in ("categorical", "text"):  # (an entity's text: a category, no vector)
                 vt = f"ev_{len(info)}"
                 n = _write_vocab(con, f"SELECT v, count(*) AS n FROM (SELECT CAST({_q(c)} AS VARCHAR) AS v FROM "
                                       f"{_files_sql(t.files)}) WHERE v IS NOT NULL GROUP BY v",

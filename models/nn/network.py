@@ -276,7 +276,41 @@ class ItemHead(nn.Module):
 
     @property
     def n_items(self) -> int:
-        return self.items.num_embeddings
+        """The catalog ranked: the trained items, then those added at scoring (add_items)."""
+        extra = getattr(self, "new_items", None)
+        return self.items.num_embeddings + (0 if extra is None else len(extra))
+
+    def item_weight(self) -> torch.Tensor:
+        extra = getattr(self, "new_items", None)
+        return self.items.weight if extra is None or not len(extra) else torch.cat([self.items.weight, extra])
+
+    def item_block(self, lo: int, hi: int) -> torch.Tensor:
+        """The embeddings of catalog positions lo..hi, without copying the catalog (item_weight does)."""
+        n, extra = self.items.num_embeddings, getattr(self, "new_items", None)
+        if hi <= n or extra is None:
+            return self.items.weight[lo:hi]
+        if lo >= n:
+            return extra[lo - n:hi - n]
+        return torch.cat([self.items.weight[lo:], extra[:hi - n]])
+
+    def set_item_map(self, spec: str, weight: torch.Tensor) -> None:
+        """The map from an item's attributes to an embedding (models/data/coldstart.py): its encoding (JSON)
+        and its [features + 1, dim] weights, kept in the state so that a checkpoint carries them."""
+        self.register_buffer("item_map_spec", torch.frombuffer(bytearray(spec.encode()), dtype=torch.uint8).clone())
+        self.register_buffer("item_map", weight.detach().clone().float())
+
+    @property
+    def item_map_of(self) -> tuple[dict, torch.Tensor] | None:
+        if getattr(self, "item_map_spec", None) is None:
+            return None
+        import json
+
+        return json.loads(bytes(self.item_map_spec.cpu().numpy()).decode()), self.item_map
+
+    def add_items(self, embeddings: torch.Tensor) -> None:
+        """Rank `embeddings` [items, dim] after the trained items (items first seen after training, for the
+        cache being scored); not saved with the state. Replaces those of an earlier call."""
+        self.register_buffer("new_items", embeddings.to(self.items.weight), persistent=False)
 
     def set_reranker(self, text: str) -> None:
         """Trees that re-order the head's best items (models/tasks/rerank.py), kept in the state as the bytes of
@@ -299,13 +333,16 @@ class ItemHead(nn.Module):
         text = state_dict.get(prefix + "reranker")
         if text is not None and getattr(self, "reranker", None) is None:  # (a head saved with its trees)
             self.set_reranker(bytes(text.cpu().numpy()).decode())
+        spec = state_dict.get(prefix + "item_map_spec")
+        if spec is not None and getattr(self, "item_map_spec", None) is None:  # (a head saved with its item map)
+            self.set_item_map(bytes(spec.cpu().numpy()).decode(), state_dict[prefix + "item_map"])
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def dense(self, h: torch.Tensor, item_features: torch.Tensor, lo: int = 0, hi: int | None = None,
               cand: torch.Tensor | None = None) -> torch.Tensor:
         """[rows, items] scores without the history term: items lo..hi, or the candidate positions.
         `item_features`: [catalog, item_channels] popularity of every item at the cut-off."""
-        weight = self.items.weight[lo:hi] if cand is None else self.items.weight[cand]
+        weight = self.item_block(lo, self.n_items if hi is None else hi) if cand is None else self.item_weight()[cand]
         feats = item_features[lo:hi] if cand is None else item_features[cand]
         return self.query(h) @ weight.T + self.popularity(feats).squeeze(-1)
 
@@ -313,7 +350,7 @@ class ItemHead(nn.Module):
         """dense() by blocks, (row lo, row hi, item lo, item hi) -> scores, for a full-catalog ranking
         (habitus.models.data.items.top_k_items): the query and the popularity term are computed once, not per block."""
         query, bias = self.query(h), self.popularity(item_features).squeeze(-1)
-        return lambda r0, r1, i0, i1: query[r0:r1] @ self.items.weight[i0:i1].T + bias[i0:i1]
+        return lambda r0, r1, i0, i1: query[r0:r1] @ self.item_block(i0, i1).T + bias[i0:i1]
 
     def history_scores(self, h: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """The history term of each sparse entry (row, values)."""

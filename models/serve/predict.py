@@ -54,6 +54,7 @@ def predict_chunks(model: Model, cache: Cache, spec: FeatureSpec, task: TaskSpec
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     t = task_of(task)
+    task = t.with_new_items(model, task, cache, cutoff)  # (recommendation: items first seen after training)
     names = t.label_names(cache, task, label_names)  # None: one score per entity
     extra = None
     for i in chunks:

@@ -118,6 +118,18 @@ class Task:
         was measured, or None where the task has none."""
         return None
 
+    def fit_new_items(self, model: Model, spec, cache, cutoff: int, log, val=None) -> dict | None:
+        """After training: what scores labels first seen after it (recommendation: the item map of
+        models/data/coldstart.py, saved with the head, chosen on the validation chunks `val`).
+        Returns what was measured, or None."""
+        return None
+
+    def with_new_items(self, model: Model, spec, cache, cutoff: int):
+        """The task spec that scores `cache` at `cutoff`: with the labels the cache gained since training
+        where the model can score them (recommendation: items first seen after training, added to
+        the head's catalog); by default `spec` itself."""
+        return spec
+
     def sampled_negatives(self, spec, cfg) -> int:
         """Labels drawn per batch by a sampled loss (0: the full loss)."""
         return 0

@@ -1,11 +1,13 @@
 """recommendation: which items of the whole catalog will each entity buy in the window? Ranked with
 an item head (network.ItemHead) trained by a sampled softmax; scored by hit rate and NDCG at k."""
 
+import dataclasses
 import math
 
 import numpy as np
 import torch
 
+from habitus.models.data.coldstart import fit_item_map, held_out_ndcg, new_item_embeddings, spec_bytes
 from habitus.models.data.items import SparseRows, batch_history, candidates, sampled_softmax_loss, top_k_items
 from habitus.models.data.labels import POPULARITY_DAYS, item_popularity, recent_popularity
 from habitus.models.data.targets import TargetSpec
@@ -40,6 +42,8 @@ class Recommendation(Task):
         return (item_popularity(cache, target, cutoff),)
 
     def init_head(self, model, spec, features, val, y_mean, n_val, extra) -> None:
+        # the item embeddings' random start: what training moved them by is what the item map learns
+        model.head.start_items = model.head.items.weight.detach().clone()
         # popularity breaks ties among what the entity already buys
         model.head.popularity.weight.zero_()
         model.head.popularity.weight[0, -1] = POPULARITY_INIT
@@ -55,6 +59,35 @@ class Recommendation(Task):
             return rank_items(model, x, h, popularity, m, device=device, rerank=False)
 
         return fit_reranker(model.head, retrieve, train, val, spec.k, log=log)
+
+    def fit_new_items(self, model, spec, cache, cutoff, log, val=None):
+        if spec.target.function or not spec.target.labels:
+            return None
+        start = getattr(model.head, "start_items", None)
+        item_spec, weight, info, held = fit_item_map(cache, spec.target.column, spec.target.labels,
+                                                     model.head.items.weight.detach().float().cpu().numpy(), cutoff,
+                                                     None if start is None else start.float().cpu().numpy())
+        model.head.start_items = None
+        if held is not None and val is not None:  # the attributes, or the intercept alone: chosen on validation
+            info.update(held_out_ndcg(model, held, val, spec.k))
+            if info["chosen"] == "intercept":
+                weight[:-1] = 0.0
+        model.head.set_item_map(spec_bytes(item_spec), torch.from_numpy(weight).to(model.head.items.weight.device))
+        log(f"recommendation new items: embeddings mapped from {info['features']} attribute features "
+            f"(fitted on {info['items']:,} items; on validation, held-out items ranked as new: "
+            f"{info.get('chosen', 'attributes')})")
+        return info
+
+    def with_new_items(self, model, spec, cache, cutoff):
+        found = model.head.item_map_of
+        if found is None or spec.target.labels != tuple(range(1, len(spec.target.labels) + 1)):
+            model.head.add_items(model.head.items.weight[:0].detach())  # (none from an earlier call either)
+            return spec  # (a head without an item map, or a catalog that is not the whole column)
+        item_spec, weight = found
+        ids, emb = new_item_embeddings(cache, item_spec, weight.float().cpu().numpy(), len(spec.target.labels), cutoff)
+        model.head.add_items(torch.from_numpy(emb))
+        target = dataclasses.replace(spec.target, labels=spec.target.labels + tuple(int(i) for i in ids))
+        return dataclasses.replace(spec, target=target)
 
     def batch_loss(self, model, spec, arrays, b, dev, rng, negatives=0):
         x, h, y, popularity = arrays[:4]

@@ -55,8 +55,10 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
     validation = Validation.of(task, cfg, data, dev)
     opt = optimizer(model, cfg, dev)
     if fixed is not None:
-        return fixed_recipe(model, opt, task, spec, cfg, data, validation, train_cutoffs, foundation_state, fixed,
-                            order, rng, dist, log, started, resume)
+        refit = fixed_recipe(model, opt, task, spec, cfg, data, validation, train_cutoffs, foundation_state, fixed,
+                             order, rng, dist, log, started, resume)
+        task_of(task).fit_new_items(refit.model, task, cache, max(train_cutoffs), log)
+        return refit
     best, start = choose_start(model, task, spec, data, validation, train_cutoffs, foundation_state,
                                use_forecast=cfg.foundation_start and not from_scratch, log=log)
     curves, rows, best, snapshots = train_epochs(model, opt, task, cfg, data, validation, train_cutoffs, best, order,
@@ -70,11 +72,13 @@ def finetune(cache: Cache, foundation_state: dict[str, torch.Tensor], foundation
         model, task, (data.kept.get((s, lo, hi, c)) for s, lo, hi in data.plan for c in train_cutoffs), data.val,
         str(dev), log) if cfg.second_stage else None
     data.kept.close()
+    # (recommendation: the item map, chosen on validation)
+    new_items = task_of(task).fit_new_items(model, task, cache, val_cutoff, log, data.val)
     rows = int(sum_over_ranks([rows], dist)[0]) if dist.enabled else rows
     info = {"best_epoch": best[2] + 1, "soup_epochs": [e + 1 for e in soup], "seconds": round(time.time() - started, 2),
             "rows_seen": rows, "train_cutoffs": [iso(c) for c in train_cutoffs], "val_cutoff": iso(val_cutoff),
             "val_rows": int(data.n_val), "val_chunk_stride": validation.stride, "head_start": start,
-            **({"second_stage": second} if second else {}),
+            **({"second_stage": second} if second else {}), **({"new_items": new_items} if new_items else {}),
             "val_target_mean": float(np.mean(data.y_mean)) if data.n_val else 0.0,
             "device": str(dev), **processes_info(dist),
             **({"sampled_negatives": validation.train_negatives} if validation.train_negatives else {})}

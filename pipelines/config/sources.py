@@ -38,7 +38,7 @@ Connection = Annotated[Union[DuckDBConnection, ParquetConnection, WarehouseConne
 
 # --------------------------------------------------------------------------- sources
 
-ColumnType = Literal["categorical", "numeric", "timestamp"]
+ColumnType = Literal["categorical", "numeric", "timestamp", "text"]
 
 
 class Source(Strict):
@@ -53,7 +53,9 @@ class Source(Strict):
     timestamp: str | None = Field(None, description="the time column; required for events")
     key: str | None = Field(None, description="join key of an `attributes` table (a column of the events)")
     columns: list[str] = Field(default_factory=list, description="columns to use; empty = all")
-    types: dict[str, ColumnType] = Field(default_factory=dict, description="override inferred column types")
+    types: dict[str, ColumnType] = Field(default_factory=dict, description="override inferred column types; `text`: "
+                                         "a string column of names or descriptions, also embedded as a vector "
+                                         "(events and attributes sources)")
     where: str | None = Field(None, description="a row filter run in the warehouse (Parquet: in the scan), e.g. "
                               "`country = 'PL' AND NOT is_test`: comparisons, AND/OR/NOT, IN (values), IS [NOT] NULL, "
                               "BETWEEN, LIKE, LOWER/UPPER of a column; a change extracts the source again")
@@ -70,6 +72,13 @@ class Source(Strict):
             raise ValueError("an events source needs `timestamp` (its time column) and `start` (first partition date)")
         if self.role == "attributes" and self.key is None:
             raise ValueError("an attributes source needs `key`: the event column it joins on")
+        text = sorted(c for c, kind in self.types.items() if kind == "text")
+        if text and self.role == "entity_attributes":
+            raise ValueError(f"source {self.name!r}: `type: text` ({text}) describes events or the items of an attributes "
+                             f"source; an entity's text column is `categorical`")
+        if set(text) & {self.timestamp, self.key}:
+            raise ValueError(f"source {self.name!r}: column {sorted(set(text) & {self.timestamp, self.key})[0]!r} is the "
+                             f"source's `timestamp` or `key`; it cannot be `type: text`")
         if self.where is not None:
             from habitus.resources.warehouses import row_filter
 
