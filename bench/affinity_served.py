@@ -41,7 +41,7 @@ from habitus.models.train.foundation import train_foundation  # noqa: E402
 from habitus.models.train.scenario import train_scenario  # noqa: E402
 
 
-def run(dataset: str, customers: int, workdir: Path, log=print) -> dict:
+def run(dataset: str, customers: int, workdir: Path, log=print, scores_path: Path | None = None) -> dict:
     spec, test_cutoff, params = dataset_spec(dataset, customers, workdir)
     cache = Cache(build_cache(spec, workdir / "cache", log=lambda _: None))
     fcfg = FoundationConfig()
@@ -74,6 +74,8 @@ def run(dataset: str, customers: int, workdir: Path, log=print) -> dict:
                               "affinity_levels": None if head.affinity is None else list(head.affinity.levels),
                               "validation": head.stack.validation.get("chosen")}
         log(f"head {name}: {head.chosen} (w {head.weight}), fit {fit_s:.0f}s")
+    if scores_path is not None:  # the test scores, before the bootstrap
+        np.savez_compressed(scores_path, y=y, **{k.replace(" ", "_"): v for k, v in scores.items()})
     pairs = [("with", "without"), ("trees with", "trees without"), ("with", "network")]
     for (a, b), p in paired_many(y, scores, pairs).items():
         half = 1.96 * np.sqrt(p.var)
@@ -86,10 +88,12 @@ def run(dataset: str, customers: int, workdir: Path, log=print) -> dict:
 def main() -> None:
     parser = dataset_parser(__doc__)
     parser.add_argument("--tafeng", default=str(quality.TAFENG), help="the Ta-Feng folder (shared/data/tafeng)")
+    parser.add_argument("--scores", help="also save the test scores (.npz) here, before the bootstrap")
     args = parser.parse_args()
     quality.TAFENG = Path(args.tafeng)
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(args.dataset, args.customers, Path(tmp), log=lambda m: print(m, file=sys.stderr, flush=True))
+        result = run(args.dataset, args.customers, Path(tmp), log=lambda m: print(m, file=sys.stderr, flush=True),
+                     scores_path=None if args.scores is None else Path(args.scores))
     print(json.dumps(result, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
