@@ -7,7 +7,7 @@ matrix, never dense), turned into positive pointwise mutual information (context
 0.75) and reduced by a randomized truncated SVD to `AffinityConfig.dim` dimensions (rows U sqrt(S),
 unit length). Values seen in fewer than `min_count` baskets get no vector (zeros). Item attributes
 (subclass, category, brand) are event columns of the cache, so parents get their own embeddings
-from the same baskets.
+from the same baskets; `attribute_columns` names them (the "category-level" arm's levels).
 
 Per-label features (`Affinity`): for a label column L and its labels, and for every embedded column
 X (the "levels": products and their parents), the label's centroid at level X is the normalized sum
@@ -18,20 +18,11 @@ events decayed at a 60-day half-life:
 - mass: log(1 + the decayed count of the entity's events weighted by the positive cosine of their X
   value to the label's centroid) (how much of its history lies near the label).
 
-`AffinityConfig.features` keeps both or one of them. The served head's label trees
-(models/heads/stacked_head.py) read `served_affinity`: the mass alone at the item attribute columns
-(`attribute_columns`: the columns the cache looks up through a key, functions of the item such as
-a subclass, category or brand; neither the item id nor per-visit context such as a store), the one
-choice of columns that did not lose to the reference LightGBM on Ta-Feng or the demo
-(docs/journal/quality.md, 2026-12-06).
-
 Everything is fitted on events at or before the cut-off only: features at a cut-off are the same
 whether or not later events exist.
 """
 
 from dataclasses import dataclass, field
-
-import dataclasses
 
 import numpy as np
 
@@ -39,7 +30,7 @@ from habitus.models.cache import Cache
 from habitus.models.data.features import DAY, HABITUAL_DAYS, Chunk, chunk_at
 from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
 
-FEATURES = ("cosine", "mass")
+FEATURES_PER_LEVEL = 2  # cosine, mass
 
 
 @dataclass(frozen=True)
@@ -50,17 +41,12 @@ class AffinityConfig:
     max_basket: int = 64  # values kept per basket (the first ones): pairs grow with its square
     half_life: float = HABITUAL_DAYS  # days: the entity's decayed history
     seed: int = 0
-    features: tuple[str, ...] = FEATURES  # per level, in this order: of FEATURES
-
-    def __post_init__(self):
-        unknown = [f for f in self.features if f not in FEATURES]
-        if unknown or not self.features:
-            raise ValueError(f"AffinityConfig.features must be some of {FEATURES}, got {self.features}")
 
 
 def attribute_columns(cache: Cache) -> tuple[str, ...]:
     """The categorical columns the cache looks up through a key (an item's attributes: its subclass,
-    category, brand), in the cache's column order; empty where the events have no item table."""
+    category, brand; neither the item id nor per-visit context such as a store), in the cache's
+    column order; empty where the events have no item table."""
     looked_up = {c for lookup in cache.manifest.get("lookups", []) for c in lookup["columns"]}
     return tuple(c for c, m in cache.columns.items() if m["type"] == "categorical" and c in looked_up)
 
@@ -139,7 +125,7 @@ class Affinity:
     @property
     def width(self) -> int:
         """Features per label."""
-        return len(self.cfg.features) * len(self.levels)
+        return FEATURES_PER_LEVEL * len(self.levels)
 
     @classmethod
     def fit(cls, cache: Cache, cutoff: int, column: str, labels, cfg: AffinityConfig | None = None,
@@ -171,7 +157,7 @@ class Affinity:
 
     def features(self, chunk: Chunk, positions: np.ndarray | None = None) -> np.ndarray:
         """[chunk.n, labels, width] float32 of the labels at `positions` (indices into `self.labels`;
-        default all): per level, its `cfg.features` (cosine, mass) in that order."""
+        default all): per level, cosine then mass."""
         import scipy.sparse as sp
 
         n = chunk.n
@@ -181,49 +167,15 @@ class Affinity:
         if n == 0 or not self.levels:
             return out
         w = np.exp2(-chunk.age_days / self.cfg.half_life).astype(np.float64)
-        per = len(self.cfg.features)
-        cosine = "cosine" in self.cfg.features
         for k, (c, vec) in enumerate(self.levels.items()):
             ids = np.clip(np.asarray(chunk.shard.columns[c][chunk.rows], np.int64), 0, len(vec) - 1)
             uniq, inv = np.unique(ids, return_inverse=True)
             cent = self.centroids[c][pick]
             touched = vec[uniq].astype(np.float64)  # only the values this chunk touched
             history = sp.csr_matrix((w, (chunk.local, inv)), shape=(n, len(uniq)))  # decayed counts
-            if cosine:
-                out[:, :, per * k] = _unit(history @ touched) @ cent.T
-            if "mass" in self.cfg.features:
-                out[:, :, per * k + cosine] = np.log1p(history @ np.maximum(touched @ cent.T, 0.0))
+            out[:, :, 2 * k] = _unit(history @ touched) @ cent.T
+            out[:, :, 2 * k + 1] = np.log1p(history @ np.maximum(touched @ cent.T, 0.0))
         return out
-
-    def state(self) -> tuple[dict[str, np.ndarray], dict]:
-        """(arrays, plain values) it is saved as: the labels, each level's vectors and centroids; the
-        column, the levels' names and the settings."""
-        arrays = {"labels": self.labels}
-        for i, c in enumerate(self.levels):
-            arrays[f"vectors_{i}"], arrays[f"centroids_{i}"] = self.levels[c], self.centroids[c]
-        return arrays, {"column": self.column, "levels": list(self.levels), "config": dataclasses.asdict(self.cfg)}
-
-    @classmethod
-    def from_state(cls, arrays: dict[str, np.ndarray], meta: dict) -> "Affinity":
-        names = meta["levels"]
-        cfg = meta["config"]
-        return cls(meta["column"], np.asarray(arrays["labels"], np.int64),
-                   {c: np.asarray(arrays[f"vectors_{i}"], np.float32) for i, c in enumerate(names)},
-                   {c: np.asarray(arrays[f"centroids_{i}"], np.float32) for i, c in enumerate(names)},
-                   AffinityConfig(**{**cfg, "features": tuple(cfg["features"])}))
-
-
-SERVED = AffinityConfig(features=("mass",))  # the served head's: the mass alone
-
-
-def served_affinity(cache: Cache, cutoff: int, column: str, labels) -> Affinity | None:
-    """The label trees' affinity at `cutoff` (SERVED settings, the item attribute columns), or None
-    where no attribute column is worth a level (events without an item table)."""
-    levels = attribute_columns(cache)
-    if not levels:
-        return None
-    aff = Affinity.fit(cache, int(cutoff), column, labels, SERVED, levels)
-    return aff if aff.width else None
 
 
 def affinity_features(cache: Cache, cutoff: int, column: str, labels, *, entities: np.ndarray | None = None,

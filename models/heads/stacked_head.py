@@ -9,15 +9,12 @@ The checkpoint gets two more files, both plain values, never pickle:
     stack.json                the Stack's state: LightGBM boosters as text dumps, the PCA as lists,
                               the choice and every candidate's validation score
     stack_trunk.safetensors   the foundation trunk's weights (safetensors)
-    stack_affinity.safetensors  label heads: the co-occurrence embeddings and label centroids the
-                              trees' per-label affinity columns read (models/data/affinity.py)
 
 and config.json a `stack` entry: their SHA-256 (a file changed after training is refused on load),
 the chosen candidate ("network", "gbt", "blend") and its weight. A checkpoint without that entry
 (written before the head was chosen on validation) loads and scores with the network alone.
 """
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from habitus.models.data.affinity import Affinity, served_affinity
 from habitus.models.evaluate.baselines import most_frequent_labels
 from habitus.models.heads.stacked_rows import Rows, chunk_rows, collect
 from habitus.models.heads.stacking import Stack, StackConfig, _logit, blend, fit_stack
@@ -34,14 +30,13 @@ from habitus.models.nn.network import Trunk, load_trunk
 from habitus.models.storage.files import file_sha256
 from habitus.models.tasks import task as task_of
 
-STACK_FILE, TRUNK_FILE, AFFINITY_FILE = "stack.json", "stack_trunk.safetensors", "stack_affinity.safetensors"
+STACK_FILE, TRUNK_FILE = "stack.json", "stack_trunk.safetensors"
 
 
 @dataclass
 class HeadStack:
     stack: Stack
     trunk: Trunk  # the foundation's trunk (fp32, eval mode)
-    affinity: Affinity | None = None  # label heads: fitted at the newest cut-off the trees read
 
     @property
     def labels(self) -> np.ndarray | None:
@@ -61,15 +56,7 @@ class HeadStack:
         """The stack's rows of a chunk's `keep` rows (`x`: the chunk's network inputs); with `model`,
         the network's scores of the covered labels too."""
         return chunk_rows(chunk, keep, spec, task, self.trunk, entity_table, vocab_sizes, labels=self.labels,
-                          model=model, affinity=self.affinity, x=x, device=device)
-
-    def collect(self, cache, spec, task, cutoff: int, *, device: str = "cpu") -> tuple[Rows, Affinity | None]:
-        """The rows the trees train on at `cutoff` (the refit's), and the Affinity fitted there (the
-        measured one's where a level the trees read has too few values at `cutoff`)."""
-        aff = None if self.affinity is None else fit_affinity(cache, task, cutoff)
-        if self.affinity is not None and (aff is None or list(aff.levels) != list(self.affinity.levels)):
-            aff = self.affinity
-        return collect(cache, spec, task, self.trunk, cutoff, labels=self.labels, affinity=aff, device=device), aff
+                          model=model, x=x, device=device)
 
     def gbt(self, rows: Rows) -> np.ndarray | None:
         """The trees' scores (None where the network alone was chosen)."""
@@ -120,63 +107,42 @@ def fit_head(cache, spec, task, trunk: Trunk, model, train_cutoffs, val_cutoff: 
     dev = "cpu" if device == "auto" else device
     labels = most_frequent_labels(cache, task, train_cutoffs, cfg.max_labels) if rule.per_label else None
     trunk = trunk.float().eval()
-    # label heads: each cut-off's co-occurrence affinity, fitted on that cut-off's past only
-    affinity = {int(c): fit_affinity(cache, task, c) for c in (*train_cutoffs, val_cutoff)} \
-        if rule.per_label and cfg.affinity else {}
-    parts = [collect(cache, spec, task, trunk, c, labels=labels, affinity=affinity.get(int(c)), device=dev)
-             for c in train_cutoffs]
-    train = Rows.concat(parts)
-    val = collect(cache, spec, task, trunk, val_cutoff, labels=labels, model=model,
-                  affinity=affinity.get(int(val_cutoff)), device=dev)
+    parts = [collect(cache, spec, task, trunk, c, labels=labels, device=dev) for c in train_cutoffs]
+    train = Rows(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("entities", "hand", "embedding", "y")))
+    val = collect(cache, spec, task, trunk, val_cutoff, labels=labels, model=model, device=dev)
     if len(train) == 0 or len(val) < 2:
         log(f"no head chosen on validation ({len(train)} training rows, {len(val)} validation rows): the network alone")
         return None
-    if (train.affinity is None) != (val.affinity is None):  # (an attribute column too sparse at one cut-off)
-        train, val = dataclasses.replace(train, affinity=None), dataclasses.replace(val, affinity=None)
-    return HeadStack(fit_stack(task.task, train, val, cfg, labels=labels, log=log), trunk,
-                     affinity.get(int(val_cutoff)) if val.affinity is not None else None)
-
-
-def fit_affinity(cache, task, cutoff: int) -> Affinity | None:
-    """The label head's co-occurrence affinity at `cutoff` (None where no column is worth a level)."""
-    return served_affinity(cache, int(cutoff), task.target.column, task.target.labels)
+    return HeadStack(fit_stack(task.task, train, val, cfg, labels=labels, log=log), trunk)
 
 
 def save_head(folder: str | Path, head: HeadStack) -> dict:
     """Write stack.json and stack_trunk.safetensors into the checkpoint folder being written; returns
     config.json's `stack` entry (their fingerprints, the choice)."""
-    from safetensors.numpy import save_file as save_arrays
     from safetensors.torch import save_file
 
     folder = Path(folder)
     (folder / STACK_FILE).write_text(json.dumps(head.stack.state()))
     save_file({k: v.detach().to("cpu").float().contiguous() for k, v in head.trunk.state_dict().items()},
               str(folder / TRUNK_FILE))
-    names, extra = (STACK_FILE, TRUNK_FILE), {}
-    if head.affinity is not None:
-        arrays, extra["affinity"] = head.affinity.state()
-        save_arrays({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(folder / AFFINITY_FILE))
-        names += (AFFINITY_FILE,)
-    return {"files": {name: file_sha256(folder / name) for name in names}, **head.summary(),
-            "seconds": head.stack.seconds, **extra}
+    return {"files": {name: file_sha256(folder / name) for name in (STACK_FILE, TRUNK_FILE)}, **head.summary(),
+            "seconds": head.stack.seconds}
 
 
 def load_head(folder: str | Path, config: dict) -> HeadStack | None:
     """The HeadStack saved with a scenario checkpoint, or None for one without (the network alone)."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file as load_arrays
     from safetensors.torch import load_file
 
     entry = config.get("stack")
     if not entry:
         return None
     folder = Path(folder)
-    names = (STACK_FILE, TRUNK_FILE) + ((AFFINITY_FILE,) if AFFINITY_FILE in entry.get("files", {}) else ())
-    for name in names:
+    for name in (STACK_FILE, TRUNK_FILE):
         if not (folder / name).exists():
             raise CheckpointError(f"{folder / name} is missing: config.json records a head chosen on validation "
                                   f"({entry.get('chosen')}); re-materialize the scenario")
-    for name in names:
+    for name in (STACK_FILE, TRUNK_FILE):
         path = folder / name
         if file_sha256(path) != entry.get("files", {}).get(name):
             raise CheckpointError(f"{path}: its SHA-256 does not match the one recorded in config.json; the file "
@@ -184,9 +150,7 @@ def load_head(folder: str | Path, config: dict) -> HeadStack | None:
     try:
         stack = Stack.from_state(json.loads((folder / STACK_FILE).read_text()))
         trunk = load_trunk(load_file(str(folder / TRUNK_FILE)), config["net"], prefix="")
-        affinity = (Affinity.from_state(load_arrays(str(folder / AFFINITY_FILE)), entry["affinity"])
-                    if AFFINITY_FILE in names else None)
-    except (ValueError, KeyError, TypeError, SafetensorError) as e:
+    except (ValueError, KeyError, SafetensorError) as e:
         raise CheckpointError(f"{folder}: the head chosen on validation does not load ({type(e).__name__}: {e}); "
                               f"re-materialize the scenario") from None
-    return HeadStack(stack, trunk, affinity)
+    return HeadStack(stack, trunk)

@@ -25,32 +25,21 @@ class Rows:
     embedding: np.ndarray  # [n, hidden] the foundation trunk's representation
     y: np.ndarray  # [n] targets, or [n, len(labels)] 0/1 (multilabel)
     network: np.ndarray | None = None  # [n] or [n, len(labels)]: the network's probabilities / amounts
-    affinity: np.ndarray | None = None  # [n, len(labels), width]: per-label affinity (models/data/affinity.py)
 
     def __len__(self) -> int:
         return len(self.entities)
 
     def take(self, index) -> "Rows":
         return Rows(self.entities[index], self.hand[index], self.embedding[index], self.y[index],
-                    None if self.network is None else self.network[index],
-                    None if self.affinity is None else self.affinity[index])
-
-    @classmethod
-    def concat(cls, parts: list["Rows"]) -> "Rows":
-        """The rows of `parts`, one under another (network and affinity where every part has them)."""
-        opt = {k: np.concatenate([getattr(p, k) for p in parts]) if all(getattr(p, k) is not None for p in parts)
-               else None for k in ("network", "affinity")}
-        return cls(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("entities", "hand", "embedding", "y")),
-                   **opt)
+                    None if self.network is None else self.network[index])
 
 
 @torch.no_grad()
 def collect(cache: Cache, spec: FeatureSpec, task, trunk, cutoff: int, *, labels: np.ndarray | None = None,
-            model=None, affinity=None, chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu") -> Rows:
+            model=None, chunk_entities: int = SCORING_CHUNK_ENTITIES, device: str = "cpu") -> Rows:
     """Rows of the entities `task` scores at `cutoff`: hand features, the foundation `trunk`'s
-    representation, targets, (with the fine-tuned `model`) the network's scores and (with `affinity`,
-    an Affinity fitted at `cutoff`) the labels' co-occurrence affinity; multilabel: of the label
-    positions `labels` (sorted; default all)."""
+    representation, targets and (with the fine-tuned `model`) the network's scores; multilabel:
+    of the label positions `labels` (sorted; default all)."""
     entity_table = cache.entity_table()
     vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
     parts = []
@@ -63,23 +52,23 @@ def collect(cache: Cache, spec: FeatureSpec, task, trunk, cutoff: int, *, labels
             continue
         y = y.dense(0, labels) if isinstance(y, SparseRows) else np.asarray(y, np.float32)
         parts.append(chunk_rows(chunk, keep, spec, task, trunk, entity_table, vocab_sizes, labels=labels,
-                                model=model, affinity=affinity, y=y, device=device))
+                                model=model, y=y, device=device))
     if not parts:
         width = len(labels) if labels is not None else task.outputs
         empty_y = np.zeros((0, width) if _per_label(task) else 0, np.float32)
         return Rows(np.zeros(0, np.int64), np.zeros((0, 0), np.float32), np.zeros((0, trunk.cfg.hidden), np.float32),
-                    empty_y, empty_y.copy() if model is not None else None,
-                    None if affinity is None else np.zeros((0, width, affinity.width), np.float32))
-    return Rows.concat(parts)
+                    empty_y, empty_y.copy() if model is not None else None)
+    return Rows(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("entities", "hand", "embedding", "y")),
+                network=np.concatenate([p.network for p in parts]) if model is not None else None)
 
 
 @torch.no_grad()
 def chunk_rows(chunk, keep: np.ndarray, spec: FeatureSpec, task, trunk, entity_table, vocab_sizes: dict, *,
-               labels: np.ndarray | None = None, model=None, affinity=None, y: np.ndarray | None = None,
-               x: np.ndarray | None = None, device: str = "cpu") -> Rows:
+               labels: np.ndarray | None = None, model=None, y: np.ndarray | None = None, x: np.ndarray | None = None,
+               device: str = "cpu") -> Rows:
     """The stack's rows of one chunk's `keep` rows (what scoring calls chunk by chunk, then
-    Stack.predict): hand features, the foundation `trunk`'s representation, with `model` the
-    network's scores and with `affinity` the covered labels' affinity columns. `x`: the chunk's network inputs (featurize) where the caller has them already."""
+    Stack.predict): hand features, the foundation `trunk`'s representation and, with `model`, the
+    network's scores. `x`: the chunk's network inputs (featurize) where the caller has them already."""
     dev = torch.device(device)
     x = featurize(chunk, spec, entity_table)[keep] if x is None else x[keep]
     network = None
@@ -89,8 +78,7 @@ def chunk_rows(chunk, keep: np.ndarray, spec: FeatureSpec, task, trunk, entity_t
         network = network_scores(model, task, x, h, labels, dev)
     return Rows(chunk.entities[keep].astype(np.int64),
                 hand_features(chunk, spec, task, entity_table, vocab_sizes, labels)[keep],
-                _forward(trunk.to(dev).eval(), x, dev), np.zeros(0, np.float32) if y is None else y, network,
-                None if affinity is None else affinity.features(chunk, labels)[keep])
+                _forward(trunk.to(dev).eval(), x, dev), np.zeros(0, np.float32) if y is None else y, network)
 
 
 def _forward(trunk, x: np.ndarray, dev, batch: int = 8192) -> np.ndarray:

@@ -64,9 +64,6 @@ class StackConfig:
     choice_rule: str = "one_se"
     se_blocks: int = 10
     max_labels: int = 50  # multilabel: labels with trees (the rest keep the network's score)
-    # label heads: each label's trees also read its co-occurrence mass at the item attribute columns
-    # (models/data/affinity.py's served_affinity)
-    affinity: bool = True
     multilabel_rows: int = MULTILABEL_ROWS  # training rows per label's model
     # the baseline's LightGBM parameters (habitus.models.evaluate.baselines.lightgbm_scores), so the two differ by their inputs
     n_estimators: int = 400
@@ -188,7 +185,7 @@ class Stack:
             return boosters[0].predict(x)
         out = np.zeros((len(rows), len(boosters)), np.float32)
         for j, (b, c) in enumerate(zip(boosters, self.constants)):
-            out[:, j] = c if b is None else b.predict(_label_x(x, rows, j))
+            out[:, j] = c if b is None else b.predict(x)
         return out
 
     def predict(self, rows: Rows, gbt: np.ndarray | None = None) -> np.ndarray:
@@ -300,7 +297,7 @@ def refit_stack(stack: Stack, train: Rows) -> Stack:
     y = train.y if rule.per_label else train.y[:, None]
     params = (_params(cfg, rule.objective, cfg.label_learning_rate, cfg.label_num_leaves) if rule.per_label
               else _params(cfg, rule.objective, cfg.learning_rate, cfg.num_leaves))
-    data = _data(x, np.ascontiguousarray(y[:, 0])) if train.affinity is None else None
+    data = _data(x, np.ascontiguousarray(y[:, 0]))
     boosters, constants = [], []
     for fold in stack.boosters:
         out, constants = [], []
@@ -310,10 +307,7 @@ def refit_stack(stack: Stack, train: Rows) -> Stack:
                 out.append(None)
                 constants.append(float(column.mean()) if len(column) else 0.0)
                 continue
-            if train.affinity is None:
-                data.set_label(np.ascontiguousarray(column))
-            else:  # (each label's own affinity columns: a dataset of its own)
-                data = _data(_label_x(x, train, j), np.ascontiguousarray(column))
+            data.set_label(np.ascontiguousarray(column))
             out.append(lgb.train(params, data, max(1, measured.num_trees())))
             constants.append(0.0)
         boosters.append(out)
@@ -356,12 +350,9 @@ def _fit_fold(rule: Stacking, train: Rows, stop: Rows, reduction: Reduction, cfg
         d_st = _data(x_stop, stop.y, d_tr)
         return [_train(params, d_tr, d_st, cfg.n_estimators, cfg.early_stopping)], [0.0]
     params = _params(cfg, rule.objective, cfg.label_learning_rate, cfg.label_num_leaves)
-    # one binned dataset for every label's model, only the label changes; with per-label affinity
-    # columns (Rows.affinity) each label's model has its own dataset
-    shared = train.affinity is None
-    if shared:
-        d_tr = _data(x_train, train.y[:, 0])
-        d_st = _data(x_stop, stop.y[:, 0], d_tr)
+    # one binned dataset for every label's model: only the label changes
+    d_tr = _data(x_train, train.y[:, 0])
+    d_st = _data(x_stop, stop.y[:, 0], d_tr)
     boosters, constants = [], []
     for j in range(train.y.shape[1]):
         y = train.y[:, j]
@@ -369,20 +360,11 @@ def _fit_fold(rule: Stacking, train: Rows, stop: Rows, reduction: Reduction, cfg
             boosters.append(None)
             constants.append(float(y[0]) if len(y) else 0.0)
             continue
-        if shared:
-            d_tr.set_label(np.ascontiguousarray(y))  # (a column view: LightGBM warns about sliced arrays)
-            d_st.set_label(np.ascontiguousarray(stop.y[:, j]))
-        else:
-            d_tr = _data(_label_x(x_train, train, j), np.ascontiguousarray(y))
-            d_st = _data(_label_x(x_stop, stop, j), np.ascontiguousarray(stop.y[:, j]), d_tr)
+        d_tr.set_label(np.ascontiguousarray(y))  # (a column view: LightGBM warns about sliced arrays)
+        d_st.set_label(np.ascontiguousarray(stop.y[:, j]))
         boosters.append(_train(params, d_tr, d_st, cfg.label_n_estimators, cfg.label_early_stopping))
         constants.append(0.0)
     return boosters, constants
-
-
-def _label_x(x: np.ndarray, rows: Rows, j: int) -> np.ndarray:
-    """Label j's model inputs: `x`, then the label's own affinity columns where the rows carry them."""
-    return x if rows.affinity is None else np.concatenate([x, rows.affinity[:, j, :]], 1)
 
 
 def _params(cfg: StackConfig, objective: str, learning_rate: float, leaves: int) -> dict:

@@ -19,7 +19,7 @@ from habitus.models.cache import Cache
 from habitus.models.data.chunks import day_floor
 from habitus.models.data.features import DAY, FeatureSpec
 from habitus.models.heads.stacked_head import HeadStack
-from habitus.models.heads.stacked_rows import Rows
+from habitus.models.heads.stacked_rows import Rows, collect
 from habitus.models.heads.stacking import refit_stack
 from habitus.models.train.config import ScenarioConfig
 from habitus.models.train.finetune import Fixed
@@ -92,8 +92,8 @@ def refit(cache: Cache, foundation_state: dict, foundation_info: dict, cfg: Scen
     elif head is not None:
         spec = FeatureSpec.from_dict(foundation_info["feature_spec"])
         dev = "cpu" if device == "auto" else device
-        parts = [head.collect(cache, spec, cfg.task, c, device=dev) for c in cutoffs]  # (rows, affinity)
-        rows = Rows.concat([p[0] for p in parts])
-        served = HeadStack(refit_stack(head.stack, rows), head.trunk, parts[-1][1])  # the newest cut-off's affinity
+        parts = [collect(cache, spec, cfg.task, head.trunk, c, labels=head.labels, device=dev) for c in cutoffs]
+        rows = Rows(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("entities", "hand", "embedding", "y")))
+        served = HeadStack(refit_stack(head.stack, rows), head.trunk)
         log(f"{cfg.name}: refit head {served.chosen} (trees' weight {served.weight}) on {len(rows):,} rows")
     return Refit(trained, served, cutoffs)

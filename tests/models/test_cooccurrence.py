@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from habitus.models.cache.reader import Shard
-from habitus.models.data.affinity import (SERVED, Affinity, AffinityConfig, affinity_features, attribute_columns,
+from habitus.models.data.affinity import (Affinity, AffinityConfig, affinity_features, attribute_columns,
                                           cooccurrence_vectors)
 from habitus.models.data.features import chunk_at
 
@@ -106,24 +106,22 @@ def test_features_at_a_cutoff_do_not_see_later_events(sources):
     assert not np.array_equal(a, later)  # (later events do change later features)
 
 
-def test_the_served_settings_at_a_cutoff_do_not_see_later_events(sources):
+def test_the_attribute_levels_at_a_cutoff_do_not_see_later_events(sources):
     cache = _planted_cache(sources)
     cutoff = sources.at(50)
     assert attribute_columns(cache) == ("category",)  # the products table's column, not the product id
     labels = np.arange(1, cache.columns["category"]["vocab_size"] + 1)
-    cfg = dataclasses.replace(SERVED, min_values=4)  # (4 categories here)
+    cfg = AffinityConfig(min_values=4)  # (4 categories here)
     a, b = (affinity_features(c, cutoff, "category", labels, cfg=cfg, levels=attribute_columns(cache))
             for c in (cache, _Past(cache, cutoff)))
-    assert a.shape == (cache.n_entities, len(labels), 1) and a.any()  # the mass alone
+    assert a.shape == (cache.n_entities, len(labels), 2) and a.any()  # one level: cosine, mass
     np.testing.assert_array_equal(a, b)
-    aff = Affinity.fit(cache, cutoff, "category", labels, cfg, attribute_columns(cache))
-    restored = Affinity.from_state(*aff.state())
-    sh = cache.shard(0)
-    chunk = chunk_at(sh, 0, len(sh.entities), cutoff)
-    assert restored.cfg == aff.cfg and list(restored.levels) == ["category"]
-    np.testing.assert_array_equal(restored.features(chunk), aff.features(chunk))
-    with pytest.raises(ValueError, match="features"):
-        AffinityConfig(features=("popularity",))
+    assert not np.array_equal(a, affinity_features(cache, sources.at(80), "category", labels, cfg=cfg,
+                                                    levels=attribute_columns(cache)))
+
+
+def test_a_cache_without_an_item_table_has_no_attribute_columns(sources):
+    assert attribute_columns(sources.segment_purchases(30, 40, seed=0)) == ()
 
 
 def test_affinity_is_aligned_with_its_labels(sources):
