@@ -39,9 +39,13 @@ import quality  # noqa: E402
 from quality import dataset_parser, dataset_spec, tasks  # noqa: E402
 
 from habitus.models.cache import Cache, build_cache  # noqa: E402
-from habitus.models.data.affinity import affinity_features, attribute_columns  # noqa: E402
-from habitus.models.data.features import DAY, FeatureSpec  # noqa: E402
-from habitus.models.evaluate.baselines import MULTILABEL_ROWS, most_frequent_labels  # noqa: E402
+from habitus.models.data.affinity import Affinity, affinity_features, attribute_columns  # noqa: E402
+from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan  # noqa: E402
+from habitus.models.data.features import DAY, FeatureSpec, chunk_at  # noqa: E402
+from habitus.models.evaluate.baselines import (MULTILABEL_MAX_LABELS, MULTILABEL_ROWS, hand_features,  # noqa: E402
+                                               most_frequent_labels)
+from habitus.models.tasks import task as task_of  # noqa: E402
+from habitus.models.tasks.base import LabelScores  # noqa: E402
 from habitus.models.evaluate.holdout import protocol  # noqa: E402
 from habitus.models.heads.stacked_rows import Rows, collect  # noqa: E402
 from habitus.models.heads.stacking import StackConfig  # noqa: E402
@@ -110,6 +114,43 @@ def lightgbm_per_label(train: tuple, val: tuple, test: tuple, seed: int, with_af
                   eval_set=[(x(val, j), np.ascontiguousarray(y_val[:, j]))], callbacks=[lgb.early_stopping(15, verbose=False)])
         out[:, j] = model.predict_proba(x(test, j))[:, 1]
     return out
+
+
+def affinity_lightgbm_scores(cache: Cache, spec: FeatureSpec, task, train_cutoffs, val_cutoff: int, test_cutoff: int,
+                             *, seed: int = 0, train_cache: Cache | None = None, levels: tuple[str, ...] | None = None,
+                             max_labels: int = MULTILABEL_MAX_LABELS) -> LabelScores:
+    """The panel's reference arm "lightgbm + affinity" (bench/panel.py): lightgbm_per_label over the hand
+    features and each label's own affinity columns (`levels`: every categorical column by default, cosine
+    and mass each), at every cut-off the affinity fitted on that cut-off's past; the test entities'
+    scores (evaluate's order) of the `max_labels` most frequent labels. `train_cache`: the entities
+    whose labels train it (default `cache`)."""
+    train = cache if train_cache is None else train_cache
+    labels = most_frequent_labels(train, task, train_cutoffs, max_labels)
+    labels = np.arange(task.outputs) if labels is None else labels
+    values = np.asarray(task.target.labels)[labels]
+    # the levels embedded at the oldest cut-off (later ones only add events): every cut-off's rows as wide
+    levels = tuple(Affinity.fit(train, int(min(train_cutoffs)), task.target.column, values, levels=levels).levels)
+
+    def rows(c: Cache, cutoffs) -> tuple:  # (Rows of the hand features and targets, affinity [n, labels, width])
+        entity_table = c.entity_table()
+        vocab_sizes = {k: m["vocab_size"] for k, m in c.columns.items() if m["type"] == "categorical"}
+        hands, affs, ys = [], [], []
+        for cutoff in cutoffs:
+            aff = Affinity.fit(c, int(cutoff), task.target.column, values, levels=levels)
+            for s, lo, hi in chunk_plan(c, SCORING_CHUNK_ENTITIES):
+                chunk = chunk_at(c.shard(s), lo, hi, int(cutoff))
+                if chunk.n == 0:
+                    continue
+                keep, y = task_of(task).labels(chunk, task.target, c)
+                hands.append(hand_features(chunk, spec, task, entity_table, vocab_sizes, labels)[keep])
+                affs.append(aff.features(chunk)[keep])
+                ys.append(y.dense(0, labels))
+        hand, y = np.concatenate(hands), np.concatenate(ys).astype(np.float32)
+        return Rows(np.arange(len(hand)), hand, np.zeros((len(hand), 0), np.float32), y), np.concatenate(affs)
+
+    out = lightgbm_per_label(rows(train, train_cutoffs), rows(train, [val_cutoff]), rows(cache, [test_cutoff]), seed,
+                             True)
+    return LabelScores(labels, out)
 
 
 VARIANT_LEVELS = ("all", "attributes", "label")
