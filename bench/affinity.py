@@ -8,17 +8,19 @@ LightGBM, with and without, on a temporal hold-out: a paired entity bootstrap in
 Variants (`--variants`, comma-separated; each is one more LightGBM arm against the same one without):
 which levels (embedded columns) give a label its columns and which of the two features per level.
 "all": every categorical event column (cosine and mass); "attributes": the item attribute columns only
-(models/data/affinity.py's attribute_columns: the cache's lookup columns, functions of the item like a
-subclass, category or brand; neither the item id nor per-visit context like a store); "label": the label column alone; a suffix "_cosine" or
-"_mass" keeps that feature only.
+(models/data/affinity.py's attribute_columns: the cache's lookup columns, functions of the item like
+a subclass, category or brand; neither the item id nor per-visit context like a store); "label": the
+label column alone; a suffix "_cosine" or "_mass" keeps that feature only.
 
 The protocol is bench/quality.py's (its dataset specs and propensity task, imported): at every cut-off
 (training, validation, test) the affinity is fitted on that cut-off's past only. "lightgbm" is the
 baseline's per-label LightGBM (models/tasks/multilabel.py's parameters, the same training rows, early
 stopped on the validation cut-off) over the hand features, with and without each label's own
-affinity columns (the panel's reference arm "LightGBM + per-label co-occurrence affinity"). The
-hand features come from the stack's rows (models/heads/stacked_rows.collect, which needs a
-foundation trunk: one is trained, its representation is not read).
+affinity columns. The hand features come from the stack's rows (models/heads/stacked_rows.collect,
+which needs a foundation trunk: one is trained, its representation is not read).
+`affinity_lightgbm_scores` is the same LightGBM with every categorical column's affinity as the
+quality panel's reference arm "lightgbm + affinity" (bench/panel.py), built from the hand features
+directly (no trunk).
 
 Macro AUROC at the test cut-off over the labels with both classes; the interval is a paired bootstrap
 over test entities (this script's own, 200 resamples, the seeds' mean difference in each resample).
