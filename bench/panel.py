@@ -17,7 +17,9 @@ Rows (the datasets' caches leave the withheld attribute out of every input, for 
 - churn, propensity (50 labels): habitus (the served head) against LightGBM; propensity against the
   stronger (higher mean) of LightGBM and the practitioner's LightGBM (bench/practitioner.py); the
   served recipe against the same recipe without the foundation (random trunk, no representation in
-  the trees); the pretrained network against the same network from scratch.
+  the trees); the pretrained network against the same network from scratch. Propensity rows also
+  against LightGBM + per-label co-occurrence affinity (bench/affinity.py), a reference outside the
+  verdicts.
 - churn_10pct, propensity_10pct: the labels of 10% of the entities (bench/label_share.py), against
   LightGBM on the same 10% and against LightGBM on all labels (derived labels cost nothing).
 - withheld: the withheld attribute (bench/withheld.py) from the labels of 10% of the entities.
@@ -45,6 +47,7 @@ import withheld  # noqa: E402
 from intervals import combine, metric, paired_many, panel_mean, verdict  # noqa: E402
 from label_share import EntitySubset, labeled_entities  # noqa: E402
 from practitioner import practitioner_scores  # noqa: E402
+from affinity import affinity_lightgbm_scores  # noqa: E402
 from quality import dataset_spec, machine, tasks, train_arms  # noqa: E402
 
 PANEL = ("tafeng", "demo")
@@ -62,10 +65,12 @@ COMPARISONS = [
     ("churn", "pretrained - scratch (network)", "network", "scratch", None, None),
     ("propensity", "habitus - lightgbm", "habitus", "lightgbm", None, None),
     ("propensity", "habitus - practitioner lightgbm", "habitus", "practitioner", None, None),
+    ("propensity", "habitus - lightgbm + affinity", "habitus", "lightgbm + affinity", None, None),
     ("propensity", "served - no foundation", "habitus", "bare", 0.005, 0.0),
     ("propensity", "pretrained - scratch (network)", "network", "scratch", None, None),
     ("propensity_500", "habitus - lightgbm", "habitus", "lightgbm", None, None),
     ("propensity_500", "habitus - practitioner lightgbm", "habitus", "practitioner", None, None),
+    ("propensity_500", "habitus - lightgbm + affinity", "habitus", "lightgbm + affinity", None, None),
     ("withheld", "pretrained - scratch (network)", "network", "scratch", 0.01, 0.0),
     ("withheld", "habitus - lightgbm", "habitus", "lightgbm", 0.02, 0.0),
     ("probe", "embeddings - rfm scalars (C = 1)", "embeddings", "rfm scalars", -0.002, -0.002),
@@ -80,10 +85,15 @@ def practitioner_arm(cache, fspec, task, plan, *, dataset: str, seed: int, train
                                parent_column=PARENT.get(dataset), seed=seed, train_cache=train_cache)
 
 
+def affinity_arm(cache, fspec, task, plan, *, dataset: str, seed: int, train_cache):
+    return affinity_lightgbm_scores(cache, fspec, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff,
+                                    seed=seed, train_cache=train_cache)
+
+
 # the hand-built reference models of label rows, beside the recipe's arms: name -> fit(cache, feature
 # spec, task, plan, dataset=, seed=, train_cache=) -> LabelScores of the test entities in evaluate's
 # order. Another reference is one entry here and its lines in COMPARISONS.
-LABEL_ARMS = {"practitioner": practitioner_arm}
+LABEL_ARMS = {"practitioner": practitioner_arm, "lightgbm + affinity": affinity_arm}
 # rows whose comparison is against the stronger of two LightGBMs: (row, bar, floor)
 STRONGER_ROWS = {"propensity": (None, None), "propensity_500": (0.02, 0.0)}
 # panel rows over the datasets' means: (row, comparison, bar, floor)

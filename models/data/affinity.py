@@ -7,7 +7,7 @@ matrix, never dense), turned into positive pointwise mutual information (context
 0.75) and reduced by a randomized truncated SVD to `AffinityConfig.dim` dimensions (rows U sqrt(S),
 unit length). Values seen in fewer than `min_count` baskets get no vector (zeros). Item attributes
 (subclass, category, brand) are event columns of the cache, so parents get their own embeddings
-from the same baskets.
+from the same baskets; `attribute_columns` names them (the "category-level" arm's levels).
 
 Per-label features (`Affinity`): for a label column L and its labels, and for every embedded column
 X (the "levels": products and their parents), the label's centroid at level X is the normalized sum
@@ -41,6 +41,14 @@ class AffinityConfig:
     max_basket: int = 64  # values kept per basket (the first ones): pairs grow with its square
     half_life: float = HABITUAL_DAYS  # days: the entity's decayed history
     seed: int = 0
+
+
+def attribute_columns(cache: Cache) -> tuple[str, ...]:
+    """The categorical columns the cache looks up through a key (an item's attributes: its subclass,
+    category, brand; neither the item id nor per-visit context such as a store), in the cache's
+    column order; empty where the events have no item table."""
+    looked_up = {c for lookup in cache.manifest.get("lookups", []) for c in lookup["columns"]}
+    return tuple(c for c, m in cache.columns.items() if m["type"] == "categorical" and c in looked_up)
 
 
 def _baskets(cache: Cache, cutoff: int, columns) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from habitus.models.cache.reader import Shard
-from habitus.models.data.affinity import Affinity, AffinityConfig, affinity_features, cooccurrence_vectors
+from habitus.models.data.affinity import (Affinity, AffinityConfig, affinity_features, attribute_columns,
+                                          cooccurrence_vectors)
 from habitus.models.data.features import chunk_at
 
 GROUPS, PER_GROUP = 4, 10  # planted: 4 groups of 10 products, each basket from one group
@@ -103,6 +104,24 @@ def test_features_at_a_cutoff_do_not_see_later_events(sources):
     np.testing.assert_array_equal(a, b)
     later = affinity_features(cache, sources.at(80), "category", labels)
     assert not np.array_equal(a, later)  # (later events do change later features)
+
+
+def test_the_attribute_levels_at_a_cutoff_do_not_see_later_events(sources):
+    cache = _planted_cache(sources)
+    cutoff = sources.at(50)
+    assert attribute_columns(cache) == ("category",)  # the products table's column, not the product id
+    labels = np.arange(1, cache.columns["category"]["vocab_size"] + 1)
+    cfg = AffinityConfig(min_values=4)  # (4 categories here)
+    a, b = (affinity_features(c, cutoff, "category", labels, cfg=cfg, levels=attribute_columns(cache))
+            for c in (cache, _Past(cache, cutoff)))
+    assert a.shape == (cache.n_entities, len(labels), 2) and a.any()  # one level: cosine, mass
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, affinity_features(cache, sources.at(80), "category", labels, cfg=cfg,
+                                                    levels=attribute_columns(cache)))
+
+
+def test_a_cache_without_an_item_table_has_no_attribute_columns(sources):
+    assert attribute_columns(sources.segment_purchases(30, 40, seed=0)) == ()
 
 
 def test_affinity_is_aligned_with_its_labels(sources):
