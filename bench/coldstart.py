@@ -8,7 +8,7 @@ the split (14 days before the test cut-off) are what a scenario is trained on; t
 appended to the cache as a daily run appends them (models/cache/append.py), and the ranking is read
 at the test cut-off. `--share` (10%) of the items that sell both before and after the split are
 hidden: their events before the split are dropped, so to the trained model they are items that
-started selling on the split day and got their ids on append (models/data/coldstart.py maps their
+started selling on the split day and got their ids on append (models/tasks/coldstart.py maps their
 attributes to an embedding). Two worlds are trained the same way (foundation, then the
 recommendation scenario with the product's defaults): "hidden" and "full" (nothing dropped: the
 same items' trained embeddings, the upper reference).
@@ -54,7 +54,7 @@ from quality import dataset_spec  # noqa: E402
 
 from habitus.models.cache import Cache, build_cache  # noqa: E402
 from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan  # noqa: E402
-from habitus.models.data.coldstart import encode, item_profile  # noqa: E402
+from habitus.models.tasks.coldstart import encode, item_profile  # noqa: E402
 from habitus.models.data.features import DAY, FeatureSpec, chunk_at  # noqa: E402
 from habitus.models.data.items import SparseRows, batch_history  # noqa: E402
 from habitus.models.data.labels import item_popularity, recent_popularity, task_inputs  # noqa: E402

@@ -39,7 +39,7 @@ from habitus.models.cache.sql import _epoch_s, _lit, _one, _q
 from habitus.models.cache.stage import _attribute_stats, _count, _counted, _describe, _Staged
 from habitus.models.cache.stored import BATCH_ROWS, IPC_OPTIONS, _stored_schema, _values
 from habitus.models.cache.vocab import _stage_entity_ids, _write_entity_vocab, _write_vocab
-from habitus.models.data.text import write_encoder
+from habitus.models.cache.text import write_encoder
 
 PART_EVENTS = 2_000_000  # events sorted at a time (~150 MB of DuckDB sort); build_cache(part_events=...)
 
@@ -80,7 +80,7 @@ def _encode_kept(con, spec: CacheSpec, st: _Staged, kept: str, out: Path, *, see
             mean, std, lo, hi, nulls = _attribute_stats(con, st, sets, c, n_events)
             columns[c] = {"type": "numeric", "mean": _round(mean), "std": _round(std), "min": lo, "max": hi,
                           "nulls": int(nulls)}
-    for c in text_columns(spec):  # a text column's vectors: its encoder, fitted once (habitus.models.data.text)
+    for c in text_columns(spec):  # a text column's vectors: its encoder, fitted once (habitus.models.cache.text)
         texts = pq.read_table(out / "vocab" / f"{c}.parquet", columns=["value"]).column("value").to_pylist()
         columns[c]["text"] = write_encoder(out, c, texts, seed and seed.path)
     if append:  # numeric statistics stay those of the first build: the models standardize with them

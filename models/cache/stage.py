@@ -13,7 +13,7 @@ from habitus.models.cache.sql import _column_sql, _epoch_s, _field_type, _files_
 
 
 # how a column type is encoded: a time as a number of seconds, a text as a value of a vocabulary (its
-# vectors: habitus.models.data.text)
+# vectors: habitus.models.cache.text)
 STORED_AS = {"timestamp": "numeric", "text": "categorical"}
 
 

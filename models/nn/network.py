@@ -294,7 +294,7 @@ class ItemHead(nn.Module):
         return torch.cat([self.items.weight[lo:], extra[:hi - n]])
 
     def set_item_map(self, spec: str, weight: torch.Tensor) -> None:
-        """The map from an item's attributes to an embedding (models/data/coldstart.py): its encoding (JSON)
+        """The map from an item's attributes to an embedding (models/tasks/coldstart.py): its encoding (JSON)
         and its [features + 1, dim] weights, kept in the state so that a checkpoint carries them."""
         self.register_buffer("item_map_spec", torch.frombuffer(bytearray(spec.encode()), dtype=torch.uint8).clone())
         self.register_buffer("item_map", weight.detach().clone().float())

@@ -120,7 +120,7 @@ class Task:
 
     def fit_new_items(self, model: Model, spec, cache, cutoff: int, log, val=None) -> dict | None:
         """After training: what scores labels first seen after it (recommendation: the item map of
-        models/data/coldstart.py, saved with the head, chosen on the validation chunks `val`).
+        models/tasks/coldstart.py, saved with the head, chosen on the validation chunks `val`).
         Returns what was measured, or None."""
         return None
 

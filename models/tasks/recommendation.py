@@ -7,7 +7,7 @@ import math
 import numpy as np
 import torch
 
-from habitus.models.data.coldstart import fit_item_map, held_out_ndcg, new_item_embeddings, spec_bytes
+from habitus.models.tasks.coldstart import fit_item_map, held_out_ndcg, new_item_embeddings, spec_bytes
 from habitus.models.data.items import SparseRows, batch_history, candidates, sampled_softmax_loss, top_k_items
 from habitus.models.data.labels import POPULARITY_DAYS, item_popularity, recent_popularity
 from habitus.models.data.targets import TargetSpec

@@ -1,4 +1,4 @@
-"""Items first seen after a recommendation scenario was trained (models/data/coldstart.py): held back
+"""Items first seen after a recommendation scenario was trained (models/tasks/coldstart.py): held back
 from training, appended on the days they start selling, ranked by the next day's predictions."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from habitus.models.cache import Cache, TableInput, build_cache
-from habitus.models.data.coldstart import fit_item_map, new_item_embeddings
+from habitus.models.tasks.coldstart import fit_item_map, new_item_embeddings
 from habitus.models.data.features import DAY
 from habitus.models.evaluate.holdout import protocol
 from habitus.models.serve.predict import load_model, predict

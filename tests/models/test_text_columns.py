@@ -1,4 +1,4 @@
-"""Text columns (`type: text`, models/data/text.py): hashed n-grams reduced by an SVD fitted when the
+"""Text columns (`type: text`, models/cache/text.py): hashed n-grams reduced by an SVD fitted when the
 cache is first built, carried unchanged by later versions; the item map reads a product's name."""
 
 import filecmp
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from habitus.models.cache import Cache, CacheError, build_cache
-from habitus.models.data.coldstart import fit_item_map, new_item_embeddings
-from habitus.models.data.text import TEXT_WIDTH, encoder_path, fit_encoder, text_vectors, transform
+from habitus.models.tasks.coldstart import fit_item_map, new_item_embeddings
+from habitus.models.cache.text import TEXT_WIDTH, encoder_path, fit_encoder, text_vectors, transform
 
 NAMES = ["organic whole milk 1l", "organic skim milk 1l", "whole milk 2l", "dog food chicken 2kg",
          "dog food beef 2kg", "cat food salmon", "dark chocolate 70%", "milk chocolate bar", "white bread loaf",

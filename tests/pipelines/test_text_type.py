@@ -1,10 +1,10 @@
-"""`type: text` in a source's `types:` (habitus.models.data.text): accepted where a text describes events
+"""`type: text` in a source's `types:` (habitus.models.cache.text): accepted where a text describes events
 or items, refused with the source and column named elsewhere."""
 
 import pytest
 from pydantic import ValidationError
 
-from habitus.pipelines.config import Source
+from habitus.pipelines.config.sources import Source
 
 EVENTS = {"name": "purchases", "role": "events", "connection": "wh", "table": "purchases", "timestamp": "ts",
           "start": "2024-01-01"}

@@ -11,7 +11,7 @@ predicts, some 25 times the movement in mean square on Ta-Feng), and saved with 
   through an attributes table joined on the item; one-hot over its `MAX_VALUES` most common values;
 - every numeric event column: the item's mean (sign-log, standardized) and its quantile tier
   (`TIERS`): a price tier, a pack size;
-- every text column (`type: text`, habitus.models.data.text): the vector of the item's name.
+- every text column (`type: text`, habitus.models.cache.text): the vector of the item's name.
 
 At scoring (`new_item_embeddings`), the items the cache gained since training (ids above the
 trained catalog, as the vocabularies keep a value's id and give new values the next ones) and seen
@@ -24,6 +24,9 @@ import json
 
 import numpy as np
 import torch
+
+from habitus.models.cache.text import text_vectors
+from habitus.models.tasks.metrics import ranking_metrics_at
 
 PURITY = 0.9  # a column describes an item where the item's most frequent value covers this share of its events
 MAX_VALUES = 1_024  # one-hot slots per categorical column (its most common values; the rest share one)
@@ -130,8 +133,6 @@ def encode(cache, spec: dict, ids: np.ndarray, profile: dict):
         parts.append(sp.csr_matrix(np.where(ok, (np.nan_to_num(mean) - s["mean"]) / s["std"], 0.0)
                                    .astype(np.float32)[:, None]))
     if spec["text"]:
-        from habitus.models.data.text import text_vectors
-
         for c in spec["text"]:
             parts.append(sp.csr_matrix(text_vectors(cache, c, ids if c == spec["column"] else profile["modes"][c][0])))
     return sp.hstack(parts, format="csr", dtype=np.float32) if parts else sp.csr_matrix((n, 0), dtype=np.float32)
@@ -230,8 +231,6 @@ def held_out_ndcg(model, held: dict, val, k: int) -> dict:
     one, each item scored as a new one would be (no history of it, its popularity at the cut-off):
     with the mapped embedding and with the map's intercept alone. `val`: (x, history, bought,
     popularity) chunks. Returns both and the one chosen ("attributes" where it is higher)."""
-    from habitus.models.tasks.metrics import ranking_metrics_at
-
     head, dev = model.head, model.head.items.weight.device
     cand = np.sort(held["positions"])
     order = np.argsort(held["positions"])
