@@ -56,11 +56,36 @@ def cache_spec(project, workspace: Workspace) -> CacheSpec:
     return CacheSpec(project.entity, by_role["events"], by_role["entity_attributes"], by_role["attributes"])
 
 
-def current_cache(workspace: Workspace) -> Cache:
+def cache_folder(workspace: Workspace) -> Path | None:
+    """The cache folder that cache/current.json names (None without that file), checked before it becomes a
+    path: a cache fingerprint (16 hex digits, never `..`, a slash or an absolute path) naming a folder that is
+    not a link (models/storage/versions.py checked_fingerprint); dg.Failure naming the file otherwise."""
+    from habitus.models.storage.versions import VersionError, checked_fingerprint
+
     pointer = workspace.cache_root / "current.json"
     if not pointer.exists():
+        return None
+    fix = f"delete {pointer} and build the cache again (`habitus train`, or materialize the `cache` asset)"
+    try:
+        record = read_json(pointer)
+    except ValueError as e:  # not JSON (a torn or corrupted file)
+        raise dg.Failure(f"{pointer}: not a cache pointer ({e}); {fix}") from None
+    try:
+        name = record.get("folder") if isinstance(record, dict) else None
+        folder = workspace.cache_root / checked_fingerprint(name, f"{pointer}: folder", "cache", fix)
+    except VersionError as e:
+        raise dg.Failure(str(e)) from None
+    if folder.is_symlink():
+        raise dg.Failure(f"{pointer}: folder {folder.name!r} is a link ({folder} -> {folder.readlink()}), not a cache "
+                         f"habitus built; check who can write to the workspace, then {fix}")
+    return folder
+
+
+def current_cache(workspace: Workspace) -> Cache:
+    folder = cache_folder(workspace)
+    if folder is None:
         raise dg.Failure(f"no cache in {workspace.cache_root}; materialize `cache` first")
-    return Cache(workspace.cache_root / read_json(pointer)["folder"])
+    return Cache(folder)
 
 
 def _quoted(name: str) -> str:
@@ -129,8 +154,7 @@ def build_cache_asset(project) -> dg.AssetsDefinition:
                            for f in t.files)
         space = workspace.ensure_space(source_bytes, "the cache")  # compressed, the cache is no bigger than its source
         reused = (workspace.cache_root / spec.fingerprint()[:16] / "manifest.json").exists()
-        pointer = workspace.cache_root / "current.json"
-        previous = workspace.cache_root / read_json(pointer)["folder"] if pointer.exists() else None
+        previous = cache_folder(workspace)
         folder = build_cache(spec, workspace.cache_root, previous=previous, log=context.log.info,
                              **project.cache.build_options())
         write_json(workspace.cache_root / "current.json",

@@ -31,12 +31,12 @@ class VersionError(ValueError):
     """A fingerprint that names no version, or names several, or is not a fingerprint."""
 
 
-def checked_fingerprint(fp, where: str) -> str:
+def checked_fingerprint(fp, where: str, kind: str = "version", fix: str = "retrain or restore") -> str:
     """`fp` when it has the fingerprint form (16 hex digits: never `..`, a slash or an absolute path);
-    VersionError naming `where` (the file it was read from) otherwise."""
+    VersionError naming `where` (the file it was read from), the `kind` of name and what to do (`fix`) otherwise."""
     if not (isinstance(fp, str) and FINGERPRINT.fullmatch(fp)):
-        raise VersionError(f"{where}: {str(fp)[:80]!r} is not a version fingerprint (16 hex digits); the file was "
-                           f"not written by habitus: check who can write to the workspace, then retrain or restore")
+        raise VersionError(f"{where}: {str(fp)[:80]!r} is not a {kind} fingerprint (16 hex digits); the file was "
+                           f"not written by habitus: check who can write to the workspace, then {fix}")
     return fp
 
 

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import dagster as dg
 
-from habitus.assets.cache import CACHE_KEY, cache_spec
+from habitus.assets.cache import CACHE_KEY, cache_folder, cache_spec
 from habitus.assets.embeddings import EMBEDDINGS_KEY
 from habitus.assets.predictions import predictions_key
 from habitus.assets.scenarios import scenario_key
@@ -38,11 +38,8 @@ def data_fingerprint(project, workspace) -> str:
 
 
 def cache_in_use(workspace) -> Cache | None:
-    pointer = workspace.cache_root / "current.json"
-    if not pointer.exists():
-        return None
-    folder = workspace.cache_root / read_json(pointer)["folder"]
-    return Cache(folder) if (folder / "manifest.json").exists() else None
+    folder = cache_folder(workspace)  # checked: dg.Failure naming cache/current.json when tampered
+    return Cache(folder) if folder is not None and (folder / "manifest.json").exists() else None
 
 
 def data_or_skip(project, workspace) -> str | dg.SkipReason:
