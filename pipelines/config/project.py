@@ -25,7 +25,7 @@ from habitus.pipelines.config.operations import (ExecutorSettings, KubernetesSet
                                                 RetrySettings, ScheduleSettings)
 from habitus.pipelines.config.file import CONFIG_ENV, ConfigError, format_errors, read_yaml, resolve_path
 from habitus.pipelines.config.tracking import MlflowSettings
-from habitus.resources.warehouses.masking import redact_url
+from habitus.resources.store.redaction import redact_url
 
 DEFAULT_CONFIG = "examples/demo.yaml"
 _DURATION = re.compile(r"^\s*(\d+)\s*([dw])\s*$")

@@ -27,7 +27,8 @@ from habitus.pipelines.init.profile import OUTPUT_COLUMNS, habitus_output, profi
 from habitus.pipelines.init.suggest import check_joins, pick_events, render, suggest
 from habitus.pipelines.orchestration.build import connection_resource
 from habitus.resources.warehouses.errors import WarehouseError
-from habitus.resources.warehouses.masking import redact_text, template_secrets
+from habitus.resources.store.redaction import redact_text
+from habitus.resources.warehouses.masking import template_secrets
 from habitus.resources.warehouses.remote import SECRET_KEYS
 
 

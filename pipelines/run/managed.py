@@ -38,7 +38,7 @@ from habitus.pipelines.config.file import ConfigError
 from habitus.pipelines.config.operations import add_executor_arguments, with_executor
 from habitus.pipelines.config.project import load_project
 from habitus.pipelines.run.report import failure_line, report
-from habitus.resources.store.manifests import shown_url
+from habitus.resources.store.redaction import redact_url
 from habitus.resources.store.output import Output
 
 COMMANDS = ("train", "score", "embed", "upload", "restore")
@@ -151,7 +151,7 @@ def main(command: str, argv: list[str]) -> int:
                            verbose=args.verbose)
         elif command == "upload":
             done = upload(project)
-            print(f"uploaded to {shown_url(project.output)}: " + ", ".join(
+            print(f"uploaded to {redact_url(project.output)}: " + ", ".join(
                 f"{s} {r['uploaded']} sent / {r['skipped']} already there" for s, r in done.items()))
             return 0
         else:
@@ -160,7 +160,7 @@ def main(command: str, argv: list[str]) -> int:
             source = str(Path(args.source).resolve()) if args.source and "://" not in args.source else args.source
             ws = Workspace(root=project.workspace, output=source or project.output, output_pins=project.output_pins)
             done = ws.restore(Output(ws.output).stages() if args.all and ws.output else None)
-            print(f"restored {', '.join(done)} from {shown_url(ws.output)} into {project.workspace}")
+            print(f"restored {', '.join(done)} from {redact_url(ws.output)} into {project.workspace}")
             return 0
     except KeyboardInterrupt:
         _fail(f"habitus {command}: interrupted", "")

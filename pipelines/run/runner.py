@@ -42,7 +42,7 @@ from habitus.pipelines.orchestration.instance import dagster_instance
 from habitus.pipelines.orchestration.partitions import predictions_partitions
 from habitus.pipelines.run.progress import STAGE_TAG, PlainDisplay
 from habitus.pipelines.run.report import failure_line
-from habitus.resources.store.manifests import shown_url
+from habitus.resources.store.redaction import redact_url
 from habitus.resources.store.workspace import Workspace
 from habitus.resources.training.executor import TrainingExecutor
 
@@ -308,7 +308,7 @@ def restore_if_missing(project, log) -> None:
     if not project.output:
         raise RuntimeError(f"no foundation checkpoint in the workspace {project.workspace} and no `output:` to "
                           f"restore one from; run `habitus train` first")
-    log(f"no checkpoints in {project.workspace}: restoring them from {shown_url(project.output)}")
+    log(f"no checkpoints in {project.workspace}: restoring them from {redact_url(project.output)}")
     ws.restore(log=log)
 
 

@@ -24,22 +24,6 @@ _CACHE_FOLDER = re.compile(r"[0-9a-f]{16}")
 STAGE_NAME = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_][A-Za-z0-9_-]*)?")
 
 
-def shown_url(url: str) -> str:
-    """An output URL as logged: without user info (user:password@) or query string (tokens, endpoints).
-    The user info ends at the last `@` of the URL, so a password holding `/`, `?`, `#` or `@` that was not
-    URL-quoted is dropped whole, and nothing here raises on a malformed port (it is shown as written only
-    when it is a number)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
-        return url.split("?", 1)[0]
-    rest = rest.rpartition("@")[2]
-    rest = re.split(r"[?#]", rest, maxsplit=1)[0]
-    host, slash, path = rest.partition("/")
-    name, colon, port = host.rpartition(":") if ":" in host and not host.endswith("]") else (host, "", "")
-    host = name + (f":{port}" if port.isdigit() else "") if colon else host
-    return f"{scheme}://{host}{slash}{path}"
-
-
 def has_user_info(url: str) -> bool:
     """Whether a scheme://... URL carries user info (`user:password@`, quoted or not) or a port that is not
     a number (the sign of a password holding an unquoted `/`, `?` or `#`)."""

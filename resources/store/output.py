@@ -56,10 +56,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from habitus.models.storage.files import durable_replace, is_disk_full
+from habitus.resources.store.redaction import redact_url
 from habitus.resources.store.space import ensure_space
 from habitus.resources.store.stores import open_regular, open_store
 from habitus.resources.store.manifests import (MANIFESTS, MAX_MANIFEST_BYTES, STAGE_NAME, OutputError, checked_manifest,
-                                        daily_stage, fingerprint, inside, parsed_manifest, sha256_of, shown_url,
+                                        daily_stage, fingerprint, inside, parsed_manifest, sha256_of,
                                         stage_file, too_large)
 
 UPLOADS = ".upload."  # temporary keys sit flat under the prefix: moving or deleting
@@ -73,7 +74,7 @@ class Output:
 
     def __init__(self, url: str, *, retries: int = 5, backoff_s: float = 0.5, log: Callable[[str], None] = print):
         self.url, self.retries, self.backoff_s, self.log = url, retries, backoff_s, log
-        self.shown = shown_url(url)
+        self.shown = redact_url(url)
         self.fs, self.base = open_store(url)
 
     # ------------------------------------------------------------------ remote primitives, retried

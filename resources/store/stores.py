@@ -26,7 +26,8 @@ import stat
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from habitus.resources.store.manifests import OutputError, has_user_info, shown_url
+from habitus.resources.store.manifests import OutputError, has_user_info
+from habitus.resources.store.redaction import redact_text, redact_url, url_secrets
 
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a FIFO never blocks the open
@@ -268,17 +269,17 @@ def open_store(url: str):
     if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url) or url.startswith("file://"):
         path = url.removeprefix("file://")
         if not os.path.isabs(path):
-            raise OutputError(f"output {shown_url(url)!r}: a folder must be an absolute path (the project loader resolves "
+            raise OutputError(f"output {redact_url(url)!r}: a folder must be an absolute path (the project loader resolves "
                               f"relative ones against the config file)")
         store = FolderStore(path)  # no operation passes through a link
         return store, store.base
     if has_user_info(url):  # checked on the text: urlsplit raises on a password holding / or ?, quoting it
-        raise OutputError(f"output {shown_url(url)!r}: credentials in the URL are not read (and would be logged); "
+        raise OutputError(f"output {redact_url(url)!r}: credentials in the URL are not read (and would be logged); "
                           f"give them as the store's variables (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*)")
     parts = urlsplit(url)
     if parts.scheme in ("s3", "s3a"):
         if not parts.netloc:
-            raise OutputError(f"output {shown_url(url)!r}: name a bucket, s3://bucket/prefix/")
+            raise OutputError(f"output {redact_url(url)!r}: name a bucket, s3://bucket/prefix/")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         endpoint = query.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL_S3") or \
             os.environ.get("AWS_ENDPOINT_URL")
@@ -297,5 +298,5 @@ def open_store(url: str):
     try:
         filesystem, path = pafs.FileSystem.from_uri(url)
     except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        raise OutputError(f"output {shown_url(url)!r}: pyarrow cannot open it ({e}); use s3://, gs://, abfs:// or a folder") from None
+        raise OutputError(f"output {redact_url(url)!r}: pyarrow cannot open it ({redact_text(e, url_secrets(url))}); use s3://, gs://, abfs:// or a folder") from None
     return filesystem, path.rstrip("/")

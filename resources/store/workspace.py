@@ -46,9 +46,10 @@ def locked(name: str):
                     try:
                         workspace.upload_stage(name, log=context.log.info)
                     except Exception as e:  # noqa: BLE001 (the store's errors come in many types)
-                        from habitus.resources.store.manifests import shown_url
+                        from habitus.resources.store.redaction import redact_text, redact_url, url_secrets
 
-                        raise dg.Failure(f"{name}: uploading to {shown_url(workspace.output)} failed: {e}. What the stage "
+                        raise dg.Failure(f"{name}: uploading to {redact_url(workspace.output)} failed: "
+                                         f"{redact_text(e, url_secrets(workspace.output))}. What the stage "
                                          f"wrote is in the workspace {workspace.root}: `habitus upload` sends it "
                                          f"without running the stage again") from e
                 return result

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from habitus.resources.warehouses.masking import redact_text, redact_url, url_secrets
+from habitus.resources.store.redaction import redact_text, redact_url, url_secrets
 
 INSTALL = "pip install 'habitus[mlflow]'"
 # a server that hangs must not hold a training's end for minutes (MLflow's defaults: 7 retries, 120 s);

@@ -29,7 +29,8 @@ from sqlglot import exp
 from habitus.resources.warehouses.errors import AUTH, WarehouseError, chain, network_error
 from habitus.resources.warehouses.remote import (CursorQueries, column_array, connect_error, fetch_rows, first_lines, naive_utc,
                                       rows_to_batches, value_literal)
-from habitus.resources.warehouses.masking import redact_text, secret_values, value
+from habitus.resources.store.redaction import redact_text
+from habitus.resources.warehouses.masking import secret_values, value
 from habitus.resources.warehouses.sql import arrow_sql_type, range_sql, table_expr
 
 DIALECT = "hive"

@@ -1,4 +1,4 @@
-"""Secrets by origin, and URLs without credentials.
+"""Secrets by origin.
 
 A config value that holds a `${VAR}` reference, alone (`${PW}`), mixed with text (`pw-${PW}`,
 `clickhouse://u:${PW}@h/db`) or nested in a dict or a list (`options: {a: {b: ${PW}}}`), is a secret as a
@@ -6,8 +6,8 @@ whole. A connection's resource keeps such a value as its template, the text writ
 (pipelines/orchestration/build.py): the Dagster UI, the run records and every copy of the resource's config show
 `pw-${PW}`, never the password; `value()` expands it where the connector hands it to its driver.
 `secret_values()` lists what errors must leave out (the expanded templates and each variable's value, at
-any depth, beside the fields whose key names a secret), and `redact_url()` is the one place a URL loses
-its user, password and token-like query values (the connectors' errors, MLflow's warnings, `habitus init`).
+any depth, beside the fields whose key names a secret); resources/store/redaction.py `redact_text` leaves
+them out, and `redact_url` is the one place a URL loses its credentials.
 """
 
 import os
@@ -18,9 +18,6 @@ from habitus.resources.warehouses.errors import WarehouseError
 
 # `${VAR}` or `${VAR:-default}`: the references the project config expands (pipelines/config/file.py)
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-# query parameters that carry a credential beyond the secret-named keys (resources/warehouses/remote.py SECRET_KEYS)
-_TOKEN_QUERY = re.compile(r"sig|key|apikey|auth|code|jwt|session\w*|x-amz-(signature|credential|security-token)", re.I)
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
 def is_template(v) -> bool:
@@ -110,60 +107,3 @@ def template_secrets(node) -> list[str]:
         out.append(str(node))
         out += [os.environ[m.group(1)] for m in ENV_REF.finditer(node.template) if m.group(1) in os.environ]
     return out
-
-
-def _secret_query(query: str) -> str:
-    from habitus.resources.warehouses.remote import SECRET_KEYS
-
-    parts = []
-    for item in query.split("&"):
-        k, eq, _ = item.partition("=")
-        parts.append(f"{k}=***" if eq and (k in SECRET_KEYS or _TOKEN_QUERY.fullmatch(k)) else item)
-    return "&".join(parts)
-
-
-def _userinfo(rest: str) -> str:
-    """The credentials part of a URL after its `scheme://` ('' when none)."""
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    if "@" in authority:
-        return authority[:authority.rindex("@")]
-    if "@" in rest and re.search(r":(?!\d*$)", authority):  # `user:pa/ss@host`: a password with / ? or #
-        return rest[:rest.rindex("@")]
-    return ""
-
-
-def redact_url(uri: str) -> str:
-    """The URL without its user and password (`https://user:pw@host` and `https://token@host` ->
-    `https://***@host`) and with token-like query values as *** (`?token=`, `sig=`, `X-Amz-Signature=`,
-    every secret-named key). Never raises: a password holding `/`, `?` or `@` is cut out with the rest of
-    the credentials."""
-    text = str(uri)
-    scheme, sep, rest = text.partition("://")
-    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
-        return text
-    userinfo = _userinfo(rest)
-    if userinfo:
-        rest = "***@" + rest[len(userinfo) + 1:]
-    head, q, query = rest.partition("?")
-    if q:
-        query, h, fragment = query.partition("#")
-        rest = f"{head}?{_secret_query(query)}{h}{fragment}"
-    return f"{scheme}://{rest}"
-
-
-def url_secrets(uri: str) -> list[str]:
-    """The credentials a URL carries, as written and unquoted, for `redact_text`: the password, or the user
-    when it is alone (a token given as the user name)."""
-    from urllib.parse import unquote
-
-    userinfo = _userinfo(str(uri).partition("://")[2]) if "://" in str(uri) else ""
-    found = [userinfo, userinfo.split(":", 1)[-1]] if userinfo else []
-    return [s for s in {*found, *map(unquote, found)} if len(s) >= 3]
-
-
-def redact_text(text: str, secrets: Iterable = ()) -> str:
-    """`text` with every secret (and its URL-quoted forms) as *** (resources/warehouses/remote.py `redact`) and every URL
-    in it without credentials (`redact_url`)."""
-    from habitus.resources.warehouses.remote import redact
-
-    return _URL.sub(lambda m: redact_url(m.group(0)), redact(str(text), list(secrets)))

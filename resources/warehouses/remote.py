@@ -17,6 +17,7 @@ from typing import ClassVar, Iterable, Iterator
 import dagster as dg
 import pyarrow as pa
 
+from habitus.resources.store.redaction import redact_text
 from habitus.resources.warehouses.batches import Batches
 from habitus.resources.warehouses.errors import WarehouseError, network_error
 from habitus.resources.warehouses.sql import freshness_sql, partition_counts_sql, range_sql, select_sql, utc_naive
@@ -65,18 +66,6 @@ def value(v):
     return v
 
 
-def redact(text: str, secrets: Iterable) -> str:
-    """`text` with every secret (and its URL-quoted form) replaced by ***."""
-    from urllib.parse import quote
-
-    for s in secrets:
-        s = value(s)
-        if isinstance(s, str) and len(s) >= 3:
-            for form in {s, quote(s, safe=""), quote(s)}:
-                text = text.replace(form, "***")
-    return text
-
-
 def first_lines(exc: BaseException, n: int = 3) -> str:
     text = " ".join(line.strip() for line in str(exc).strip().splitlines()[:n] if line.strip())
     return re.sub(r"\s+", " ", text) or type(exc).__name__
@@ -84,11 +73,12 @@ def first_lines(exc: BaseException, n: int = 3) -> str:
 
 def connect_error(kind: str, name: str, where: str, exc: BaseException, secrets: Iterable,
                   transient: bool | None = None) -> WarehouseError:
-    """A failed connection: which connection, which host, the driver's cause; never a secret.
+    """A failed connection: which connection, which host, the driver's cause; never a secret (`secrets`, and
+    any URL's credentials: resources/store/redaction.py `redact_text`).
     `transient` (default: the chain holds a refused, reset or timed-out connection, resources/warehouses/errors.py):
     the server may answer later (retried); a refused login or an unknown host is permanent."""
     transient = network_error(exc) if transient is None else transient
-    cause = redact(f"{type(exc).__name__}: {first_lines(exc)}", secrets)
+    cause = redact_text(f"{type(exc).__name__}: {first_lines(exc)}", secrets)
     return WarehouseError(f"connection {name or '?'!r} ({kind} at {where}): cannot connect: {cause}. "
                           f"Check the host, credentials and network access in the project config's `connections`",
                           transient=transient)
@@ -101,7 +91,7 @@ def query_error(kind: str, name: str, table: str, exc: BaseException, secrets: I
     at = f" at {where}" if where else ""
     lost = "the connection failed during the query (transient): " if transient else ""
     return WarehouseError(f"table {table!r} in {kind} connection {name or '?'!r}{at}: {lost}"
-                          f"{redact(first_lines(exc), secrets)}", transient=transient)
+                          f"{redact_text(first_lines(exc), secrets)}", transient=transient)
 
 
 def rows_to_batches(rows: Iterable[tuple], schema: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:

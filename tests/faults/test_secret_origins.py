@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from habitus.pipelines.config.project import load_project
-from habitus.resources.warehouses.masking import redact_text, redact_url, secret_values, value
+from habitus.resources.store.redaction import redact_text, redact_url
+from habitus.resources.warehouses.masking import secret_values, value
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning")
 

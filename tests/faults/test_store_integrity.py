@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import habitus.resources.store.space as space_module
-from habitus.resources.store.manifests import MAX_DEPTH, MAX_MANIFEST_BYTES, shown_url
+from habitus.resources.store.manifests import MAX_DEPTH, MAX_MANIFEST_BYTES
+from habitus.resources.store.redaction import redact_url
 from habitus.resources.store.output import CHUNK, Output, OutputError
 from habitus.resources.store.workspace import Workspace, WorkspaceError
 
@@ -167,5 +168,5 @@ def test_an_output_url_whose_password_holds_a_separator_is_refused_without_a_pie
     url = f"{scheme}://AKIAUSER:{secret_head}{sep}{secret_tail}@bucket/prefix"
     with pytest.raises(OutputError, match="credentials in the URL are not read") as e:
         Output(url)
-    for shown in (str(e.value), shown_url(url)):
+    for shown in (str(e.value), redact_url(url)):
         assert secret_head not in shown and secret_tail not in shown and "AKIAUSER" not in shown, shown

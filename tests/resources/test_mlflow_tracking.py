@@ -11,7 +11,7 @@ import pytest
 
 from habitus.assets.tracking import check_installed, track_scenario, tracked_rollback
 from habitus.pipelines.config.project import load_project
-from habitus.resources.warehouses.masking import redact_url
+from habitus.resources.store.redaction import redact_url
 from habitus.resources.training.mlflow_tracking import MlflowMissing, Tracker, numbers, require
 from habitus.resources.store.workspace import Workspace
 
@@ -19,10 +19,11 @@ from habitus.resources.store.workspace import Workspace
 def test_redact_url_hides_user_password_and_tokens():
     assert redact_url("https://bob:s3cret@mlflow.example.com:8443/x") == "https://***@mlflow.example.com:8443/x"
     assert redact_url("https://ghp_tok3n@mlflow.example.com/x") == "https://***@mlflow.example.com/x"  # a token as user
-    assert redact_url("https://u:pa/ss?w@h:5000/api?token=t0k&run=1#top") == "https://***@h:5000/api?token=***&run=1#top"
+    # every query value and the fragment go (what the output store's logs cut: endpoints, tokens of any name)
+    assert redact_url("https://u:pa/ss?w@h:5000/api?token=t0k&run=1#top") == "https://***@h:5000/api?token=***&run=***#***"
     assert redact_url("https://h/p?X-Amz-Signature=abc&sig=def&api_key=ghi&x=1") == (
-        "https://h/p?X-Amz-Signature=***&sig=***&api_key=***&x=1")
-    assert redact_url("https://h/users?email=a@b.c") == "https://h/users?email=a@b.c"  # an @ after the host: kept
+        "https://h/p?X-Amz-Signature=***&sig=***&api_key=***&x=***")
+    assert redact_url("https://h/users?email=a@b.c") == "https://h/users?email=***"  # an @ after the host: the host kept
     assert redact_url("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
     assert redact_url("databricks") == "databricks"
 

@@ -14,7 +14,8 @@ from habitus.pipelines.config.project import WarehouseConnection
 from habitus.pipelines.orchestration.build import connection_resource
 from habitus.resources.warehouses.errors import WarehouseError
 from habitus.resources.warehouses.masking import value
-from habitus.resources.warehouses.remote import connect_error, naive_utc, redact, rows_to_batches
+from habitus.resources.store.redaction import redact_text
+from habitus.resources.warehouses.remote import connect_error, naive_utc, rows_to_batches
 
 SCHEMA = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(10, 2)), ("ts", pa.timestamp("us"))])
 
@@ -35,7 +36,7 @@ def test_redact_and_connect_error_hide_secrets():
     text = str(err)
     assert "prod" in text and "acme.snowflakecomputing.com" in text and "cannot connect" in text
     assert secret not in text and "p%40ss%2Fword%201" not in text and "***" in text
-    assert redact("ab is short", ["ab"]) == "ab is short"  # too short to be a secret worth hiding
+    assert redact_text("ab is short", ["ab"]) == "ab is short"  # too short to be a secret worth hiding
 
 
 def test_value_reads_env_vars(monkeypatch):
