@@ -178,7 +178,7 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
             raise connect_error("bigquery", self.name, self._where(), e, self._secrets(), transient(e)) from None
         except GoogleAPIError as e:
             message = _message(e)
-            if isinstance(e, NotFound) and "table" in message.lower():  # not a missing dataset or job
+            if isinstance(e, NotFound):  # a missing table; of a missing dataset the listing fails too and adds nothing
                 message += tables_there(lambda: self._tables(client, self._ref(table)[:2]))
             raise query_error("bigquery", self.name, table, RuntimeError(message), self._secrets(),
                               where=self._where(), transient=transient(e)) from None

@@ -138,8 +138,8 @@ def test_read_sends_tsql_and_streams_batches(fake):
 def test_time_range_and_missing_table(fake):
     assert _wh().time_range("events", "Event Time") == (datetime(2026, 3, 1), datetime(2026, 3, 1, 9))
     assert fake["log"][-1] == "SELECT MIN([Event Time]), MAX([Event Time]) FROM [events]"
-    with pytest.raises(WarehouseError, match="table 'nope' in synapse connection 'syn' at ws.sql.azuresynapse.net:1433: "
-                                             "not found"):
+    with pytest.raises(WarehouseError,
+                       match="table 'nope' in synapse connection 'syn' at ws.sql.azuresynapse.net:1433: not found"):
         _wh().schema("nope")
 
 
@@ -160,9 +160,9 @@ def test_a_missing_table_lists_the_tables_there_on_the_same_cursor(fake):
     fake["tables"] = TABLES
     with pytest.raises(WarehouseError) as err:
         _wh().schema("nope")
-    assert str(err.value) == ("table 'nope' in synapse connection 'syn' at ws.sql.azuresynapse.net:1433: not found "
-                              "(INFORMATION_SCHEMA.COLUMNS has no columns for it); the tables there: customers, events, "
-                              "stage.raw, v_events")
+    assert str(err.value) == ("table 'nope' in synapse connection 'syn' at ws.sql.azuresynapse.net:1433: "
+                              "not found (INFORMATION_SCHEMA.COLUMNS has no columns for it); "
+                              "the tables there: customers, events, stage.raw, v_events")
     assert fake["log"][-1] == TABLES_SQL and len(fake["conn"]) == 1
 
 
