@@ -57,9 +57,10 @@ def tables_there(list_tables, limit: int = 30) -> str:
 
 
 def qualified_names(rows) -> list[str]:
-    """(schema, table, current schema) rows of an INFORMATION_SCHEMA listing as table names, `schema.table`
-    outside the session's schema, sorted."""
-    return sorted(t if s == current else f"{s}.{t}" for s, t, current in rows)
+    """(schema, table, current schema) rows of an INFORMATION_SCHEMA listing as table names: the session's
+    schema's first, then `schema.table` of the others, each sorted."""
+    rows = sorted(rows, key=lambda r: (r[0] != r[2], r[0], r[1]))
+    return [t if s == current else f"{s}.{t}" for s, t, current in rows]
 
 
 def chain(exc: BaseException | None):

@@ -149,7 +149,7 @@ TABLES = [("dbo", "customers", "dbo"), ("dbo", "events", "dbo"), ("dbo", "v_even
 
 def test_tables_lists_tables_and_views_of_the_database(fake):
     fake["tables"] = TABLES
-    assert _wh().tables() == ["customers", "events", "stage.raw", "v_events"]
+    assert _wh().tables() == ["customers", "events", "v_events", "stage.raw"]
     assert fake["log"] == [TABLES_SQL]
     assert TABLES_SQL == ("SELECT TABLE_SCHEMA, TABLE_NAME, SCHEMA_NAME() FROM INFORMATION_SCHEMA.TABLES "
                           "ORDER BY TABLE_SCHEMA, TABLE_NAME")
@@ -162,7 +162,7 @@ def test_a_missing_table_lists_the_tables_there_on_the_same_cursor(fake):
         _wh().schema("nope")
     assert str(err.value) == ("table 'nope' in synapse connection 'syn' at ws.sql.azuresynapse.net:1433: "
                               "not found (INFORMATION_SCHEMA.COLUMNS has no columns for it); "
-                              "the tables there: customers, events, stage.raw, v_events")
+                              "the tables there: customers, events, v_events, stage.raw")
     assert fake["log"][-1] == TABLES_SQL and len(fake["conn"]) == 1
 
 
@@ -184,7 +184,7 @@ def test_a_missing_table_in_a_query_lists_the_tables_there(fake):
     text = str(err.value)
     assert text.startswith("table 'nope' in synapse connection 'syn' at ws.sql.azuresynapse.net:1433: ")
     assert "Invalid object name 'nope'" in text
-    assert text.endswith("; the tables there: customers, events, stage.raw, v_events"), text
+    assert text.endswith("; the tables there: customers, events, v_events, stage.raw"), text
     assert fake["log"][-1] == TABLES_SQL and len(fake["conn"]) == 2  # listed on a connection of its own
 
 
