@@ -35,3 +35,25 @@ def test_a_listing_that_meets_a_missing_table_itself_does_not_list_again():
 def test_qualified_names_name_other_schemas():
     rows = [("PUBLIC", "events", "PUBLIC"), ("RAW", "events", "PUBLIC"), ("PUBLIC", "customers", "PUBLIC")]
     assert qualified_names(rows) == ["customers", "events", "RAW.events"]
+
+
+def test_duckdb_keeps_its_missing_table_error_when_the_listing_fails(tmp_path, monkeypatch):
+    import duckdb
+    import pytest
+
+    from habitus.resources.warehouses.duckdb import DuckDBWarehouse
+
+    path = str(tmp_path / "w.duckdb")
+    duckdb.connect(path).execute("CREATE TABLE events AS SELECT 1 AS id").close()
+    wh = DuckDBWarehouse(path=path)
+    with pytest.raises(WarehouseError, match=r"table 'evnts' in DuckDB database .*; the tables there: events$"):
+        wh.schema("evnts")
+
+    def refused(self):
+        raise WarehouseError("the listing failed")
+
+    monkeypatch.setattr(DuckDBWarehouse, "tables", refused)
+    with pytest.raises(WarehouseError) as err:
+        wh.schema("evnts")
+    assert "table 'evnts' in DuckDB database" in str(err.value) and "evnts" in str(err.value).split(": ", 1)[1]
+    assert "tables there" not in str(err.value) and "listing failed" not in str(err.value)
