@@ -26,7 +26,7 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from habitus.resources.warehouses.errors import AUTH, WarehouseError, network_error
+from habitus.resources.warehouses.errors import AUTH, WarehouseError, network_error, tables_there
 from habitus.resources.warehouses.remote import (ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
                                       query_error)
 from habitus.resources.warehouses.masking import secret_values, value
@@ -169,7 +169,7 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
     @contextlib.contextmanager
     def _session(self, table: str):
         import requests
-        from google.api_core.exceptions import GoogleAPIError, RetryError
+        from google.api_core.exceptions import GoogleAPIError, NotFound, RetryError
 
         client = self._client()
         try:
@@ -177,7 +177,10 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
         except (RetryError, requests.exceptions.ConnectionError) as e:
             raise connect_error("bigquery", self.name, self._where(), e, self._secrets(), transient(e)) from None
         except GoogleAPIError as e:
-            raise query_error("bigquery", self.name, table, RuntimeError(_message(e)), self._secrets(),
+            message = _message(e)
+            if isinstance(e, NotFound):  # a missing table; of a missing dataset the listing fails too and adds nothing
+                message += tables_there(lambda: self._tables(client, self._ref(table)[:2]))
+            raise query_error("bigquery", self.name, table, RuntimeError(message), self._secrets(),
                               where=self._where(), transient=transient(e)) from None
         except Exception as e:
             if type(e).__module__.startswith(("google.", "grpc")) or network_error(e):
@@ -186,6 +189,20 @@ class BigQueryWarehouse(ChunkReads, dg.ConfigurableResource):
             raise
         finally:
             client.close()
+
+    def tables(self) -> list[str]:
+        """The tables and views of the connection's `dataset` (the client's list_tables)."""
+        if not value(self.dataset):
+            raise WarehouseError(f"connection {self.name or '?'!r} (bigquery): set its `dataset` to list its tables")
+        with self._session(f"{value(self.dataset)}.*") as client:
+            return self._tables(client, (value(self.project), value(self.dataset)))
+
+    def _tables(self, client, dataset: tuple[str, str]) -> list[str]:
+        from google.cloud.bigquery import DEFAULT_RETRY
+
+        listing = client.list_tables(".".join(dataset), retry=DEFAULT_RETRY.with_deadline(self.timeout),
+                                     timeout=self.timeout)
+        return sorted(t.table_id for t in listing)
 
     # ------------------------------------------------------------------ reading
 

@@ -26,7 +26,7 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from habitus.resources.warehouses.errors import WarehouseError
+from habitus.resources.warehouses.errors import WarehouseError, tables_there
 from habitus.resources.warehouses.remote import (ChunkReads, as_time, connect_error, first_lines, naive_utc, period_counts,
                                       query_error)
 from habitus.resources.warehouses.masking import secret_values, value
@@ -36,6 +36,9 @@ from habitus.resources.warehouses.sql import (_literal, count_sql, create_table_
 DIALECT = "clickhouse"
 SESSION = {"session_timezone": "UTC", "output_format_arrow_string_as_string": 1,
            "output_format_arrow_low_cardinality_as_dictionary": 0}
+
+# ClickHouse's error code of a table that does not exist (UNKNOWN_TABLE)
+MISSING_TABLE = re.compile(r"\bCode: 60\b|UNKNOWN_TABLE")
 
 _INT = {"Int8": pa.int8(), "Int16": pa.int16(), "Int32": pa.int32(), "Int64": pa.int64(),
         "UInt8": pa.uint8(), "UInt16": pa.uint16(), "UInt32": pa.uint32(), "UInt64": pa.uint64()}
@@ -158,9 +161,17 @@ class ClickHouseWarehouse(ChunkReads, dg.ConfigurableResource):
         try:
             yield client
         except ClickHouseError as e:
-            raise query_error("clickhouse", self.name, table, _short(e), self._secrets()) from None
+            cause = _short(e)
+            if MISSING_TABLE.search(str(e)):  # Code: 60, UNKNOWN_TABLE: with the tables there
+                cause = RuntimeError(f"{cause}{tables_there(lambda: _tables(client, table_expr(table).db or None))}")
+            raise query_error("clickhouse", self.name, table, cause, self._secrets()) from None
         finally:
             client.close()
+
+    def tables(self) -> list[str]:
+        """The tables and views of the connection's `database` (system.tables)."""
+        with self._session("system.tables") as client:
+            return _tables(client, None)
 
     # ------------------------------------------------------------------ reading
 
@@ -287,6 +298,14 @@ def _partition_key(client, table: exp.Table) -> str:
                            exp.EQ(this=exp.column("name"), expression=exp.Literal.string(table.name)))))
     rows = client.query(sql.sql(dialect=DIALECT)).result_rows
     return rows[0][0].strip().strip("`\"") if rows else ""
+
+
+def _tables(client, database: str | None) -> list[str]:
+    """The tables and views of `database` (the session's when None), from system.tables."""
+    db = exp.Literal.string(database) if database else exp.func("currentDatabase")
+    sql = (exp.select("name").from_("system.tables").where(exp.EQ(this=exp.column("database"), expression=db))
+           .order_by("name"))
+    return [r[0] for r in client.query(sql.sql(dialect=DIALECT)).result_rows]
 
 
 def _short(e: BaseException) -> BaseException:

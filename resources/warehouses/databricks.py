@@ -17,6 +17,7 @@ Install with `pip install 'habitus[databricks]'`. Config (secrets as ${ENV} refe
 
 import contextlib
 import os
+import re
 import tempfile
 import uuid
 from typing import ClassVar, Any, Iterable, Iterator
@@ -26,8 +27,8 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from habitus.resources.warehouses.errors import WarehouseError
-from habitus.resources.warehouses.remote import CursorQueries, connect_error, value_literal
+from habitus.resources.warehouses.errors import WarehouseError, tables_there
+from habitus.resources.warehouses.remote import CursorQueries, connect_error, first_lines, value_literal
 from habitus.resources.warehouses.masking import secret_values, value
 from habitus.resources.warehouses.sql import create_table_sql, delete_sql, limit0_sql, table_expr
 
@@ -51,6 +52,18 @@ def arrow_type(name: str, type_code: str, precision: int | None = None, scale: i
         return _SIMPLE[base]
     raise WarehouseError(f"column {name!r}: Databricks type {type_code} has no Arrow mapping; leave it out of "
                          f"`columns` or convert it in a view")
+
+
+# Databricks' error class (and SQLSTATE) of a table or view that does not exist
+MISSING_TABLE = re.compile(r"TABLE_OR_VIEW_NOT_FOUND|\b42P01\b|Table or view not found")
+
+
+def tables_sql(catalog: str | None, schema: str | None) -> str:
+    """SHOW TABLES of `catalog.schema` (tables and views), of the session's schema when none is configured."""
+    if not schema:
+        return "SHOW TABLES"
+    parts = [p for p in (catalog, schema) if p]
+    return "SHOW TABLES IN " + ".".join(exp.to_identifier(p, quoted=True).sql(DIALECT) for p in parts)
 
 
 def _literal(v) -> exp.Expression:
@@ -98,6 +111,22 @@ class DatabricksWarehouse(CursorQueries, dg.ConfigurableResource):
             return sql.connect(**kw)
         except Exception as e:
             raise connect_error("databricks", self.name, self.server_hostname, e, self._secrets()) from None
+
+    def _where(self) -> str:
+        return str(value(self.server_hostname))
+
+    def _error_cause(self, exc: BaseException) -> BaseException:
+        """A missing table ([TABLE_OR_VIEW_NOT_FOUND]) with the tables there."""
+        if not MISSING_TABLE.search(str(exc)):
+            return exc
+        return RuntimeError(first_lines(exc) + tables_there(self.tables))
+
+    def tables(self) -> list[str]:
+        """The tables and views of the connection's `catalog`.`schema` (SHOW TABLES: namespace, tableName,
+        isTemporary)."""
+        with self._cursor("SHOW TABLES") as cur:
+            cur.execute(tables_sql(value(self.catalog), value(self.schema_name)))
+            return sorted(row[1] for row in cur.fetchall())
 
     # ------------------------------------------------------------------ reading
 

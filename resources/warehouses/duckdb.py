@@ -35,8 +35,10 @@ class DuckDBWarehouse(dg.ConfigurableResource):
         try:
             yield con
         except duckdb.CatalogException as e:
-            names = self.tables()
-            listed = tables_there(lambda: names) if table not in names else ""
+            names: list[str] = []
+            listed = tables_there(lambda: names.extend(self.tables()) or names)  # "" when the listing fails
+            if table in names:  # the table is there: the catalog error is about something else
+                listed = ""
             raise WarehouseError(f"table {table!r} in DuckDB database {self.path}: {str(e).splitlines()[0]}"
                                  f"{listed}") from None
         except duckdb.BinderException as e:

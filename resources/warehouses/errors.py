@@ -10,6 +10,7 @@ module); `network_error` is what they share: the exception chain holds a socket,
 gRPC failure of the transport rather than an answer from the server.
 """
 
+import contextvars
 import re
 
 
@@ -32,17 +33,34 @@ _GRPC_TRANSIENT = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "AB
 _THRIFT_TRANSIENT = {1, 3, 4}
 
 
+# set while a listing for a missing table's message runs: an error of the listing itself lists nothing
+_LISTING = contextvars.ContextVar("habitus_listing_tables", default=False)
+
+
 def tables_there(list_tables, limit: int = 30) -> str:
     """"; the tables there: a, b, c" from a connector's `tables()`, for the message of a missing table; "" when
-    the listing itself fails (the missing table is the error to report, not the listing)."""
+    the listing itself fails (the missing table is the error to report, not the listing), and inside a listing
+    (a connector whose `tables()` fails on a missing schema does not list again)."""
+    if _LISTING.get():
+        return ""
+    token = _LISTING.set(True)
     try:
         names = list(list_tables())
     except Exception:  # noqa: BLE001 - any failure of the listing leaves the message as it was
         return ""
+    finally:
+        _LISTING.reset(token)
     if not names:
         return "; there are no tables there"
     shown = ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
     return f"; the tables there: {shown}"
+
+
+def qualified_names(rows) -> list[str]:
+    """(schema, table, current schema) rows of an INFORMATION_SCHEMA listing as table names: the session's
+    schema's first, then `schema.table` of the others, each sorted."""
+    rows = sorted(rows, key=lambda r: (r[0] != r[2], r[0], r[1]))
+    return [t if s == current else f"{s}.{t}" for s, t, current in rows]
 
 
 def chain(exc: BaseException | None):

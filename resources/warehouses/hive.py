@@ -18,6 +18,7 @@ Install with `pip install 'habitus[hive]'`. Config (secrets as ${ENV} references
 import contextlib
 import getpass
 import itertools
+import re
 import uuid
 from datetime import date, datetime
 from typing import ClassVar, Any, Iterable, Iterator
@@ -26,7 +27,7 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from habitus.resources.warehouses.errors import AUTH, WarehouseError, chain, network_error
+from habitus.resources.warehouses.errors import AUTH, WarehouseError, chain, network_error, tables_there
 from habitus.resources.warehouses.remote import (CursorQueries, column_array, connect_error, fetch_rows, first_lines, naive_utc,
                                       rows_to_batches, value_literal)
 from habitus.resources.store.redaction import redact_text
@@ -35,6 +36,9 @@ from habitus.resources.warehouses.sql import arrow_sql_type, range_sql, table_ex
 
 DIALECT = "hive"
 SUBSTITUTION_OFF = ("hive.variable.substitute", "spark.sql.variable.substitute")  # SET to false on connect
+
+# a table or view that does not exist: Spark's error class, Hive's SemanticException 10001
+MISSING_TABLE = re.compile(r"TABLE_OR_VIEW_NOT_FOUND|Table or view not found|Table not found|\[Error 10001\]")
 
 _SIMPLE = {"tinyint": pa.int8(), "smallint": pa.int16(), "int": pa.int32(), "integer": pa.int32(),
            "bigint": pa.int64(), "float": pa.float32(), "double": pa.float64(), "boolean": pa.bool_(),
@@ -170,7 +174,17 @@ class HiveWarehouse(CursorQueries, dg.ConfigurableResource):
         return transient(exc)
 
     def _error_cause(self, exc: BaseException) -> BaseException:
-        return RuntimeError(_server_message(exc))  # pyhive's thrift/DB-API errors hold the server's message
+        """The server's message (pyhive's thrift/DB-API errors hold it); a missing table's with the tables there."""
+        message = _server_message(exc)
+        return RuntimeError(message + tables_there(self.tables) if MISSING_TABLE.search(message) else message)
+
+    def tables(self) -> list[str]:
+        """The tables and views of the connection's `database` (SHOW TABLES: Hive gives tab_name, Spark
+        namespace, tableName, isTemporary)."""
+        database = value(self.database)
+        with self._cursor("SHOW TABLES") as cur:
+            cur.execute(f"SHOW TABLES IN {exp.to_identifier(database, quoted=True).sql(DIALECT)}")
+            return sorted(row[1] if len(row) > 1 else row[0] for row in cur.fetchall())
 
     # ------------------------------------------------------------------ reading
 

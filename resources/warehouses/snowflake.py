@@ -21,8 +21,8 @@ from typing import ClassVar, Any, Iterable, Iterator
 import dagster as dg
 import pyarrow as pa
 
-from habitus.resources.warehouses.errors import AUTH, WarehouseError, network_error
-from habitus.resources.warehouses.remote import CursorQueries, connect_error
+from habitus.resources.warehouses.errors import AUTH, WarehouseError, network_error, qualified_names, tables_there
+from habitus.resources.warehouses.remote import CursorQueries, connect_error, first_lines
 from habitus.resources.warehouses.masking import secret_values, value
 from habitus.resources.warehouses.sql import create_table_sql, delete_sql, limit0_sql, table_expr
 
@@ -63,6 +63,11 @@ def arrow_type(name: str, type_code_name: str, precision: int | None, scale: int
 AUTH_ERRNOS = frozenset({390100, 390101, 390102, 390103, 390104, 390105, 390144, 390156, 390186, 390191})
 # The session was dropped under the client (a server restart, an idle session expired): a new connection helps.
 SESSION_ERRNOS = frozenset({390111, 390112, 390114})
+# "SQL compilation error: Object '...' does not exist or not authorized" (a table, a view, a schema)
+MISSING_OBJECT_ERRNO = 2003
+# the tables and views of the session's database, with the session's schema to name the others schema.table
+TABLES_SQL = ("SELECT table_schema, table_name, CURRENT_SCHEMA() FROM information_schema.tables "
+              "WHERE table_schema <> 'INFORMATION_SCHEMA' ORDER BY table_schema, table_name")
 _RETRYABLE = ("OperationalError", "ServiceUnavailableError", "GatewayTimeoutError", "BadGatewayError",
               "OtherHTTPRetryableError", "RequestTimeoutError", "InternalServerError", "TooManyRequests",
               "RequestExceedMaxRetryError", "InterfaceError")
@@ -144,6 +149,19 @@ class SnowflakeWarehouse(CursorQueries, dg.ConfigurableResource):
 
     def _transient(self, exc: BaseException) -> bool:
         return transient(exc)
+
+    def _error_cause(self, exc: BaseException) -> BaseException:
+        """A missing table (error 2003) with the tables there."""
+        if getattr(exc, "errno", None) != MISSING_OBJECT_ERRNO:
+            return exc
+        return RuntimeError(first_lines(exc) + tables_there(self.tables))
+
+    def tables(self) -> list[str]:
+        """The tables and views of the connection's `database` (INFORMATION_SCHEMA.TABLES), `schema.table`
+        outside its `schema`."""
+        with self._cursor("information_schema.tables") as cur:
+            cur.execute(TABLES_SQL)
+            return qualified_names(cur.fetchall())
 
     # ------------------------------------------------------------------ reading
 

@@ -17,6 +17,7 @@ ActiveDirectoryServicePrincipal, ActiveDirectoryMsi, ActiveDirectoryDefault, ...
 added to the connection string as given.
 """
 
+import re
 import uuid
 from typing import Any, ClassVar, Iterable, Iterator
 
@@ -24,8 +25,8 @@ import dagster as dg
 import pyarrow as pa
 from sqlglot import exp
 
-from habitus.resources.warehouses.errors import WarehouseError
-from habitus.resources.warehouses.remote import CursorQueries, connect_error
+from habitus.resources.warehouses.errors import WarehouseError, qualified_names, tables_there
+from habitus.resources.warehouses.remote import CursorQueries, connect_error, first_lines
 from habitus.resources.warehouses.masking import secret_values, value
 from habitus.resources.warehouses.sql import create_table_sql, delete_sql, table_expr
 
@@ -65,6 +66,13 @@ def columns_sql(table: str) -> str:
     q = q.where(exp.EQ(this=exp.column("TABLE_SCHEMA"),
                        expression=exp.Literal.string(t.db) if t.db else exp.func("SCHEMA_NAME")))
     return q.order_by(exp.column("ORDINAL_POSITION")).sql(dialect=DIALECT)
+
+
+# SQL Server's error 208 (SQLSTATE 42S02): a table or view named in a statement does not exist
+MISSING_TABLE = re.compile(r"Invalid object name|\b42S02\b")
+# the tables and views of the database, with the session's default schema to name the others schema.table
+TABLES_SQL = ("SELECT TABLE_SCHEMA, TABLE_NAME, SCHEMA_NAME() FROM INFORMATION_SCHEMA.TABLES "
+              "ORDER BY TABLE_SCHEMA, TABLE_NAME")
 
 
 def _cs_value(v) -> str:
@@ -112,14 +120,35 @@ class SynapseWarehouse(CursorQueries, dg.ConfigurableResource):
         except Exception as e:
             raise connect_error("synapse", self.name, f"{self.server}:{self.port}", e, self._secrets()) from None
 
-    # ------------------------------------------------------------------ reading
+    def _where(self) -> str:
+        return f"{value(self.server)}:{self.port}"
+
+    def _error_cause(self, exc: BaseException) -> BaseException:
+        """A missing table ("Invalid object name", error 208) with the tables there."""
+        if not MISSING_TABLE.search(str(exc)):
+            return exc
+        return RuntimeError(first_lines(exc) + tables_there(self.tables))
+
+    def tables(self) -> list[str]:
+        """The tables and views of the connection's `database` (INFORMATION_SCHEMA.TABLES), `schema.table`
+        outside the login's default schema."""
+        with self._cursor("INFORMATION_SCHEMA.TABLES") as cur:
+            return self._tables(cur)
 
     @staticmethod
-    def _describe(cur, table: str, columns: list[str] | None) -> pa.Schema:
+    def _tables(cur) -> list[str]:
+        cur.execute(TABLES_SQL)
+        return qualified_names(cur.fetchall())
+
+    # ------------------------------------------------------------------ reading
+
+    def _describe(self, cur, table: str, columns: list[str] | None) -> pa.Schema:
         cur.execute(columns_sql(table))
         rows = cur.fetchall()
         if not rows:
-            raise WarehouseError(f"table {table!r} not found (INFORMATION_SCHEMA.COLUMNS has no columns for it)")
+            raise WarehouseError(f"table {table!r} in synapse connection {self.name or '?'!r} at {self._where()}: not "
+                                 f"found (INFORMATION_SCHEMA.COLUMNS has no columns for it)"
+                                 f"{tables_there(lambda: self._tables(cur))}")
         types = {r[0]: arrow_type(r[0], r[1], r[2], r[3], r[4]) for r in rows}
         names = columns or list(types)
         missing = [c for c in names if c not in types]

@@ -8,6 +8,7 @@ server with the events loaded (`Loaded`); test_connector_contract.py runs the sh
 """
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -434,13 +435,23 @@ class Contract:
         assert not path.exists()
 
     @staticmethod
-    def missing_table(wh):
+    def missing_table(wh, table="events"):
+        """A misspelled table: each question fails naming it and listing the tables there (`table` among them),
+        and `tables()` lists the table."""
         from habitus.resources.warehouses.errors import WarehouseError
 
-        with pytest.raises(WarehouseError, match="no_such_table"):
-            wh.schema("no_such_table")
-        with pytest.raises(WarehouseError, match="no_such_table"):
-            list(wh.read("no_such_table", ["id"]))
+        assert table in wh.tables()
+        for ask in (lambda t: wh.schema(t), lambda t: list(wh.read(t, ["id"])), lambda t: wh.time_range(t, "ts")):
+            with pytest.raises(WarehouseError) as err:
+                ask("no_such_table")
+            assert "'no_such_table'" in str(err.value)
+            assert table in Contract.listed(str(err.value)), str(err.value)
+
+    @staticmethod
+    def listed(message: str) -> list[str]:
+        """The names after "the tables there: " in an error message ([] when it lists none)."""
+        found = re.search(r"; the tables there: (.*?)(?: \(a permanent error: not retried\))?$", message)
+        return found.group(1).split(", ") if found else []
 
     @staticmethod
     def write_replaces_partition(wh, read_rows, table="habitus_scores"):
@@ -474,10 +485,7 @@ class Contract:
         assert sorted((cid, score) for cid, score, _ in read_rows(table)) == [(f"C{i}", i / 10) for i in range(10)]
 
     @staticmethod
-    def source_asset(tmp_path, connection: dict, table="events", env: dict | None = None):
-        """The source asset materialized through the project config's connection (secrets as ${ENV})."""
-        import pyarrow.parquet as pq
-
+    def _materialize_source(tmp_path, connection: dict, table: str, env: dict | None):
         from habitus.assets.sources import build_source_asset
         from habitus.pipelines.config.project import load_project
         from habitus.pipelines.orchestration.build import build_resources
@@ -495,13 +503,37 @@ class Contract:
             source = project.source("events")
             asset = build_source_asset(project, source, events_partitions(source))
             resources = build_resources(project)
-            result = dg.materialize([asset], resources=resources, partition_key="2026-03-01")
+            result = dg.materialize([asset], resources=resources, partition_key="2026-03-01", raise_on_error=False)
         finally:
             for k, v in old.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+        return project, resources, result
+
+    @staticmethod
+    def misspelled_source(tmp_path, connection: dict, table="events", env: dict | None = None):
+        """A source whose `table:` is misspelled fails naming it and listing the tables there (`table` among
+        them), with no driver exception chained to the error (nothing for a traceback to show)."""
+        misspelled = table[:-2] + table[-1] + table[-2]  # events -> evenst
+        _, _, result = Contract._materialize_source(tmp_path, connection, misspelled, env)
+        assert not result.success
+        [failure] = [e.event_specific_data.error for e in result.all_events if e.is_step_failure]
+        assert failure.cause is None, failure.cause  # the driver's exception is not chained: no traceback of it
+        message = failure.message.strip()
+        assert message.startswith(f"dagster._core.definitions.events.Failure: source/events (partition 2026-03-01, "
+                                  f"attempt 1): table {misspelled!r} in "), message
+        assert message.endswith("(a permanent error: not retried)"), message
+        assert table in Contract.listed(message), message
+        return message
+
+    @staticmethod
+    def source_asset(tmp_path, connection: dict, table="events", env: dict | None = None):
+        """The source asset materialized through the project config's connection (secrets as ${ENV})."""
+        import pyarrow.parquet as pq
+
+        project, resources, result = Contract._materialize_source(tmp_path, connection, table, env)
         assert result.success
         out = pq.read_table(project.workspace_path / "sources" / "events" / "2026-03-01.parquet")
         assert out.column_names == ["customer_id", "ts", "product_id", "price", "amount"]

@@ -29,3 +29,12 @@ def test_timestamp_and_date_windows(wh):
     assert ids("happened", datetime(2026, 3, 1, 8), datetime(2026, 3, 2)) == [1]
     assert ids("day", datetime(2026, 3, 2), datetime(2026, 3, 3)) == [2]
     assert ids("day", datetime(2026, 3, 1, 12), datetime(2026, 3, 3)) == [2]  # a partial day starts the next
+
+
+def test_a_misspelled_source_table_lists_the_tables_there(wh, bq_emulator, contract, tmp_path):
+    """The source's table is not in the dataset: the step fails naming it, with list_tables' tables."""
+    rest, grpc = bq_emulator
+    conn = {"type": "bigquery", "project": "habitus", "dataset": wh.dataset, "api_endpoint": rest,
+            "grpc_endpoint": grpc}
+    message = contract.misspelled_source(tmp_path, conn)
+    assert "in bigquery connection 'wh'" in message

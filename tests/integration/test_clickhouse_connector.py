@@ -68,3 +68,12 @@ def test_empty_table_has_no_time_range(wh):
     with wh._session("x") as client:
         client.command("CREATE TABLE empty_events (ts DateTime64(6), id Int64) ENGINE = MergeTree ORDER BY id")
     assert wh.time_range("empty_events", "ts") == (None, None)
+
+
+def test_a_misspelled_source_table_lists_the_tables_there(clickhouse_chdb_events, chdb_path, contract, tmp_path):
+    """The project config's source names a table the database does not have: the step fails naming it, with
+    the tables of system.tables (on chDB, through the config path)."""
+    wh = clickhouse_chdb_events.wh
+    conn = {"type": "clickhouse", "interface": "chdb", "path": chdb_path, "database": wh.database}
+    message = contract.misspelled_source(tmp_path, conn)
+    assert "in clickhouse connection 'wh'" in message and "UNKNOWN_TABLE" in message

@@ -112,7 +112,7 @@ def test_outputs_written_back(server, loaded, contract, tmp_path):
 
 
 def test_missing_table(loaded, contract):
-    contract.missing_table(loaded.wh)
+    contract.missing_table(loaded.wh, loaded.table)
 
 
 def test_write_replaces_partition(loaded, contract):

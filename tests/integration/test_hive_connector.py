@@ -60,3 +60,11 @@ def test_source_asset_from_project_config(wh, hive_server, contract, tmp_path):
     conn = {"type": "hive", "host": "127.0.0.1", "port": hive_server.port, "username": "habitus", "auth": "NONE",
             "database": wh.database}
     contract.source_asset(tmp_path, conn)
+
+
+def test_a_misspelled_source_table_lists_the_tables_there(wh, hive_server, contract, tmp_path):
+    """The source's table is not in the database: the step fails naming it, with SHOW TABLES' tables."""
+    conn = {"type": "hive", "host": "127.0.0.1", "port": hive_server.port, "username": "habitus", "auth": "NONE",
+            "database": wh.database}
+    message = contract.misspelled_source(tmp_path, conn)
+    assert f"in hive connection 'wh' at 127.0.0.1:{hive_server.port}" in message

@@ -46,3 +46,12 @@ def test_source_asset_from_project_config(wh, fakesnow_server, contract, tmp_pat
     resource, out = contract.source_asset(tmp_path, conn, env={"HABITUS_TEST_SF_PASSWORD": "snow-from-env"})
     assert resource.password == "${HABITUS_TEST_SF_PASSWORD}"  # the extraction above logged in with its value
     assert out.schema.field("amount").type == pa.decimal128(38, 9)  # NUMBER(12,2) in the canonical decimal
+
+
+def test_a_misspelled_source_table_lists_the_tables_there(wh, fakesnow_server, contract, tmp_path):
+    """The source's table is not in the schema: the step fails naming it (Snowflake's error 2003), with the
+    tables of INFORMATION_SCHEMA.TABLES."""
+    conn = {"type": "snowflake", "account": "fakesnow", "user": "fake", "password": "snow", "database": wh.database,
+            "schema": "PUBLIC", "host": "127.0.0.1", "port": fakesnow_server.port, "protocol": "http"}
+    message = contract.misspelled_source(tmp_path, conn)
+    assert "in snowflake connection 'wh'" in message and "does not exist" in message

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 import sqlglot
 
-from habitus.resources.warehouses.databricks import DatabricksWarehouse, arrow_type, values_sql
+from habitus.resources.warehouses.databricks import DatabricksWarehouse, arrow_type, tables_sql, values_sql
 from habitus.resources.warehouses.errors import WarehouseError
 
 DATA = pa.table({"id": pa.array(range(10), pa.int32()), "ts": pa.array([datetime(2026, 3, 1, i) for i in range(10)],
@@ -22,15 +22,35 @@ DESCRIPTION = [("id", "bigint", None, None, None, None, True), ("ts", "timestamp
                ("amount", "decimal", None, None, 12, 2, True)]
 
 
+try:  # the real driver's error of a failed statement, where the databricks extra is installed
+    from databricks.sql.exc import ServerOperationError
+except ImportError:
+    ServerOperationError = None
+
+
+def _not_found(name: str) -> Exception:
+    """A missing table as Databricks reports it: the real driver's ServerOperationError when installed."""
+    text = (f"[TABLE_OR_VIEW_NOT_FOUND] The table or view `{name}` cannot be found. Verify the spelling and "
+            f"correctness of the schema and catalog.\nSQLSTATE: 42P01; line 1 pos 14")
+    if ServerOperationError is None:
+        return RuntimeError(text)
+    return ServerOperationError(text, {"diagnostic-info": "org.apache.spark.sql.AnalysisException ..."})
+
+
 class FakeCursor:
-    def __init__(self, log, fail=None):
-        self.log, self.description, self._rest, self.fail = log, None, None, fail
+    def __init__(self, log, fail=None, tables=()):
+        self.log, self.description, self._rest, self.fail, self.tables = log, None, None, fail, tables
         self.fetch_sizes = []
 
     def execute(self, sql, *a):
         self.log.append(sql)
+        if sql.startswith("SHOW TABLES"):
+            if isinstance(self.tables, Exception):
+                raise self.tables
+            self._all = list(self.tables)
+            return
         if self.fail and self.fail in sql:
-            raise RuntimeError(f"[TABLE_OR_VIEW_NOT_FOUND] The table {self.fail} cannot be found")
+            raise _not_found(self.fail)
         if sql.endswith("LIMIT 0") or sql.startswith("SELECT"):
             self.description = DESCRIPTION
             self._rest = DATA
@@ -39,6 +59,9 @@ class FakeCursor:
 
     def fetchone(self):
         return self._row
+
+    def fetchall(self):
+        return self._all
 
     def fetchmany_arrow(self, n):
         self.fetch_sizes.append(n)
@@ -51,14 +74,14 @@ class FakeCursor:
 
 @pytest.fixture
 def fake(monkeypatch):
-    state = {"log": [], "kwargs": [], "fail": None, "connect_error": None}
+    state = {"log": [], "kwargs": [], "fail": None, "connect_error": None, "tables": ()}
 
     def connect(**kw):
         if state["connect_error"]:
             raise state["connect_error"]
         state["kwargs"].append(kw)
         con = types.SimpleNamespace(close=lambda: None)
-        con.cursor = lambda: FakeCursor(state["log"], state["fail"])
+        con.cursor = lambda: FakeCursor(state["log"], state["fail"], state["tables"])
         return con
 
     sql_mod = types.ModuleType("databricks.sql")
@@ -156,3 +179,33 @@ def test_missing_table_and_bad_connection(fake):
         _wh().schema("events")
     text = str(err.value)
     assert "'dbx'" in text and "adb-1.azuredatabricks.net" in text and "dapi-secret-token" not in text
+
+
+# SHOW TABLES IN main.shop: (namespace, tableName, isTemporary)
+TABLES = [("shop", "events", False), ("shop", "customers", False), ("shop", "v_daily", False)]
+
+
+def test_tables_is_show_tables_of_the_configured_schema(fake):
+    fake["tables"] = TABLES
+    assert _wh().tables() == ["customers", "events", "v_daily"]
+    assert fake["log"] == ["SHOW TABLES IN `main`.`shop`"]
+    assert tables_sql(None, "shop") == "SHOW TABLES IN `shop`" and tables_sql("main", None) == "SHOW TABLES"
+
+
+def test_a_missing_table_lists_the_tables_there(fake):
+    fake["fail"], fake["tables"] = "evnts", TABLES
+    with pytest.raises(WarehouseError) as err:
+        list(_wh().read("evnts", ["id"]))
+    text = str(err.value)
+    assert text.startswith("table 'evnts' in databricks connection 'dbx' at adb-1.azuredatabricks.net: "
+                           "[TABLE_OR_VIEW_NOT_FOUND] The table or view `evnts` cannot be found"), text
+    assert text.endswith("; the tables there: customers, events, v_daily"), text
+    assert fake["log"][-1] == "SHOW TABLES IN `main`.`shop`" and len(fake["kwargs"]) == 2
+
+
+def test_a_failed_listing_leaves_the_missing_table_error_as_it_was(fake):
+    fake["fail"], fake["tables"] = "evnts", RuntimeError("[INSUFFICIENT_PERMISSIONS] no USE SCHEMA")
+    with pytest.raises(WarehouseError) as err:
+        _wh().time_range("evnts", "ts")
+    text = str(err.value)
+    assert "TABLE_OR_VIEW_NOT_FOUND" in text and "tables there" not in text and "PERMISSIONS" not in text

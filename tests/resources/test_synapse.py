@@ -12,7 +12,12 @@ import pytest
 import sqlglot
 
 from habitus.resources.warehouses.errors import WarehouseError
-from habitus.resources.warehouses.synapse import SynapseWarehouse, arrow_type, columns_sql
+from habitus.resources.warehouses.synapse import TABLES_SQL, SynapseWarehouse, arrow_type, columns_sql
+
+try:  # the real driver's own mapping of a SQLSTATE to its exception, where the synapse extra is installed
+    from mssql_python.exceptions import sqlstate_to_exception
+except ImportError:
+    sqlstate_to_exception = None
 
 COLUMNS = [("id", "bigint", 19, 0, None), ("Event Time", "datetime2", None, None, 7),
            ("amount", "decimal", 12, 2, None), ("note", "nvarchar", None, None, None)]
@@ -27,7 +32,13 @@ class FakeCursor:
 
     def execute(self, sql, *a):
         self.state["log"].append(sql)
-        if "INFORMATION_SCHEMA" in sql:
+        if "[nope]" in sql and self.state.get("fail"):
+            raise self.state["fail"]
+        if "INFORMATION_SCHEMA.TABLES" in sql:
+            if isinstance(self.state.get("tables"), Exception):
+                raise self.state["tables"]
+            self.rows = self.state.get("tables", [])
+        elif "INFORMATION_SCHEMA" in sql:
             self.rows = [] if "'nope'" in sql else COLUMNS
         elif sql.startswith("SELECT MIN"):
             self.rows = [(datetime(2026, 3, 1), datetime(2026, 3, 1, 9))]
@@ -127,8 +138,65 @@ def test_read_sends_tsql_and_streams_batches(fake):
 def test_time_range_and_missing_table(fake):
     assert _wh().time_range("events", "Event Time") == (datetime(2026, 3, 1), datetime(2026, 3, 1, 9))
     assert fake["log"][-1] == "SELECT MIN([Event Time]), MAX([Event Time]) FROM [events]"
-    with pytest.raises(WarehouseError, match="table 'nope' not found"):
+    with pytest.raises(WarehouseError,
+                       match="table 'nope' in synapse connection 'syn' at ws.sql.azuresynapse.net:1433: not found"):
         _wh().schema("nope")
+
+
+# (schema, table, SCHEMA_NAME()) as INFORMATION_SCHEMA.TABLES answers TABLES_SQL
+TABLES = [("dbo", "customers", "dbo"), ("dbo", "events", "dbo"), ("dbo", "v_events", "dbo"), ("stage", "raw", "dbo")]
+
+
+def test_tables_lists_tables_and_views_of_the_database(fake):
+    fake["tables"] = TABLES
+    assert _wh().tables() == ["customers", "events", "v_events", "stage.raw"]
+    assert fake["log"] == [TABLES_SQL]
+    assert TABLES_SQL == ("SELECT TABLE_SCHEMA, TABLE_NAME, SCHEMA_NAME() FROM INFORMATION_SCHEMA.TABLES "
+                          "ORDER BY TABLE_SCHEMA, TABLE_NAME")
+    assert sqlglot.parse_one(TABLES_SQL, read="tsql").sql("tsql") == TABLES_SQL  # valid T-SQL as written
+
+
+def test_a_missing_table_lists_the_tables_there_on_the_same_cursor(fake):
+    fake["tables"] = TABLES
+    with pytest.raises(WarehouseError) as err:
+        _wh().schema("nope")
+    assert str(err.value) == ("table 'nope' in synapse connection 'syn' at ws.sql.azuresynapse.net:1433: "
+                              "not found (INFORMATION_SCHEMA.COLUMNS has no columns for it); "
+                              "the tables there: customers, events, v_events, stage.raw")
+    assert fake["log"][-1] == TABLES_SQL and len(fake["conn"]) == 1
+
+
+def _invalid_object(name: str) -> Exception:
+    """SQL Server's error 208 as the real driver raises it (mssql_python maps SQLSTATE 42S02 to its
+    ProgrammingError) when it is installed, else as its text."""
+    text = f"[Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Invalid object name '{name}'. (208)"
+    if sqlstate_to_exception is None:
+        return RuntimeError(f"Driver Error: Base table or view not found; DDBC Error: {text}")
+    error = sqlstate_to_exception("42S02", text)
+    assert type(error).__name__ == "ProgrammingError"
+    return error
+
+
+def test_a_missing_table_in_a_query_lists_the_tables_there(fake):
+    fake["tables"], fake["fail"] = TABLES, _invalid_object("nope")
+    with pytest.raises(WarehouseError) as err:
+        _wh().time_range("nope", "ts")
+    text = str(err.value)
+    assert text.startswith("table 'nope' in synapse connection 'syn' at ws.sql.azuresynapse.net:1433: ")
+    assert "Invalid object name 'nope'" in text
+    assert text.endswith("; the tables there: customers, events, v_events, stage.raw"), text
+    assert fake["log"][-1] == TABLES_SQL and len(fake["conn"]) == 2  # listed on a connection of its own
+
+
+def test_a_failed_listing_leaves_the_missing_table_error_as_it_was(fake):
+    fake["tables"], fake["fail"] = RuntimeError("permission denied on INFORMATION_SCHEMA"), _invalid_object("nope")
+    with pytest.raises(WarehouseError) as err:
+        _wh().time_range("nope", "ts")
+    text = str(err.value)
+    assert "Invalid object name 'nope'" in text and "tables there" not in text and "permission" not in text
+    with pytest.raises(WarehouseError) as err:
+        _wh().schema("nope")
+    assert str(err.value).endswith("(INFORMATION_SCHEMA.COLUMNS has no columns for it)")
 
 
 SCORES = pa.schema([("customer_id", pa.string()), ("score", pa.float64()), ("as_of", pa.timestamp("s"))])
