@@ -53,13 +53,13 @@ from intervals import resample_counts  # noqa: E402
 from quality import dataset_spec  # noqa: E402
 
 from habitus.models.cache import Cache, build_cache  # noqa: E402
-from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan  # noqa: E402
+from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES  # noqa: E402
 from habitus.models.tasks.coldstart import encode, item_profile  # noqa: E402
-from habitus.models.data.features import DAY, FeatureSpec, chunk_at  # noqa: E402
+from habitus.models.data.features import DAY, FeatureSpec  # noqa: E402
 from habitus.models.data.items import SparseRows, batch_history  # noqa: E402
-from habitus.models.data.labels import item_popularity, recent_popularity, task_inputs  # noqa: E402
+from habitus.models.data.labels import item_popularity, recent_popularity  # noqa: E402
 from habitus.models.data.targets import TargetSpec  # noqa: E402
-from habitus.models.evaluate.holdout import protocol  # noqa: E402
+from habitus.models.evaluate.holdout import holdout_chunks, protocol  # noqa: E402
 from habitus.models.tasks import task as task_of  # noqa: E402
 from habitus.models.tasks.recommendation import rank_items  # noqa: E402
 from habitus.models.tasks.spec import TaskSpec  # noqa: E402
@@ -131,17 +131,9 @@ def train_world(spec, folder: Path, split: int, hidden: set | None, items: str, 
 def at_cutoff(cache: Cache, model, fspec, task, cutoff: int) -> dict:
     """The eligible entities at `cutoff`: their ids, features, label history, bought items, and the
     extended task (items first seen after training added)."""
-    t = task_of(task)
-    task = t.with_new_items(model, task, cache, cutoff)
-    entity_table = cache.entity_table()
-    vocab_sizes = {c: m["vocab_size"] for c, m in cache.columns.items() if m["type"] == "categorical"}
+    task = task_of(task).with_new_items(model, task, cache, cutoff)
     xs, hs, ys, ents = [], [], [], []
-    for s, lo, hi in chunk_plan(cache, SCORING_CHUNK_ENTITIES):
-        chunk = chunk_at(cache.shard(s), lo, hi, cutoff)
-        if chunk.n == 0:
-            continue
-        keep, y = t.labels(chunk, task.target, cache)
-        x, h = task_inputs(chunk, fspec, task, entity_table, vocab_sizes)
+    for chunk, keep, x, h, y in holdout_chunks(cache, fspec, task, cutoff, SCORING_CHUNK_ENTITIES):
         xs.append(x[keep]), hs.append(h[keep]), ys.append(y), ents.append(chunk.entities[keep])
     n = len(task.target.labels)
     vocab = np.asarray(cache.vocab(task.target.column).column("value").to_pylist(), dtype=object)
