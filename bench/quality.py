@@ -78,12 +78,12 @@ def tafeng_spec() -> tuple[CacheSpec, int, dict]:
                                "spend": "sales_price"}
 
 
-def demo_spec(customers: int, folder: Path) -> tuple[CacheSpec, int, dict]:
+def demo_spec(customers: int, folder: Path, products: int = 2_000) -> tuple[CacheSpec, int, dict]:
     import duckdb
     from habitus.pipelines.demo.data import generate_demo_warehouse
 
     db = folder / "demo.duckdb"
-    generate_demo_warehouse(db, customers=customers)
+    generate_demo_warehouse(db, customers=customers, products=products)
     con = duckdb.connect(str(db), read_only=True)
     for table in ("purchases", "customers", "products"):
         con.sql(f"COPY {table} TO '{folder / table}.parquet' (FORMAT parquet)")

@@ -458,8 +458,7 @@ def ddp_foundation(config: str, device: str, precision: str) -> None:
 
     def data(s, lo, hi, cutoff):
         chunk = chunk_at(cache.shard(s), lo, hi, int(cutoff))
-        return chunk, featurize(chunk, spec, table), foundation_target(chunk, cfg.horizon_days, spec.categorical,
-                                                                     spec.buckets)
+        return chunk, featurize(chunk, spec, table), foundation_target(chunk, cfg.horizon_days, spec)
 
     _, x0, y0 = data(*plan[0], cutoffs[-1])
     torch.manual_seed(cfg.seed)

@@ -51,10 +51,14 @@ def attribute_columns(cache: Cache) -> tuple[str, ...]:
     return tuple(c for c, m in cache.columns.items() if m["type"] == "categorical" and c in looked_up)
 
 
-def _baskets(cache: Cache, cutoff: int, columns) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(basket id per event, {column: value id per event}) of every event at or before `cutoff`."""
+def baskets(cache: Cache, cutoff: int, columns, max_events: int | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(basket id per event, {column: value id per event}) of every event at or before `cutoff`; with
+    `max_events`, of the first shards up to that many events (shards hold entities by a hash of their
+    id: a random sample of entities, whole baskets)."""
     basket, values, offset = [], {c: [] for c in columns}, 0
     for i in range(cache.shard_count):
+        if max_events is not None and offset and sum(len(b) for b in basket) >= max_events:
+            break
         sh = cache.shard(i)
         seen = sh.ts <= cutoff
         if not seen.any():
@@ -138,7 +142,7 @@ class Affinity:
         labels = np.asarray(labels, np.int64)
         cats = [c for c, m in cache.columns.items() if m["type"] == "categorical"]
         levels = tuple(cats if levels is None else levels)
-        basket, values = _baskets(cache, int(cutoff), set(levels) | {column})
+        basket, values = baskets(cache, int(cutoff), set(levels) | {column})
         out = cls(column, labels, cfg=cfg)
         position = np.full(cache.columns[column]["vocab_size"] + 2, -1, np.int64)
         position[np.clip(labels, 0, len(position) - 1)] = np.arange(len(labels))

@@ -1,6 +1,6 @@
 """Per-entity features at a cut-off time, computed from the cache with vectorized NumPy.
 
-For every categorical column the network sees, per value (or hashed bucket of rare values), how
+For every categorical column the network sees, per value (or shared bucket of rare values: FeatureSpec.bucket), how
 often the entity touched it recently (exponentially decayed counts at two half-lives) and how
 recently (decayed time since the last touch); plus recency / frequency / monetary scalars, visits
 (distinct days with events: how many, lately, how regular) and the entity's attributes. Only events at or before the cut-off are read: no feature sees the future.
@@ -11,6 +11,7 @@ event its categorical values (bucket + 1; 0 pads), its numbers, whether it is an
 log days to the cut-off and the log days since the event before it; most recent first.
 """
 
+import base64
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -30,14 +31,35 @@ def bucket_count(vocab_size: int, buckets: int) -> int:
     return min(vocab_size + 1, buckets)
 
 
-def bucketize(ids: np.ndarray, vocab_size: int, buckets: int) -> np.ndarray:
+def tail_start(buckets: int) -> int:
+    """The first bucket (and value id) of the long tail of a column with more values than buckets."""
+    return buckets - buckets // 4
+
+
+def bucketize(ids: np.ndarray, vocab_size: int, buckets: int, tail: np.ndarray | None = None) -> np.ndarray:
     """Vocabulary id -> bucket. Ids are sorted by frequency, so the frequent ones keep a bucket each
-    and only the long tail shares the last quarter of the buckets (by modulo). Ids added to the cache
-    after the model was trained (`vocab_size` is the model's) land in the "unknown" bucket 0 or the tail."""
+    and only the long tail shares the last quarter of the buckets: by `tail` (the tail bucket of each
+    id from tail_start on: related values together, models/data/related.py) where given and the id is
+    in it, else by modulo. Ids added to the cache after the model was trained (`vocab_size` is the
+    model's) land in the "unknown" bucket 0 or the tail."""
     if vocab_size + 1 <= buckets:
         return np.where(ids <= vocab_size, ids, 0)
-    exact = buckets - buckets // 4
-    return np.where(ids < exact, ids, exact + ids % (buckets // 4))
+    exact = tail_start(buckets)
+    out = np.where(ids < exact, ids, exact + ids % (buckets // 4))
+    if tail is not None:
+        at = np.asarray(ids, np.int64) - exact
+        mapped = (at >= 0) & (at < len(tail))
+        out = np.where(mapped, exact + tail[np.clip(at, 0, max(len(tail) - 1, 0))], out)
+    return out
+
+
+def encode_tail(tail: np.ndarray) -> str:
+    """A tail map as text for the feature spec's JSON (2 bytes a value: 2.7 MB at a million values)."""
+    return base64.b64encode(np.asarray(tail, "<u2").tobytes()).decode("ascii")
+
+
+def decode_tail(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), "<u2").astype(np.int64)
 
 
 @dataclass
@@ -52,6 +74,19 @@ class FeatureSpec:
     visits: bool = True  # visit features (models trained before they existed have none)
     sequence: int = 0  # the last events carried as tokens (0: none)
     sequence_buckets: int = SEQUENCE_BUCKETS
+    # column -> its long tail's buckets by relatedness (encode_tail of models/data/related.py's map);
+    # columns not here hash their tail by id
+    tails: dict[str, str] = field(default_factory=dict)
+
+    def bucket(self, column: str, ids: np.ndarray) -> np.ndarray:
+        """The histogram bucket of each value id of a categorical column (bucketize with its tail map)."""
+        text = self.tails.get(column)
+        if text is None:
+            return bucketize(ids, self.categorical[column], self.buckets)
+        decoded = self.__dict__.setdefault("_decoded", {})
+        if column not in decoded:
+            decoded[column] = decode_tail(text)
+        return bucketize(ids, self.categorical[column], self.buckets, decoded[column])
 
     @property
     def habitual_channel(self) -> int:
@@ -193,8 +228,7 @@ def featurize(chunk: Chunk, spec: FeatureSpec, entity_table: dict[str, np.ndarra
         matrix.append(visit_features(chunk, spec))
     for c, vocab in spec.categorical.items():
         b = bucket_count(vocab, spec.buckets)
-        hist = value_history(chunk, bucketize(chunk.shard.columns[c][chunk.rows], vocab, spec.buckets), b,
-                             spec.half_lives)
+        hist = value_history(chunk, spec.bucket(c, chunk.shard.columns[c][chunk.rows]), b, spec.half_lives)
         hist[:, :, :-1] = np.log1p(hist[:, :, :-1])
         matrix.append(hist.reshape(n, -1))
     matrix.append(entity_features(chunk.entities, chunk.cutoff, spec, entity_table))

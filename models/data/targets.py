@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from habitus.models.data.features import DAY, Chunk, bucket_count, bucketize
+from habitus.models.data.features import DAY, Chunk, FeatureSpec, bucket_count
 from habitus.models.data.items import SparseRows
 from habitus.models.data.target_functions import function_target
 
@@ -92,16 +92,16 @@ def compute_target(chunk: Chunk, spec: TargetSpec, vocab_size: int | None = None
     raise ValueError(f"unknown target kind {spec.kind!r}")
 
 
-def foundation_target(chunk: Chunk, window_days: int, categorical: dict[str, int], buckets: int) -> np.ndarray:
+def foundation_target(chunk: Chunk, window_days: int, spec: FeatureSpec) -> np.ndarray:
     """The self-supervised target: [any event, log(1 + events)] then, per categorical column,
-    which buckets the entity touches in the next window (multi-hot)."""
+    which buckets the entity touches in the next window (multi-hot; `spec.bucket`: a long tail's
+    buckets are groups of related values where the spec has a tail map)."""
     local, rows = future_rows(chunk, window_days)
     n = chunk.n
     count = np.bincount(local, minlength=n).astype(np.float32)
     parts = [(count > 0).astype(np.float32)[:, None], np.log1p(count)[:, None]]
-    for c, vocab in categorical.items():
-        b = bucket_count(vocab, buckets)
-        hot = np.zeros((n, b), np.float32)
-        hot[local, bucketize(chunk.shard.columns[c][rows], vocab, buckets)] = 1.0
+    for c, vocab in spec.categorical.items():
+        hot = np.zeros((n, bucket_count(vocab, spec.buckets)), np.float32)
+        hot[local, spec.bucket(c, chunk.shard.columns[c][rows])] = 1.0
         parts.append(hot[:, 1:])  # bucket 0 is "unknown": not worth predicting
     return np.concatenate(parts, axis=1)

@@ -4,7 +4,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from habitus.models.data.features import ENTITY_BUCKETS, WINDOWS, FeatureSpec, bucket_count, visit_width
+from habitus.models.data.features import (ENTITY_BUCKETS, WINDOWS, FeatureSpec, bucket_count, decode_tail, tail_start,
+                                          visit_width)
 
 SEQUENCE_REASON = "the order, timing and values of the last events"
 
@@ -76,11 +77,17 @@ def _age_inputs(spec: FeatureSpec) -> list[int]:
     return ages
 
 
-def _bucket_names(vocab: list, vocab_size: int, buckets: int) -> list[str]:
+def _bucket_names(vocab: list, vocab_size: int, buckets: int, tail: np.ndarray | None = None) -> list[str]:
+    """A name per histogram bucket: the value of a bucket of its own, and for a shared bucket of
+    related values (`tail`: models/data/related.py) its most frequent member ("like ...")."""
     n = bucket_count(vocab_size, buckets)
-    exact = n if vocab_size + 1 <= buckets else buckets - buckets // 4
-    names = ["(unknown)"] + [str(vocab[i - 1]) if i - 1 < len(vocab) else f"(id {i})" for i in range(1, exact)]
-    names += [f"(rarer values, shared bucket {b - exact + 1} of {n - exact})" for b in range(exact, n)]
+    exact = n if vocab_size + 1 <= buckets else tail_start(buckets)
+    name = lambda i: str(vocab[i - 1]) if i - 1 < len(vocab) else f"(id {i})"  # noqa: E731
+    names = ["(unknown)"] + [name(i) for i in range(1, exact)]
+    for b in range(exact, n):
+        members = np.flatnonzero(tail == b - exact) if tail is not None else ()
+        like = f" like {name(exact + int(members[0]))}" if len(members) else ""  # ids by frequency: the first
+        names.append(f"(rarer values{like}, shared bucket {b - exact + 1} of {n - exact})")
     return names
 
 
@@ -101,7 +108,8 @@ def input_groups(spec: FeatureSpec, vocab, trunk, sources: dict[str, str] | None
     for k, c, d in scalar_names(spec):
         add(k, events, c, d)
     for c, size in spec.categorical.items():
-        for b, name in enumerate(_bucket_names(vocab(c), size, spec.buckets)):
+        tail = decode_tail(spec.tails[c]) if c in spec.tails else None
+        for b, name in enumerate(_bucket_names(vocab(c), size, spec.buckets, tail)):
             bucket_group[(c, b)] = len(kind)
             add("value", sources.get(c, events), c, name, b, spec.channels)
     for c, size in spec.entity_categorical.items():

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from habitus.models.explain.inputs import Groups, with_tokens
-from habitus.models.data.features import FeatureSpec, bucket_count, bucketize
+from habitus.models.data.features import FeatureSpec, bucket_count
 from habitus.models.data.items import SparseRows, batch_history
 from habitus.models.nn.network import ItemHead, Model
 from habitus.models.serve.defaults import DEFAULT_STEPS
@@ -89,7 +89,7 @@ class Explainer:
         self.label_group = np.full(len(labels), -1, np.int64)  # -1: no bucket of its own (an `extra`)
         if labels and col in spec.categorical:
             size = spec.categorical[col]
-            b = bucketize(np.asarray(labels, np.int64), size, spec.buckets)
+            b = spec.bucket(col, np.asarray(labels, np.int64))
             exact = bucket_count(size, spec.buckets) if size + 1 <= spec.buckets else spec.buckets - spec.buckets // 4
             self.label_group = np.where(b < exact, [groups.bucket_group.get((col, int(v)), -1) for v in b], -1)
 

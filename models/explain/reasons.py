@@ -4,7 +4,7 @@ import numpy as np
 
 from habitus.models.explain.inputs import Groups
 from habitus.models.explain.integrated import Explained
-from habitus.models.data.features import Chunk, FeatureSpec, bucketize
+from habitus.models.data.features import Chunk, FeatureSpec
 
 
 def column_totals(groups: Groups, ex: Explained, label_column: str | None = None) -> tuple[list, np.ndarray]:
@@ -89,7 +89,7 @@ def rendered(spec: FeatureSpec, groups: Groups, ex: Explained, x: np.ndarray, ch
             continue
         b = sel & ~is_extra
         if b.any():
-            count[b], last[b] = value_stats(chunk, bucketize(ids, spec.categorical[c], spec.buckets), ent_row[b],
+            count[b], last[b] = value_stats(chunk, spec.bucket(c, ids), ent_row[b],
                                             groups.value_id[g[b]])
         e = sel & is_extra
         if e.any():

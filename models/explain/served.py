@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from habitus.models.data.features import ENTITY_BUCKETS, HALF_LIVES, bucket_count, bucketize
+from habitus.models.data.features import ENTITY_BUCKETS, HALF_LIVES, bucket_count
 from habitus.models.evaluate.baselines import MAX_VOCAB, TOP_VALUES
 from habitus.models.explain.inputs import Groups, scalar_names, with_tokens
 from habitus.models.explain.integrated import ABS_TOLERANCE, Explained, Explainer, integrated_gradients
@@ -84,7 +84,7 @@ def hand_map(spec, task, groups: Groups, scalars: dict, label_group: np.ndarray,
         if vocab > MAX_VOCAB:
             continue
         ids = np.arange(1, min(TOP_VALUES, vocab) + 1)
-        for b in bucketize(ids, vocab, spec.buckets):
+        for b in spec.bucket(c, ids):
             group.append(groups.bucket_group[(c, int(b))]), label.append(-1), base.append(0.0)
     if task.uses_label_history:
         positions = np.arange(task.outputs) if labels is None else np.asarray(labels, np.int64)

@@ -32,6 +32,9 @@ class FoundationConfig:
     batch_size: int = 512
     learning_rate: float = 2e-3
     buckets: int = 256
+    # a long tail's buckets group related values (co-occurrence clusters, models/data/related.py)
+    # instead of hashing them by id: what the trunk reads and forecasts of rare products
+    related_buckets: bool = True
     seed: int = 0
     cutoffs_per_chunk: int = 2  # cut-offs sampled for each chunk of entities in each epoch
     chunk_entities: int = CHUNK_ENTITIES

@@ -183,6 +183,16 @@ class Lockstep:
             yield
 
 
+def from_rank0(make, dist: Dist):
+    """make() run on rank 0 and its (picklable) result on every rank: a fit whose float sums may
+    differ between processes (k-means, a randomized SVD) must give every rank the same features."""
+    if not dist.enabled:
+        return make()
+    box = [make() if dist.rank == 0 else None]
+    torch.distributed.broadcast_object_list(box, src=0, device=dist.device)
+    return box[0]
+
+
 def sum_over_ranks(values: list[float], dist: Dist) -> list[float]:
     """Numbers (counters, sums of losses) added up over the ranks; as they are with one process."""
     if not dist.enabled:

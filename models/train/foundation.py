@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from habitus.models.cache import Cache
-from habitus.models.train.distributed import Dist, Lockstep, shard, sum_over_ranks, wrap
-from habitus.models.data.features import DAY, FeatureSpec, chunk_at, featurize
+from habitus.models.train.distributed import Dist, Lockstep, from_rank0, shard, sum_over_ranks, wrap
+from habitus.models.data.features import DAY, FeatureSpec, chunk_at, encode_tail, featurize
+from habitus.models.data.related import related_tails
 from habitus.models.train.loop import (Log, TrainResult, batches, by_shard, chunk_plan, cutoff_grid, days, epoch_loss, iso, processes,
                          processes_info, seeded, step)
 from habitus.models.nn.network import Model, NetConfig
@@ -61,6 +62,9 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     dist, dev, log = processes(dist, device, log, resume)
     order, rng = seeded(cfg.seed, dist)
     spec = FeatureSpec.from_cache(cache, cfg.buckets, cfg.half_lives, cfg.sequence_events)
+    if cfg.related_buckets:  # from events at or before the last cut-off (the latest features' past)
+        spec.tails = from_rank0(lambda: {c: encode_tail(t) for c, t in
+                                         related_tails(cache, last_cutoff, cfg.buckets, cfg.seed).items()}, dist)
     cutoffs = cutoff_grid(cache.time_range[0], last_cutoff, cfg.cutoff_every_days, cfg.min_history_days)
     if not cutoffs:
         raise ValueError(f"no foundation cut-off fits: the data spans {days(cache.time_range)} days, which leaves no "
@@ -71,7 +75,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     def data(s, lo, hi, cutoff):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)  # (the cache keeps the last shard read)
         x = featurize(chunk, spec, entity_table)
-        y = foundation_target(chunk, cfg.horizon_days, spec.categorical, spec.buckets)
+        y = foundation_target(chunk, cfg.horizon_days, spec)
         return chunk, x, y
 
     # hold out a tenth of the entities (by id) to watch generalization, at the latest cut-off: the

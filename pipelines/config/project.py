@@ -75,6 +75,9 @@ class FoundationSettings(Strict):
     batch_size: int = Field(_FOUNDATION.batch_size, ge=8, description="entities per optimizer step")
     learning_rate: float = Field(_FOUNDATION.learning_rate, gt=0, description="AdamW's learning rate")
     buckets: int = Field(_FOUNDATION.buckets, ge=8, description="histogram width per categorical column")
+    related_buckets: bool = Field(_FOUNDATION.related_buckets, description="a column with more values than "
+                                  "buckets shares its last quarter among groups of values bought together "
+                                  "(co-occurrence clusters; false: by id, at random; docs/models.md)")
     seed: int = Field(_FOUNDATION.seed, description="random seed of the initialization and the data order")
     save_every_steps: int = Field(SAVE_EVERY_STEPS, ge=1, description="optimizer steps between two saves of the "
                                   "resumable training state (a killed run continues from the last)")
@@ -89,7 +92,8 @@ class FoundationSettings(Strict):
         return dataclasses.replace(_FOUNDATION, horizon_days=self.horizon, cutoff_every_days=self.cutoff_every,
                                    hidden=self.hidden, layers=self.layers, epochs=self.epochs,
                                    batch_size=self.batch_size, learning_rate=self.learning_rate,
-                                   buckets=self.buckets, seed=self.seed, sequence_events=self.sequence_events,
+                                   buckets=self.buckets, related_buckets=self.related_buckets, seed=self.seed,
+                                   sequence_events=self.sequence_events,
                                    masked_events=self.masked_events)
 
 

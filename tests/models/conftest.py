@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from habitus.models.cache import Cache, CacheSpec, TableInput, build_cache
+from habitus.models.cache.reader import Shard
 
 DAY = 86_400
 T0 = calendar.timegm((2026, 1, 1, 0, 0, 0))  # a midnight (UTC): every test's time origin
@@ -124,6 +125,31 @@ def shard_frame(cache: Cache) -> dict[str, np.ndarray]:
     for c in cache.columns:
         out[c] = np.concatenate([p.columns[c] for p in parts])
     return out
+
+
+class PastCache:
+    """A cache whose shards hold only the events at or before `cutoff` (the same ids): what the world
+    looked like at that cut-off."""
+
+    def __init__(self, cache, cutoff: int):
+        self._cache, self._cutoff = cache, cutoff
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+    def shard(self, i: int) -> Shard:
+        sh = self._cache.shard(i)
+        keep = sh.ts <= self._cutoff
+        entity = sh.entity[keep]
+        entities = np.unique(entity)
+        starts = np.r_[np.searchsorted(entity, entities), len(entity)]
+        return Shard(entity, sh.ts[keep], {c: v[keep] for c, v in sh.columns.items()}, entities, starts)
+
+
+@pytest.fixture
+def past():
+    """`past(cache, cutoff)`: the cache as it stood at the cut-off (PastCache)."""
+    return PastCache
 
 
 @pytest.fixture

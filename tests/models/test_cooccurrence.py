@@ -6,7 +6,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from habitus.models.cache.reader import Shard
 from habitus.models.data.affinity import (Affinity, AffinityConfig, affinity_features, attribute_columns,
                                           cooccurrence_vectors)
 from habitus.models.data.features import chunk_at
@@ -71,49 +70,30 @@ def _planted_cache(sources, days: int = 80, customers: int = 120):
     return sources.build(events, attributes=[products], shard_events=1500)
 
 
-class _Past:
-    """A cache whose shards hold only the events at or before `cutoff` (the same ids): what the world
-    looked like at that cut-off."""
-
-    def __init__(self, cache, cutoff: int):
-        self._cache, self._cutoff = cache, cutoff
-
-    def __getattr__(self, name):
-        return getattr(self._cache, name)
-
-    def shard(self, i: int) -> Shard:
-        sh = self._cache.shard(i)
-        keep = sh.ts <= self._cutoff
-        entity = sh.entity[keep]
-        entities = np.unique(entity)
-        starts = np.r_[np.searchsorted(entity, entities), len(entity)]
-        return Shard(entity, sh.ts[keep], {c: v[keep] for c, v in sh.columns.items()}, entities, starts)
-
-
-def test_features_at_a_cutoff_do_not_see_later_events(sources):
+def test_features_at_a_cutoff_do_not_see_later_events(sources, past):
     cache = _planted_cache(sources)
     cutoff = sources.at(50)
     labels = np.arange(1, cache.columns["category"]["vocab_size"] + 1)
     full = Affinity.fit(cache, cutoff, "category", labels)
-    past = Affinity.fit(_Past(cache, cutoff), cutoff, "category", labels)
+    before = Affinity.fit(past(cache, cutoff), cutoff, "category", labels)
     assert set(full.levels) == {"product_id"}  # category: 4 values, too few for a level of its own
-    np.testing.assert_array_equal(full.levels["product_id"], past.levels["product_id"])
-    np.testing.assert_array_equal(full.centroids["product_id"], past.centroids["product_id"])
+    np.testing.assert_array_equal(full.levels["product_id"], before.levels["product_id"])
+    np.testing.assert_array_equal(full.centroids["product_id"], before.centroids["product_id"])
     a = affinity_features(cache, cutoff, "category", labels)
-    b = affinity_features(_Past(cache, cutoff), cutoff, "category", labels)
+    b = affinity_features(past(cache, cutoff), cutoff, "category", labels)
     np.testing.assert_array_equal(a, b)
     later = affinity_features(cache, sources.at(80), "category", labels)
     assert not np.array_equal(a, later)  # (later events do change later features)
 
 
-def test_the_attribute_levels_at_a_cutoff_do_not_see_later_events(sources):
+def test_the_attribute_levels_at_a_cutoff_do_not_see_later_events(sources, past):
     cache = _planted_cache(sources)
     cutoff = sources.at(50)
     assert attribute_columns(cache) == ("category",)  # the products table's column, not the product id
     labels = np.arange(1, cache.columns["category"]["vocab_size"] + 1)
     cfg = AffinityConfig(min_values=4)  # (4 categories here)
     a, b = (affinity_features(c, cutoff, "category", labels, cfg=cfg, levels=attribute_columns(cache))
-            for c in (cache, _Past(cache, cutoff)))
+            for c in (cache, past(cache, cutoff)))
     assert a.shape == (cache.n_entities, len(labels), 2) and a.any()  # one level: cosine, mass
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, affinity_features(cache, sources.at(80), "category", labels, cfg=cfg,

@@ -57,7 +57,7 @@ def train(cache_path: str, dist, epochs: int = 2, extra_chunk: bool = False, seq
     def data(chunks):
         parts = [chunk_at(cache.shard(s), lo, hi, cutoff) for s, lo, hi in chunks]
         return (torch.from_numpy(np.concatenate([featurize(c, spec, table) for c in parts])),
-                torch.from_numpy(np.concatenate([foundation_target(c, 14, spec.categorical, spec.buckets)
+                torch.from_numpy(np.concatenate([foundation_target(c, 14, spec)
                                                  for c in parts])))
 
     torch.manual_seed(0)

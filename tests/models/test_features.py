@@ -198,7 +198,7 @@ def test_compute_target_window_boundaries(target_cache):
 def test_foundation_target_is_next_window_activity(target_cache):
     cache, chunk, ids = target_cache
     spec = FeatureSpec.from_cache(cache)
-    y = foundation_target(chunk, WINDOW, spec.categorical, spec.buckets)
+    y = foundation_target(chunk, WINDOW, spec)
     assert y.shape == (3, 2 + cache.columns["product_id"]["vocab_size"])
     np.testing.assert_array_equal(y[:, 0], [1, 1, 0])
     np.testing.assert_allclose(y[:, 1], np.log1p([2, 1, 0]))

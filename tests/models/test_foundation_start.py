@@ -28,7 +28,7 @@ def test_each_label_reads_the_foundation_column_of_its_own_value(segment_labels)
     assert forecast is not None and len(forecast.positions) == task.outputs  # 12 products, 32 buckets
     s, lo, hi = chunk_plan(cache, 1000)[0]
     chunk = chunk_at(cache.shard(s), lo, hi, test_cutoff - 14 * 86_400)
-    future = foundation_target(chunk, 14, spec.categorical, spec.buckets)
+    future = foundation_target(chunk, 14, spec)
     labels = compute_target(chunk, task.target, cache.columns["product_id"]["vocab_size"]).dense()
     # the foundation's target column of each label is exactly that label's target
     np.testing.assert_array_equal(future[:, forecast.columns], labels[:, forecast.positions])

@@ -64,7 +64,7 @@ def fit(model, cache, cutoff: int) -> float:
     spec = FeatureSpec.from_cache(cache, FOUNDATION.buckets, FOUNDATION.half_lives)
     chunks = [chunk_at(cache.shard(s), lo, hi, cutoff) for s, lo, hi in chunk_plan(cache, 48)]
     x = np.concatenate([featurize(c, spec, cache.entity_table()) for c in chunks])
-    y = np.concatenate([foundation_target(c, HORIZON, spec.categorical, spec.buckets) for c in chunks])
+    y = np.concatenate([foundation_target(c, HORIZON, spec) for c in chunks])
     with torch.no_grad():
         return float(foundation_loss(model.eval()(torch.from_numpy(x)), torch.from_numpy(y), len(spec.categorical)))
 

@@ -1,0 +1,130 @@
+"""Rare values' buckets by relatedness instead of by id: an A/B of the foundation's inputs and targets.
+
+    OMP_NUM_THREADS=1 python bench/related_buckets.py --dataset tafeng --seeds 0,1 [--customers 20000]
+
+A categorical column with more values than buckets keeps a bucket for each frequent value and
+shares the last quarter of the buckets among the long tail: by id modulo (`related_buckets: false`,
+on Ta-Feng 23.6k of 23.8k products in 64 random groups) or by co-occurrence clusters
+(models/data/related.py). The buckets are both what the foundation reads and what it forecasts.
+
+    OMP_NUM_THREADS=1 python bench/related_buckets.py --cost --dataset demo --customers 175000   # ~10M events
+
+Per seed: the foundation model at that seed under each arm, churn and propensity fine-tuned with the
+network head alone (the head the stacked trees read at a tenth on Ta-Feng), scored at the test
+cut-off on the same entities, and the paired entity bootstrap of related - hashed.
+"""
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from arm_scores import captured  # noqa: E402
+from intervals import combine, paired_many  # noqa: E402
+from quality import dataset_spec, demo_spec, tasks  # noqa: E402
+
+def run(dataset: str, customers: int, seeds: list[int], draws: int, log=print):
+    from habitus.models.cache import Cache, build_cache
+    from habitus.models.data.features import DAY
+    from habitus.models.evaluate.holdout import protocol
+    from habitus.models.train.config import TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig, ScenarioConfig
+    from habitus.models.train.foundation import train_foundation
+    from habitus.models.train.scenario import train_scenario
+
+    quiet = lambda msg: None  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, test_cutoff, params = dataset_spec(dataset, customers, Path(tmp))
+        cache = Cache(build_cache(spec, Path(tmp) / "cache", log=quiet))
+        todo = {k: v for k, v in tasks(cache, test_cutoff, params).items() if k in ("churn", "propensity")}
+        per_seed = {name: [] for name in todo}
+        for seed in seeds:
+            scores = {}
+            for arm in ("hashed", "related"):
+                fcfg = FoundationConfig(seed=seed, related_buckets=arm == "related")
+                last = test_cutoff - fcfg.horizon_days * DAY
+                t0 = time.time()
+                foundation = train_foundation(cache, fcfg, last, log=quiet)
+                log(f"{dataset} seed {seed} {arm}: foundation {time.time() - t0:.0f}s, "
+                    f"val loss {[round(v, 4) for v in foundation.curves['val_loss']]}")
+                for name, task in todo.items():
+                    plan = protocol(test_cutoff, task.target.window_days, TRAIN_CUTOFFS, cache.time_range[0])
+                    cfg = ScenarioConfig(name, task, plan.train_cutoffs, plan.val_cutoff, plan.test_cutoff,
+                                         FinetuneConfig(seed=seed), head="network", refit=False)
+                    t0 = time.time()
+                    with captured() as rec:
+                        train_scenario(cache, foundation.model.state_dict(), foundation.info, cfg, log=quiet,
+                                       baselines=False)
+                    r = rec[0]
+                    scores[(name, arm)] = r
+                    log(f"  {name}: {time.time() - t0:.0f}s")
+            for name in todo:
+                a, b = scores[(name, "related")], scores[(name, "hashed")]
+                if not np.array_equal(a["entities"], b["entities"]):
+                    raise AssertionError("the arms scored different entities")
+                y, sa, sb = a["y"], a["scores"]["model"], b["scores"]["model"]
+                if a["labels"] is not None:
+                    common = np.intersect1d(a["labels"], b["labels"])
+                    y = y[:, np.searchsorted(a["labels"], common)]
+                    sa, sb = sa[:, np.searchsorted(a["labels"], common)], sb[:, np.searchsorted(b["labels"], common)]
+                p = paired_many(y, {"related": sa, "hashed": sb}, [("related", "hashed")], draws)[("related", "hashed")]
+                per_seed[name].append(p)
+                log(f"RESULT {dataset} seed {seed} {name}: related {p.a:.4f} hashed {p.b:.4f} "
+                    f"diff {p.diff:+.4f} [{p.diff - 1.96 * p.var ** 0.5:+.4f}, {p.diff + 1.96 * p.var ** 0.5:+.4f}]")
+        for name, ps in per_seed.items():  # over the seeds: Var = s^2_seed / S + the mean bootstrap variance
+            c = combine([p.diff for p in ps], [p.var for p in ps])
+            log(f"SEEDS {dataset} {name} ({len(ps)}): {c.mean:+.4f} [{c.lo:+.4f}, {c.hi:+.4f}]")
+
+
+def cost(dataset: str, customers: int, log=print):
+    """What the groups cost: the fit's seconds and its peak memory over the process's before it,
+    against one foundation training (3 epochs, groups included) on the same cache."""
+    import resource
+
+    from habitus.models.cache import Cache, build_cache
+    from habitus.models.data.features import DAY
+    from habitus.models.data.related import related_tails
+    from habitus.models.train.config import FoundationConfig
+    from habitus.models.train.foundation import train_foundation
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # the demo with bench/speed.py's 20,000 products (its 10m dataset: 175,000 customers)
+        spec, test_cutoff, _ = (demo_spec(customers, Path(tmp), products=20_000) if dataset == "demo"
+                                else dataset_spec(dataset, customers, Path(tmp)))
+        cache = Cache(build_cache(spec, Path(tmp) / "cache", log=lambda _: None))
+        cfg = FoundationConfig()
+        last = test_cutoff - cfg.horizon_days * DAY
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        t0 = time.time()
+        tails = related_tails(cache, last, cfg.buckets)
+        fit_s, peak = time.time() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        t0 = time.time()
+        train_foundation(cache, cfg, last, log=lambda _: None)
+        train_s = time.time() - t0
+        log(f"| {dataset} | {cache.manifest['n_events']:,} | {cache.n_entities:,} | {', '.join(tails)} | {fit_s:.1f} | "
+            f"{train_s:.1f} | {fit_s / train_s:.2f} | {before:.2f} | {peak:.2f} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dataset", default="tafeng")
+    ap.add_argument("--customers", type=int, default=20_000)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--draws", type=int, default=200)
+    ap.add_argument("--cost", action="store_true", help="the fit's seconds and memory against a foundation training")
+    a = ap.parse_args()
+    if a.cost:
+        print("| dataset | events | entities | grouped columns | fit s | foundation s (fit included) | fit / foundation "
+              "| peak GB before | peak GB after the fit |\n|---|---|---|---|---|---|---|---|---|")
+        return cost(a.dataset, a.customers, log=lambda m: print(m, flush=True))
+    run(a.dataset, a.customers, [int(s) for s in a.seeds.split(",")], a.draws, log=lambda m: print(m, flush=True))
+
+
+if __name__ == "__main__":
+    main()
