@@ -4,7 +4,8 @@ spec and falls back to hashing where it has no entry."""
 
 import numpy as np
 
-from habitus.models.data.features import FeatureSpec, bucketize, chunk_at, decode_tail, encode_tail, featurize, tail_start
+from habitus.models.data.features import (FeatureSpec, bucketize, chunk_at, decode_tail, encode_tail, featurize,
+                                          tail_start)
 from habitus.models.data.related import related_tails
 from habitus.models.data.targets import foundation_target
 from habitus.models.train.config import FoundationConfig
@@ -22,7 +23,8 @@ def _two_worlds(sources, customers: int = 80, days: int = 90):
     for i in range(customers):
         group = "ab"[i % 2]
         for d in np.sort(rng.choice(days, 10, replace=False)):
-            items = [f"s{k}" for k in range(STAPLES)] * 3 + [f"{group}{p}" for p in rng.choice(10, rng.integers(2, 5), replace=False)]
+            rare = [f"{group}{p}" for p in rng.choice(10, rng.integers(2, 5), replace=False)]
+            items = [f"s{k}" for k in range(STAPLES)] * 3 + rare  # staples thrice: the most frequent ids
             customer += [f"c{i:03d}"] * len(items)
             ts += [sources.at(float(d), 9)] * len(items)
             product += items

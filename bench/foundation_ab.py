@@ -1,17 +1,17 @@
-"""Rare values' buckets by relatedness instead of by id: an A/B of the foundation's inputs and targets.
+"""Two foundation settings, A/B, by what the fine-tuned network scores downstream.
 
-    OMP_NUM_THREADS=1 python bench/related_buckets.py --dataset tafeng --seeds 0,1 [--customers 20000]
+    OMP_NUM_THREADS=1 python bench/foundation_ab.py --dataset tafeng --seeds 0,1 --a related_buckets=false \
+        [--b default] [--customers 20000]
 
-A categorical column with more values than buckets keeps a bucket for each frequent value and
-shares the last quarter of the buckets among the long tail: by id modulo (`related_buckets: false`,
-on Ta-Feng 23.6k of 23.8k products in 64 random groups) or by co-occurrence clusters
-(models/data/related.py). The buckets are both what the foundation reads and what it forecasts.
+    OMP_NUM_THREADS=1 python bench/foundation_ab.py --cost --dataset demo --customers 175000   # ~10M events
 
-    OMP_NUM_THREADS=1 python bench/related_buckets.py --cost --dataset demo --customers 175000   # ~10M events
+`--a` / `--b`: "default" or one FoundationConfig field as name=value (bench/foundation_seeds.py).
+`--cost`: the seconds and memory of the rare values' grouping (models/data/related.py) at scale.
 
-Per seed: the foundation model at that seed under each arm, churn and propensity fine-tuned with the
+Per seed: the foundation model at that seed under each arm (a, b), churn and propensity fine-tuned with the
 network head alone (the head the stacked trees read at a tenth on Ta-Feng), scored at the test
-cut-off on the same entities, and the paired entity bootstrap of related - hashed.
+cut-off on the same entities, and the paired entity bootstrap of b - a; over the seeds, the panel's
+combination (bench/intervals.py).
 """
 
 import argparse
@@ -28,9 +28,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from arm_scores import captured  # noqa: E402
 from intervals import combine, paired_many  # noqa: E402
+from foundation_seeds import settings  # noqa: E402
 from quality import dataset_spec, demo_spec, tasks  # noqa: E402
 
-def run(dataset: str, customers: int, seeds: list[int], draws: int, log=print):
+def run(dataset: str, customers: int, seeds: list[int], draws: int, a: str = "related_buckets=false",
+        b: str = "default", log=print):
     from habitus.models.cache import Cache, build_cache
     from habitus.models.data.features import DAY
     from habitus.models.evaluate.holdout import protocol
@@ -46,8 +48,8 @@ def run(dataset: str, customers: int, seeds: list[int], draws: int, log=print):
         per_seed = {name: [] for name in todo}
         for seed in seeds:
             scores = {}
-            for arm in ("hashed", "related"):
-                fcfg = FoundationConfig(seed=seed, related_buckets=arm == "related")
+            for arm in (a, b):
+                fcfg = FoundationConfig(**{**settings(arm), "seed": seed})
                 last = test_cutoff - fcfg.horizon_days * DAY
                 t0 = time.time()
                 foundation = train_foundation(cache, fcfg, last, log=quiet)
@@ -65,17 +67,17 @@ def run(dataset: str, customers: int, seeds: list[int], draws: int, log=print):
                     scores[(name, arm)] = r
                     log(f"  {name}: {time.time() - t0:.0f}s")
             for name in todo:
-                a, b = scores[(name, "related")], scores[(name, "hashed")]
-                if not np.array_equal(a["entities"], b["entities"]):
+                ra, rb = scores[(name, b)], scores[(name, a)]
+                if not np.array_equal(ra["entities"], rb["entities"]):
                     raise AssertionError("the arms scored different entities")
-                y, sa, sb = a["y"], a["scores"]["model"], b["scores"]["model"]
-                if a["labels"] is not None:
-                    common = np.intersect1d(a["labels"], b["labels"])
-                    y = y[:, np.searchsorted(a["labels"], common)]
-                    sa, sb = sa[:, np.searchsorted(a["labels"], common)], sb[:, np.searchsorted(b["labels"], common)]
-                p = paired_many(y, {"related": sa, "hashed": sb}, [("related", "hashed")], draws)[("related", "hashed")]
+                y, sa, sb = ra["y"], ra["scores"]["model"], rb["scores"]["model"]
+                if ra["labels"] is not None:
+                    common = np.intersect1d(ra["labels"], rb["labels"])
+                    y = y[:, np.searchsorted(ra["labels"], common)]
+                    sa, sb = sa[:, np.searchsorted(ra["labels"], common)], sb[:, np.searchsorted(rb["labels"], common)]
+                p = paired_many(y, {"b": sa, "a": sb}, [("b", "a")], draws)[("b", "a")]
                 per_seed[name].append(p)
-                log(f"RESULT {dataset} seed {seed} {name}: related {p.a:.4f} hashed {p.b:.4f} "
+                log(f"RESULT {dataset} seed {seed} {name}: b ({b}) {p.a:.4f} a ({a}) {p.b:.4f} "
                     f"diff {p.diff:+.4f} [{p.diff - 1.96 * p.var ** 0.5:+.4f}, {p.diff + 1.96 * p.var ** 0.5:+.4f}]")
         for name, ps in per_seed.items():  # over the seeds: Var = s^2_seed / S + the mean bootstrap variance
             c = combine([p.diff for p in ps], [p.var for p in ps])
@@ -117,13 +119,16 @@ def main():
     ap.add_argument("--customers", type=int, default=20_000)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--draws", type=int, default=200)
+    ap.add_argument("--a", default="related_buckets=false", help="arm a's foundation setting")
+    ap.add_argument("--b", default="default", help="arm b's foundation setting (b - a is reported)")
     ap.add_argument("--cost", action="store_true", help="the fit's seconds and memory against a foundation training")
     a = ap.parse_args()
     if a.cost:
         print("| dataset | events | entities | grouped columns | fit s | foundation s (fit included) | fit / foundation "
               "| peak GB before | peak GB after the fit |\n|---|---|---|---|---|---|---|---|---|")
         return cost(a.dataset, a.customers, log=lambda m: print(m, flush=True))
-    run(a.dataset, a.customers, [int(s) for s in a.seeds.split(",")], a.draws, log=lambda m: print(m, flush=True))
+    run(a.dataset, a.customers, [int(s) for s in a.seeds.split(",")], a.draws, a.a, a.b,
+        log=lambda m: print(m, flush=True))
 
 
 if __name__ == "__main__":
