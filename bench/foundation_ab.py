@@ -27,12 +27,33 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from arm_scores import captured  # noqa: E402
-from intervals import combine, paired_many  # noqa: E402
+from intervals import Paired, combine, paired_many  # noqa: E402
 from foundation_seeds import settings  # noqa: E402
 from quality import dataset_spec, demo_spec, tasks  # noqa: E402
 
+def next_class_task(cache, test_cutoff: int, params: dict):
+    """The demo config's next_category: which of the 10 most frequent values of the label column's
+    parent (the demo's category; Ta-Feng's product subclass itself) the next 14 days' first event has."""
+    from habitus.models.data.labels import top_values
+    from habitus.models.data.targets import TargetSpec
+    from habitus.models.tasks.spec import TaskSpec
+
+    column = "category" if "category" in cache.columns else params["label_column"]
+    return TaskSpec("multiclass", TargetSpec("any_event", 14, column, top_values(cache, column, test_cutoff, 10)))
+
+
+def log_loss_difference(y: np.ndarray, pb: np.ndarray, pa: np.ndarray) -> Paired:
+    """Mean log loss of b minus a over the same entities and its variance (a mean of per-entity terms:
+    the paired differences' variance / n, no resampling needed)."""
+    eps = 1e-7
+    lb = -np.log(np.clip(pb[np.arange(len(y)), y], eps, 1))
+    la = -np.log(np.clip(pa[np.arange(len(y)), y], eps, 1))
+    d = lb - la
+    return Paired(float(d.mean()), float(d.var(ddof=1) / len(d)), float(lb.mean()), float(la.mean()))
+
+
 def run(dataset: str, customers: int, seeds: list[int], draws: int, a: str = "related_buckets=false",
-        b: str = "default", log=print):
+        b: str = "default", log=print, names: tuple[str, ...] = ("churn", "propensity")):
     from habitus.models.cache import Cache, build_cache
     from habitus.models.data.features import DAY
     from habitus.models.evaluate.holdout import protocol
@@ -44,7 +65,8 @@ def run(dataset: str, customers: int, seeds: list[int], draws: int, a: str = "re
     with tempfile.TemporaryDirectory() as tmp:
         spec, test_cutoff, params = dataset_spec(dataset, customers, Path(tmp))
         cache = Cache(build_cache(spec, Path(tmp) / "cache", log=quiet))
-        todo = {k: v for k, v in tasks(cache, test_cutoff, params).items() if k in ("churn", "propensity")}
+        todo = {**tasks(cache, test_cutoff, params), "next_class": next_class_task(cache, test_cutoff, params)}
+        todo = {k: v for k, v in todo.items() if k in names}
         per_seed = {name: [] for name in todo}
         for seed in seeds:
             scores = {}
@@ -71,6 +93,12 @@ def run(dataset: str, customers: int, seeds: list[int], draws: int, a: str = "re
                 if not np.array_equal(ra["entities"], rb["entities"]):
                     raise AssertionError("the arms scored different entities")
                 y, sa, sb = ra["y"], ra["scores"]["model"], rb["scores"]["model"]
+                if todo[name].task == "multiclass":  # log loss, lower is better
+                    p = log_loss_difference(np.asarray(y, np.int64), sa, sb)
+                    per_seed[name].append(p)
+                    log(f"RESULT {dataset} seed {seed} {name} (log loss): b ({b}) {p.a:.4f} a ({a}) {p.b:.4f} "
+                        f"diff {p.diff:+.4f} [{p.diff - 1.96 * p.var ** 0.5:+.4f}, {p.diff + 1.96 * p.var ** 0.5:+.4f}]")
+                    continue
                 if ra["labels"] is not None:
                     common = np.intersect1d(ra["labels"], rb["labels"])
                     y = y[:, np.searchsorted(ra["labels"], common)]
@@ -121,6 +149,7 @@ def main():
     ap.add_argument("--draws", type=int, default=200)
     ap.add_argument("--a", default="related_buckets=false", help="arm a's foundation setting")
     ap.add_argument("--b", default="default", help="arm b's foundation setting (b - a is reported)")
+    ap.add_argument("--tasks", default="churn,propensity", help="of churn, propensity, next_class")
     ap.add_argument("--cost", action="store_true", help="the fit's seconds and memory against a foundation training")
     a = ap.parse_args()
     if a.cost:
@@ -128,7 +157,7 @@ def main():
               "| peak GB before | peak GB after the fit |\n|---|---|---|---|---|---|---|---|---|")
         return cost(a.dataset, a.customers, log=lambda m: print(m, flush=True))
     run(a.dataset, a.customers, [int(s) for s in a.seeds.split(",")], a.draws, a.a, a.b,
-        log=lambda m: print(m, flush=True))
+        log=lambda m: print(m, flush=True), names=tuple(a.tasks.split(",")))
 
 
 if __name__ == "__main__":
