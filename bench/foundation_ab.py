@@ -57,6 +57,7 @@ def run(dataset: str, customers: int, seeds: list[int], draws: int, a: str = "re
     from habitus.models.cache import Cache, build_cache
     from habitus.models.data.features import DAY
     from habitus.models.evaluate.holdout import protocol
+    from habitus.models.tasks import task as task_of
     from habitus.models.train.config import TRAIN_CUTOFFS, FinetuneConfig, FoundationConfig, ScenarioConfig
     from habitus.models.train.foundation import train_foundation
     from habitus.models.train.scenario import train_scenario
@@ -93,7 +94,7 @@ def run(dataset: str, customers: int, seeds: list[int], draws: int, a: str = "re
                 if not np.array_equal(ra["entities"], rb["entities"]):
                     raise AssertionError("the arms scored different entities")
                 y, sa, sb = ra["y"], ra["scores"]["model"], rb["scores"]["model"]
-                if todo[name].task == "multiclass":  # log loss, lower is better
+                if task_of(todo[name]).headline == "log_loss":  # (multiclass) a class per entity: log loss
                     p = log_loss_difference(np.asarray(y, np.int64), sa, sb)
                     per_seed[name].append(p)
                     log(f"RESULT {dataset} seed {seed} {name} (log loss): b ({b}) {p.a:.4f} a ({a}) {p.b:.4f} "

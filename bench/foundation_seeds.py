@@ -12,7 +12,6 @@ found at the demo's seed 1 (docs/journal/quality.md, "The panel at more seeds").
 """
 
 import argparse
-import dataclasses
 import sys
 import tempfile
 import time
@@ -50,10 +49,7 @@ def run(dataset: str, customers: int, seeds: list[int], variants: list[str], dra
 
     with tempfile.TemporaryDirectory() as tmp:
         spec, test_cutoff, params = dataset_spec(dataset, customers, Path(tmp))
-        column = withheld.ATTRIBUTES[dataset][1]
-        spec = dataclasses.replace(spec, entity_attributes=[
-            dataclasses.replace(t, columns={c: k for c, k in t.columns.items() if c != column})
-            for t in spec.entity_attributes])
+        spec = withheld.without(spec, dataset)
         cache = Cache(build_cache(spec, Path(tmp) / "cache", log=lambda _: None))
         churn = tasks(cache, test_cutoff, params)["churn"]
         plan = protocol(test_cutoff, churn.target.window_days, TRAIN_CUTOFFS, cache.time_range[0])

@@ -197,9 +197,7 @@ def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], dra
         spec, test_cutoff, params = dataset_spec(dataset, customers, tmp)
         _, column, positive, meaning = withheld.ATTRIBUTES[dataset]
         table = next(t for t in spec.entity_attributes if column in t.columns)
-        spec = dataclasses.replace(spec, entity_attributes=[
-            dataclasses.replace(t, columns={c: k for c, k in t.columns.items() if c != column})
-            for t in spec.entity_attributes])
+        spec = withheld.without(spec, dataset)
         cache = Cache(build_cache(spec, tmp / "cache", log=lambda _: None))
         fcfg = FoundationConfig(seed=seed)
         foundation = train_foundation(cache, fcfg, test_cutoff - fcfg.horizon_days * DAY, log=lambda _: None)

@@ -7,6 +7,8 @@ is in the positive set, 0 elsewhere (also where it is missing). Constant over cu
 how much history the models have read.
 """
 
+import dataclasses
+
 import pyarrow.parquet as pq
 
 # dataset -> (the entity table's file name, the withheld column, its positive values, what 1 means)
@@ -17,6 +19,14 @@ ATTRIBUTES = {
 }
 FUNCTION = "withheld:target"
 VALUES: dict[str, float] = {}  # entity id (text) -> 0/1, set by `load`
+
+
+def without(spec, dataset: str):
+    """The cache spec with the dataset's withheld column left out of its entity tables."""
+    column = ATTRIBUTES[dataset][1]
+    return dataclasses.replace(spec, entity_attributes=[
+        dataclasses.replace(t, columns={c: k for c, k in t.columns.items() if c != column})
+        for t in spec.entity_attributes])
 
 
 def load(path: str, entity: str, column: str, positive: set) -> float:

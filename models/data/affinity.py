@@ -55,9 +55,9 @@ def baskets(cache: Cache, cutoff: int, columns, max_events: int | None = None) -
     """(basket id per event, {column: value id per event}) of every event at or before `cutoff`; with
     `max_events`, of the first shards up to that many events (shards hold entities by a hash of their
     id: a random sample of entities, whole baskets)."""
-    basket, values, offset = [], {c: [] for c in columns}, 0
+    basket, values, offset, events = [], {c: [] for c in columns}, 0, 0
     for i in range(cache.shard_count):
-        if max_events is not None and offset and sum(len(b) for b in basket) >= max_events:
+        if max_events is not None and events >= max_events:
             break
         sh = cache.shard(i)
         seen = sh.ts <= cutoff
@@ -66,7 +66,7 @@ def baskets(cache: Cache, cutoff: int, columns, max_events: int | None = None) -
         key = sh.entity[seen].astype(np.int64) * 1_000_000 + sh.ts[seen] // DAY
         uniq, inv = np.unique(key, return_inverse=True)
         basket.append(inv.astype(np.int64) + offset)
-        offset += len(uniq)
+        offset, events = offset + len(uniq), events + len(inv)
         for c in columns:
             values[c].append(np.asarray(sh.columns[c][seen], np.int64))
     if not basket:

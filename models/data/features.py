@@ -78,15 +78,18 @@ class FeatureSpec:
     # columns not here hash their tail by id
     tails: dict[str, str] = field(default_factory=dict)
 
+    def tail(self, column: str) -> np.ndarray | None:
+        """The column's tail map (decoded once), or None where its tail is hashed by id."""
+        if column not in self.tails:
+            return None
+        decoded = self.__dict__.setdefault("_decoded", {})  # (not a field: to_dict and == ignore it)
+        if column not in decoded:
+            decoded[column] = decode_tail(self.tails[column])
+        return decoded[column]
+
     def bucket(self, column: str, ids: np.ndarray) -> np.ndarray:
         """The histogram bucket of each value id of a categorical column (bucketize with its tail map)."""
-        text = self.tails.get(column)
-        if text is None:
-            return bucketize(ids, self.categorical[column], self.buckets)
-        decoded = self.__dict__.setdefault("_decoded", {})
-        if column not in decoded:
-            decoded[column] = decode_tail(text)
-        return bucketize(ids, self.categorical[column], self.buckets, decoded[column])
+        return bucketize(ids, self.categorical[column], self.buckets, self.tail(column))
 
     @property
     def habitual_channel(self) -> int:

@@ -4,8 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from habitus.models.data.features import (ENTITY_BUCKETS, WINDOWS, FeatureSpec, bucket_count, decode_tail, tail_start,
-                                          visit_width)
+from habitus.models.data.features import ENTITY_BUCKETS, WINDOWS, FeatureSpec, bucket_count, tail_start, visit_width
 
 SEQUENCE_REASON = "the order, timing and values of the last events"
 
@@ -108,8 +107,7 @@ def input_groups(spec: FeatureSpec, vocab, trunk, sources: dict[str, str] | None
     for k, c, d in scalar_names(spec):
         add(k, events, c, d)
     for c, size in spec.categorical.items():
-        tail = decode_tail(spec.tails[c]) if c in spec.tails else None
-        for b, name in enumerate(_bucket_names(vocab(c), size, spec.buckets, tail)):
+        for b, name in enumerate(_bucket_names(vocab(c), size, spec.buckets, spec.tail(c))):
             bucket_group[(c, b)] = len(kind)
             add("value", sources.get(c, events), c, name, b, spec.channels)
     for c, size in spec.entity_categorical.items():

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from habitus.models.data.features import FeatureSpec, bucket_count
+from habitus.models.data.features import FeatureSpec, bucket_count, tail_start
 from habitus.models.data.targets import TargetSpec
 
 CALIBRATION_ROWS = 8_192  # training rows the slope and offset are fitted on
@@ -49,7 +49,7 @@ def exact_buckets(ids: np.ndarray, vocab: int, buckets: int) -> np.ndarray:
     the long tail shares buckets, whose forecast is not that id's)."""
     if vocab + 1 <= buckets:
         return (ids >= 1) & (ids <= vocab)
-    return (ids >= 1) & (ids < buckets - buckets // 4)
+    return (ids >= 1) & (ids < tail_start(buckets))
 
 
 def foundation_forecast(state: dict[str, torch.Tensor], spec: FeatureSpec, target: TargetSpec,
