@@ -92,6 +92,15 @@ class Task:
     def check_labels(self, target: TargetSpec, y) -> None:
         """A user function's values that cannot be this task's labels fail here, naming them."""
 
+    def forecast_targets(self, y, positions: np.ndarray) -> np.ndarray:
+        """[rows, len(positions)] 0/1: whether each kept row of `y` (labels()) has each of the output
+        `positions`, what the foundation's forecast of those outputs is calibrated against
+        (models/train/prior.py). One output per entity: `y` itself."""
+        if isinstance(y, SparseRows):
+            return y.dense(0, positions)
+        y = np.asarray(y)
+        return y[:, positions] if y.ndim == 2 else y[:, None]
+
     # ------------------------------------------------------------------ the network and its training
 
     def build_model(self, net: NetConfig, spec, features: FeatureSpec) -> Model:

@@ -106,10 +106,7 @@ def fixed_recipe(model: Model, opt, task: TaskSpec, spec: FeatureSpec, cfg: Fine
         forecast = foundation_forecast(foundation_state, spec, task.target, task.outputs)
         if forecast is None:
             raise ValueError(f"the recipe starts at the foundation's forecast ({fixed.start}); this foundation has none")
-        calibration = (data.kept.get((s, lo, hi, c)) for c in reversed(train_cutoffs) for s, lo, hi in data.plan)
-        with torch.no_grad():
-            start_at_forecast(model, forecast, calibration, validation.dev,
-                              spec.channels if task_of(task).uses_label_history else 0)
+        start_at_calibrated_forecast(model, forecast, task, spec, data, train_cutoffs, validation.dev)
     first = (math.nan, state_copy(model), -1)
     epochs = max(fixed.soup)
     curves, rows, _, snapshots = train_epochs(model, opt, task, dataclasses.replace(cfg, epochs=epochs), data,
@@ -243,6 +240,16 @@ def optimizer(model: Model, cfg: FinetuneConfig, dev) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, weight_decay=cfg.weight_decay, fused=fused(dev))
 
 
+def start_at_calibrated_forecast(model: Model, forecast, task: TaskSpec, spec: FeatureSpec, data: "Features",
+                                 train_cutoffs, dev) -> None:
+    """The head's start at the foundation's forecast, calibrated on the latest training cut-offs' rows."""
+    t = task_of(task)
+    calibration = (data.kept.get((s, lo, hi, c)) for c in reversed(train_cutoffs) for s, lo, hi in data.plan)
+    with torch.no_grad():
+        start_at_forecast(model, forecast, calibration, dev, spec.channels if t.uses_label_history else 0,
+                          t.forecast_targets)
+
+
 def choose_start(model: Model, task: TaskSpec, spec: FeatureSpec, data: Features, validation: Validation, train_cutoffs,
                  foundation_state: dict, *, use_forecast: bool, log: Log) -> tuple[tuple, str]:
     """The starting point competes too (epoch -1: fine-tuning is kept only where it helps on
@@ -254,10 +261,7 @@ def choose_start(model: Model, task: TaskSpec, spec: FeatureSpec, data: Features
     if forecast is None:
         return best, "baseline"
     start = "baseline"
-    calibration = (data.kept.get((s, lo, hi, c)) for c in reversed(train_cutoffs) for s, lo, hi in data.plan)
-    with torch.no_grad():
-        start_at_forecast(model, forecast, calibration, validation.dev,
-                          spec.channels if task_of(task).uses_label_history else 0)
+    start_at_calibrated_forecast(model, forecast, task, spec, data, train_cutoffs, validation.dev)
     criterion = validation.criterion(model, task)
     log(f"{task.task} start at the foundation's forecast, calibrated ({len(forecast.positions)} of "
         f"{task.outputs} outputs): validation criterion {criterion:.4f}")

@@ -55,8 +55,9 @@ def exact_buckets(ids: np.ndarray, vocab: int, buckets: int) -> np.ndarray:
 def foundation_forecast(state: dict[str, torch.Tensor], spec: FeatureSpec, target: TargetSpec,
                         outputs: int) -> Forecast | None:
     """The foundation head's forecast of a target, where it has one: churn (`no_event`: minus the
-    "acts in the window" logit) and propensity over a categorical column's values (`any_event`: the
-    bucket of each label that has one of its own). None for every other target: recommendation
+    "acts in the window" logit) and propensity or the next class over a categorical column's values
+    (`any_event`: the bucket of each label that has one of its own; a class's output is calibrated
+    against "the next class is this one", Task.forecast_targets). None for every other target: recommendation
     (`items`) too, where adding the forecast of the items that have a bucket to the start made the
     demo's validation NDCG@10 worse at every weight tried (docs/journal/quality.md)."""
     weight, bias = state.get("head.linear.weight"), state.get("head.linear.bias")
@@ -104,11 +105,13 @@ def calibrate(inputs: torch.Tensor, y: torch.Tensor, iterations: int = 20) -> to
 
 
 @torch.no_grad()
-def start_at_forecast(model, forecast: Forecast, arrays, dev, history_channel_count: int) -> int:
+def start_at_forecast(model, forecast: Forecast, arrays, dev, history_channel_count: int, targets) -> int:
     """Set the head's outputs that have a forecast to a calibrated mix of the forecast and the label's
     own history: their linear rows to a x (the foundation's rows), their biases to a x (its bias) + c,
     their history weights to the fitted ones (`calibrate`). `arrays`: training chunks (features, label
-    history, targets), read until CALIBRATION_ROWS rows. Returns the rows it read."""
+    history, targets), read until CALIBRATION_ROWS rows; `targets(y, positions)`: the task's 0/1 of
+    each row at each forecast output (Task.forecast_targets: a class index is not a 0/1 label).
+    Returns the rows it read."""
     xs, hs, ys, n = [], [], [], 0
     positions = forecast.positions
     for x, h, y, *_ in arrays:
@@ -118,12 +121,7 @@ def start_at_forecast(model, forecast: Forecast, arrays, dev, history_channel_co
         if history_channel_count:  # [take, k, channels] of the labels with a forecast
             hs.append(np.stack([h[rows].dense(c, positions) for c in range(history_channel_count)], -1)
                       if hasattr(h, "dense") else h[:take][:, positions])
-        part = y[rows]
-        if hasattr(part, "dense"):  # sparse label rows
-            ys.append(part.dense(0, positions))
-        else:
-            part = np.asarray(part)
-            ys.append(part[:, positions] if part.ndim == 2 else part[:, None])
+        ys.append(targets(y[rows], positions))
         n += take
         if n >= CALIBRATION_ROWS:
             break

@@ -13,6 +13,7 @@ from habitus.models.train.loop import chunk_plan
 from habitus.models.nn.network import Model, NetConfig
 from habitus.models.train.prior import Forecast, calibrate, foundation_forecast, start_at_forecast
 from habitus.models.train.config import FinetuneConfig
+from habitus.models.tasks import task as task_of
 from habitus.models.tasks.spec import TaskSpec
 from habitus.models.data.targets import TargetSpec, compute_target, foundation_target
 
@@ -76,7 +77,7 @@ def test_the_start_is_the_calibrated_forecast_plus_each_labels_own_history():
     y = SparseRows.from_pairs(np.arange(400), rng.integers(0, 5, 400), np.ones(400), 400, 5)
     forecast = Forecast(np.array([1, 3]), np.array([7, 9]), torch.randn(2, 8), torch.zeros(2))
     with torch.no_grad():
-        read = start_at_forecast(model, forecast, [(x, h, y)], "cpu", 3)
+        read = start_at_forecast(model, forecast, [(x, h, y)], "cpu", 3, task_of("multilabel").forecast_targets)
     assert read == 400
     w = model.head.linear.weight.detach()
     for i, p in enumerate(forecast.positions):  # the foundation's row, scaled by the fitted slope
@@ -87,9 +88,18 @@ def test_the_start_is_the_calibrated_forecast_plus_each_labels_own_history():
     assert not torch.allclose(total[[1, 3]], torch.full((2, 3), 5.0))
 
 
-@pytest.mark.parametrize("kind", ["multilabel", "binary"])
+def test_a_class_index_is_calibrated_as_one_of_the_classes():
+    # a multiclass row's label is the index of its class, not a 0/1 per output: each class's forecast
+    # is calibrated against "the next class is this one"
+    y = np.array([0, 3, 1, 3])
+    np.testing.assert_array_equal(task_of("multiclass").forecast_targets(y, np.array([1, 3])),
+                                  [[0, 0], [0, 1], [1, 0], [0, 1]])
+    np.testing.assert_array_equal(task_of("binary").forecast_targets(np.array([1.0, 0.0]), np.array([0])), [[1], [0]])
+
+
+@pytest.mark.parametrize("kind", ["multilabel", "binary", "multiclass"])
 def test_finetuning_keeps_whichever_start_validates_better(segment_labels, kind):
-    cache, test_cutoff, foundation, task = segment_labels("multilabel")
+    cache, test_cutoff, foundation, task = segment_labels("multiclass" if kind == "multiclass" else "multilabel")
     if kind == "binary":
         task = TaskSpec("binary", TargetSpec("no_event", 14, active_days=30))
     cutoffs = [test_cutoff - w * 14 * 86_400 for w in (4, 3, 2)]
@@ -99,6 +109,8 @@ def test_finetuning_keeps_whichever_start_validates_better(segment_labels, kind)
     start = [float(m.rsplit(" ", 1)[1]) for m in said if "start: validation criterion" in m][0]
     forecast = [float(m.rsplit(" ", 1)[1]) for m in said if "start at the foundation's forecast" in m]
     assert len(forecast) == 1
+    if kind == "multiclass":  # log loss: the calibrated classes beat a uniform guess (as 0/1 labels: 26.5)
+        assert forecast[0] < np.log(task.outputs)
     assert result.info["head_start"] == ("foundation (calibrated)" if forecast[0] < start else "baseline")
     # no forecast without pretraining, or when switched off
     said.clear()
