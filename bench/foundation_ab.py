@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from arm_scores import captured  # noqa: E402
 from intervals import Paired, combine, paired_many  # noqa: E402
-from foundation_seeds import settings  # noqa: E402
+from foundation_settings import settings  # noqa: E402
 from quality import dataset_spec, demo_spec, tasks  # noqa: E402
 
 def next_class_task(cache, test_cutoff: int, params: dict):

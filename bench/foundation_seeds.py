@@ -25,19 +25,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import withheld  # noqa: E402
 from intervals import combine, paired_many  # noqa: E402
+from foundation_settings import settings  # noqa: E402
 from panel import probe_arms  # noqa: E402
 from quality import dataset_spec, tasks  # noqa: E402
-
-
-def settings(variant: str) -> dict:
-    """'default' -> {}; 'name=value' -> that FoundationConfig field, typed as its default."""
-    from habitus.models.train.config import FoundationConfig
-
-    if variant == "default":
-        return {}
-    name, value = variant.split("=")
-    kind = type(getattr(FoundationConfig(), name))
-    return {name: value.lower() in ("1", "true") if kind is bool else kind(value)}
 
 
 def run(dataset: str, customers: int, seeds: list[int], variants: list[str], draws: int, log=print):

@@ -48,6 +48,7 @@ from intervals import combine, metric, paired_many, panel_mean, verdict  # noqa:
 from label_share import EntitySubset, labeled_entities  # noqa: E402
 from practitioner import practitioner_scores  # noqa: E402
 from affinity import affinity_lightgbm_scores  # noqa: E402
+from foundation_settings import settings  # noqa: E402
 from quality import dataset_spec, machine, tasks, train_arms  # noqa: E402
 
 PANEL = ("tafeng", "demo")
@@ -177,10 +178,11 @@ def probe_arms(foundation, cache, fspec, target, plan) -> tuple[np.ndarray, dict
 
 
 def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], draws: int, log, save=None,
-             done: dict | None = None) -> dict:
+             done: dict | None = None, setting: str = "default") -> dict:
     """One seed of one dataset: {row: {comparison: {diff, var, a, b}, "oracle": figure}} and timings;
     `save(result)` after each row (the result so far, "complete": False). The rows of `done` (a killed
-    run's saved result) are kept, not run again: every arm is seeded, so they would come out the same."""
+    run's saved result) are kept, not run again: every arm is seeded, so they would come out the same.
+    `setting`: the foundation model's, "default" or one FoundationConfig field as name=value."""
     from habitus.models.cache import Cache, build_cache
     from habitus.models.data.features import DAY, FeatureSpec
     from habitus.models.data.targets import TargetSpec
@@ -199,7 +201,7 @@ def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], dra
         table = next(t for t in spec.entity_attributes if column in t.columns)
         spec = withheld.without(spec, dataset)
         cache = Cache(build_cache(spec, tmp / "cache", log=lambda _: None))
-        fcfg = FoundationConfig(seed=seed)
+        fcfg = FoundationConfig(**{**settings(setting), "seed": seed})
         foundation = train_foundation(cache, fcfg, test_cutoff - fcfg.horizon_days * DAY, log=lambda _: None)
         seconds["foundation"] = round(time.time() - t0, 1)
         fspec, state = FeatureSpec.from_dict(foundation.info["feature_spec"]), foundation.model.state_dict()
@@ -258,11 +260,11 @@ def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], dra
             out[row] = result
             seconds[row] = round(time.time() - t1, 1)
             if save is not None:
-                save({"rows": out, "seconds": seconds, "machine": machine(), "complete": False})
+                save({"rows": out, "seconds": seconds, "machine": machine(), "foundation": setting, "complete": False})
             log(f"{dataset} seed {seed} {row} ({seconds[row]:.0f}s): " + ", ".join(
                 f"{k} {v['diff']:+.4f}" for k, v in result.items() if isinstance(v, dict)))
     seconds["total"] = round(time.time() - t0, 1)
-    return {"rows": out, "seconds": seconds, "machine": machine(), "complete": True}
+    return {"rows": out, "seconds": seconds, "machine": machine(), "foundation": setting, "complete": True}
 
 
 def aggregate(runs: dict, smoke: bool) -> list[dict]:
@@ -359,7 +361,10 @@ def main() -> None:
                         "a seed found there is not run again")
     parser.add_argument("--report-only", action="store_true", help="only aggregate what --state holds")
     parser.add_argument("--json", help="write {'rows': [...]} to this path")
+    parser.add_argument("--foundation", default="default", help="the foundation setting judged: default, or one "
+                        "FoundationConfig field as name=value (bench/foundation_seeds.py); a --state folder holds one")
     args = parser.parse_args()
+    settings(args.foundation)  # (an unknown field fails here, before any seed runs)
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     rows = tuple(r.strip() for r in args.rows.split(",") if r.strip())
     bad = sorted(set(datasets) - set(PANEL + SMOKE)) + sorted(set(rows) - set(ROWS))
@@ -376,10 +381,13 @@ def main() -> None:
         for dataset in datasets:
             path = state / f"{dataset}-seed{seed}.json"
             done = json.loads(path.read_text()) if path.exists() else None
+            if done and done.get("foundation", "default") != args.foundation:
+                parser.error(f"{path} holds the foundation setting {done.get('foundation', 'default')!r}, not "
+                             f"{args.foundation!r}: give each setting its own --state folder")
             if done and done.get("complete"):
                 continue
             write(path, seed_run(dataset, args.customers, seed, rows, args.draws, log, done=done,
-                                 save=lambda r, p=path: write(p, r)))
+                                 save=lambda r, p=path: write(p, r), setting=args.foundation))
     runs = {d: {s: r for s, r in v.items() if s in seeds} for d, v in load_state(state).items() if d in datasets}
     out = aggregate(runs, smoke=all(d in SMOKE for d in datasets))
     print(table(out, args.draws))
