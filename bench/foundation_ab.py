@@ -4,9 +4,11 @@
         [--b default] [--customers 20000]
 
     OMP_NUM_THREADS=1 python bench/foundation_ab.py --cost --dataset demo --customers 175000   # ~10M events
+    OMP_NUM_THREADS=1 python bench/foundation_ab.py --arm-cost --dataset demo --customers 175000 --a default --b contrastive_weight=0.1
 
-`--a` / `--b`: "default" or one FoundationConfig field as name=value (bench/foundation_seeds.py).
+`--a` / `--b`: "default" or one FoundationConfig field as name=value (bench/foundation_settings.py).
 `--cost`: the seconds and memory of the rare values' grouping (models/data/related.py) at scale.
+`--arm-cost`: each arm's foundation training alone, in a fresh process: seconds, entities/s, peak RSS.
 
 Per seed: the foundation model at that seed under each arm (a, b), churn and propensity fine-tuned with the
 network head alone (the head the stacked trees read at a tenth on Ta-Feng), scored at the test
@@ -142,6 +144,48 @@ def cost(dataset: str, customers: int, log=print):
             f"{train_s:.1f} | {fit_s / train_s:.2f} | {before:.2f} | {peak:.2f} |")
 
 
+def arm_cost(dataset: str, customers: int, arms: tuple[str, str], log=print):
+    """Each arm's foundation training (3 epochs, the default protocol's last cut-off) on one cache, each
+    in a fresh process: its seconds, entities per second and peak RSS (os.wait4), and b / a."""
+    import json
+    import os
+    import subprocess
+
+    from habitus.models.cache import Cache, build_cache
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, test_cutoff, _ = (demo_spec(customers, Path(tmp), products=20_000) if dataset == "demo"
+                                else dataset_spec(dataset, customers, Path(tmp)))
+        cache = Cache(build_cache(spec, Path(tmp) / "cache", log=lambda _: None))
+        got = []
+        for arm in arms:
+            proc = subprocess.Popen([sys.executable, __file__, "--child-cost", str(cache.path), arm, str(test_cutoff)],
+                                    stdout=subprocess.PIPE, text=True)
+            out = proc.stdout.read()
+            _, status, usage = os.wait4(proc.pid, 0)
+            if os.waitstatus_to_exitcode(status):
+                raise RuntimeError(f"{arm}: the foundation's process failed")
+            seconds = json.loads(out.strip().splitlines()[-1])["seconds"]
+            got.append((seconds, usage.ru_maxrss / 2**20))
+            log(f"| {dataset} | {arm} | {cache.manifest['n_events']:,} | {cache.n_entities:,} | {seconds:.1f} | "
+                f"{cache.n_entities / seconds:,.0f} | {usage.ru_maxrss / 2**20:.2f} |")
+        log(f"b / a: seconds {got[1][0] / got[0][0]:.2f}x, peak {got[1][1] / got[0][1]:.2f}x")
+
+
+def _child_cost(root: str, arm: str, test_cutoff: int):
+    import json
+
+    from habitus.models.cache import Cache
+    from habitus.models.data.features import DAY
+    from habitus.models.train.config import FoundationConfig
+    from habitus.models.train.foundation import train_foundation
+
+    cfg = FoundationConfig(**settings(arm))
+    t0 = time.time()
+    train_foundation(Cache(root), cfg, int(test_cutoff) - cfg.horizon_days * DAY, log=lambda _: None)
+    print(json.dumps({"seconds": time.time() - t0}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", default="tafeng")
@@ -152,7 +196,14 @@ def main():
     ap.add_argument("--b", default="default", help="arm b's foundation setting (b - a is reported)")
     ap.add_argument("--tasks", default="churn,propensity", help="of churn, propensity, next_class")
     ap.add_argument("--cost", action="store_true", help="the fit's seconds and memory against a foundation training")
+    ap.add_argument("--arm-cost", action="store_true", help="each arm's foundation: seconds and peak memory")
+    ap.add_argument("--child-cost", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child_cost:
+        return _child_cost(*a.child_cost)
+    if a.arm_cost:
+        print("| dataset | arm | events | entities | foundation s | entities/s | peak GB |\n|---|---|---|---|---|---|---|")
+        return arm_cost(a.dataset, a.customers, (a.a, a.b), log=lambda m: print(m, flush=True))
     if a.cost:
         print("| dataset | events | entities | grouped columns | fit s | foundation s (fit included) | fit / foundation "
               "| peak GB before | peak GB after the fit |\n|---|---|---|---|---|---|---|---|---|")
