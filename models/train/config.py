@@ -55,6 +55,12 @@ class FoundationConfig:
     sequence_layers: int = 1
     masked_events: float = 0.15
     masked_events_weight: float = 0.1
+    # a contrastive objective beside the forecast (models/train/contrastive.py), at this weight (0: off):
+    # each entity's full history against a view keeping a share `contrastive_keep` of its events. The
+    # demo's weak foundation seed stops being weak, the embeddings gain on Ta-Feng and the demo; the
+    # foundation takes 1.7x as long (docs/journal/quality.md, "Telling entities apart")
+    contrastive_weight: float = 0.1
+    contrastive_keep: float = 0.5
 
 
 @dataclass

@@ -19,6 +19,7 @@ from habitus.models.train.loop import (Log, TrainResult, batches, by_shard, chun
 from habitus.models.nn.network import Model, NetConfig
 from habitus.models.nn.profile import Profile
 from habitus.models.nn.sequence import MaskedEvents
+from habitus.models.train.contrastive import Projection, info_nce, thinned
 from habitus.models.train.resume import Resumer
 from habitus.models.train.config import FoundationConfig
 from habitus.models.data.targets import foundation_target
@@ -35,20 +36,29 @@ def foundation_loss(out: torch.Tensor, y: torch.Tensor, n_columns: int) -> torch
 
 
 class Pretraining(nn.Module):
-    """The foundation model as it trains: its forecast of the next window and, with a sequence encoder
-    and `rate` > 0, the masked-event loss from the heads of MaskedEvents (which are not kept)."""
+    """The foundation model as it trains: its forecast of the next window and the auxiliary losses,
+    weighted: with a sequence encoder and `rate` > 0, the masked-event loss from the heads of
+    MaskedEvents; with `contrastive` > 0, the InfoNCE of each entity's full history against a thinned
+    view of it (models/train/contrastive.py). Their heads are not kept."""
 
-    def __init__(self, model: Model, spec: FeatureSpec, rate: float):
+    def __init__(self, model: Model, spec: FeatureSpec, rate: float, masked_weight: float = 0.0,
+                 contrastive: float = 0.0):
         super().__init__()
-        self.model, self.rate = model, rate
+        self.model, self.rate, self.masked_weight, self.contrastive = model, rate, masked_weight, contrastive
         cfg = model.trunk.cfg
         self.events = MaskedEvents(cfg.seq_vocab, cfg.seq_numeric, cfg.seq_dim) if cfg.seq_len and rate else None
+        self.project = Projection(cfg.hidden) if contrastive else None
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, view: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        extra = torch.zeros((), device=x.device)
         if self.events is None:
-            return self.model(x), torch.zeros((), device=x.device)
-        h, states = self.model.trunk.masked(x, self.rate)
-        return self.model.head(h), self.events.loss(*states)
+            h = self.model.trunk(x)
+        else:
+            h, states = self.model.trunk.masked(x, self.rate)
+            extra = extra + self.masked_weight * self.events.loss(*states)
+        if self.project is not None and view is not None:
+            extra = extra + self.contrastive * info_nce(self.project(h), self.project(self.model.trunk(view)))
+        return self.model.head(h), extra
 
 
 def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, device: str = "auto",
@@ -89,7 +99,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
                     len(spec.numeric), cfg.sequence_dim, cfg.sequence_layers)
     model = Model(net, targets_width).to(dev)
     model.trunk.fit_input_scale(torch.from_numpy(np.concatenate([x for _, x, _ in probe])).to(dev), cfg.std_floor)
-    trainer = Pretraining(model, spec, cfg.masked_events).to(dev)
+    trainer = Pretraining(model, spec, cfg.masked_events, cfg.masked_events_weight, cfg.contrastive_weight).to(dev)
     opt = torch.optim.AdamW(trainer.parameters(), lr=cfg.learning_rate, weight_decay=1e-4)
     steps_total = cfg.epochs * math.ceil(len(plan) / dist.world) * min(cfg.cutoffs_per_chunk, len(cutoffs)) * math.ceil(
         cfg.chunk_entities / cfg.batch_size)
@@ -98,17 +108,19 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     curves: dict[str, list[float]] = {"train_loss": [], "val_loss": []}
     events_seen = entities_seen = steps = 0
     # >>> resume hook (models/train/resume.py): continue a killed run from its last saved state
-    modules = {"model": model, "opt": opt, "sched": sched, **({"events": trainer.events} if trainer.events else {})}
+    modules = {"model": model, "opt": opt, "sched": sched, **({"events": trainer.events} if trainer.events else {}),
+               **({"projection": trainer.project} if trainer.project else {})}
     at = resume.restore(modules, rng) if resume is not None else None
     if at:
         curves, (events_seen, entities_seen, steps) = at["curves"], at["counters"]
     # <<< resume hook
     net, mine, lock = wrap(trainer, dist), set(shard(plan, dist)), Lockstep(dist)  # one process: model, plan, no-op
-    pad = torch.zeros(1, spec.input_width, device=dev), torch.zeros(1, targets_width, device=dev)
+    pad = (torch.zeros(1, spec.input_width, device=dev), torch.zeros(1, targets_width, device=dev),
+           torch.zeros(1, spec.input_width, device=dev) if trainer.project else None)
 
-    def loss_of(x, y):
-        out, masked = net(x)
-        return foundation_loss(out, y, n_cols) + cfg.masked_events_weight * masked
+    def loss_of(x, y, view=None):
+        out, extra = net(x, view)
+        return foundation_loss(out, y, n_cols) + extra
 
     for epoch in range(at["epoch"] if at else 0, cfg.epochs):
         net.train()
@@ -127,9 +139,11 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
             events_seen += len(chunk.rows)
             entities_seen += len(train)
             xt, yt = torch.from_numpy(x[train]).to(dev), torch.from_numpy(y[train]).to(dev)
+            vt = (torch.from_numpy(featurize(thinned(chunk, cfg.contrastive_keep, rng), spec, entity_table)[train]).to(dev)
+                  if trainer.project else None)
             for b in batches(len(train), cfg.batch_size, rng):
                 lock.real()
-                loss = loss_of(xt[b], yt[b])
+                loss = loss_of(xt[b], yt[b], None if vt is None else vt[b])
                 step(model, opt, loss)
                 if steps < steps_total:
                     sched.step()

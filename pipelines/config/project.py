@@ -78,6 +78,9 @@ class FoundationSettings(Strict):
     related_buckets: bool = Field(_FOUNDATION.related_buckets, description="a column with more values than "
                                   "buckets shares its last quarter among groups of values bought together "
                                   "(co-occurrence clusters; false: by id, at random; docs/models.md)")
+    contrastive: float = Field(_FOUNDATION.contrastive_weight, ge=0, description="weight of the contrastive "
+                               "objective beside the forecast: each entity told apart from the others of its "
+                               "batch by half of its history (0: off; docs/models.md)")
     seed: int = Field(_FOUNDATION.seed, description="random seed of the initialization and the data order")
     save_every_steps: int = Field(SAVE_EVERY_STEPS, ge=1, description="optimizer steps between two saves of the "
                                   "resumable training state (a killed run continues from the last)")
@@ -92,7 +95,8 @@ class FoundationSettings(Strict):
         return dataclasses.replace(_FOUNDATION, horizon_days=self.horizon, cutoff_every_days=self.cutoff_every,
                                    hidden=self.hidden, layers=self.layers, epochs=self.epochs,
                                    batch_size=self.batch_size, learning_rate=self.learning_rate,
-                                   buckets=self.buckets, related_buckets=self.related_buckets, seed=self.seed,
+                                   buckets=self.buckets, related_buckets=self.related_buckets,
+                                   contrastive_weight=self.contrastive, seed=self.seed,
                                    sequence_events=self.sequence_events,
                                    masked_events=self.masked_events)
 
