@@ -115,22 +115,28 @@ def run(dataset: str, customers: int, seeds: list[int], draws: int, a: str = "re
             log(f"SEEDS {dataset} {name} ({len(ps)}): {c.mean:+.4f} [{c.lo:+.4f}, {c.hi:+.4f}]")
 
 
+def _scaled_cache(dataset: str, customers: int, tmp: Path):
+    """(cache, test cut-off) of the costs: the demo with bench/speed.py's 20,000 products (its 10m dataset:
+    175,000 customers), or the dataset as the quality benches build it."""
+    from habitus.models.cache import Cache, build_cache
+
+    spec, test_cutoff, _ = (demo_spec(customers, tmp, products=20_000) if dataset == "demo"
+                            else dataset_spec(dataset, customers, tmp))
+    return Cache(build_cache(spec, tmp / "cache", log=lambda _: None)), test_cutoff
+
+
 def cost(dataset: str, customers: int, log=print):
     """What the groups cost: the fit's seconds and its peak memory over the process's before it,
     against one foundation training (3 epochs, groups included) on the same cache."""
     import resource
 
-    from habitus.models.cache import Cache, build_cache
     from habitus.models.data.features import DAY
     from habitus.models.data.related import related_tails
     from habitus.models.train.config import FoundationConfig
     from habitus.models.train.foundation import train_foundation
 
     with tempfile.TemporaryDirectory() as tmp:
-        # the demo with bench/speed.py's 20,000 products (its 10m dataset: 175,000 customers)
-        spec, test_cutoff, _ = (demo_spec(customers, Path(tmp), products=20_000) if dataset == "demo"
-                                else dataset_spec(dataset, customers, Path(tmp)))
-        cache = Cache(build_cache(spec, Path(tmp) / "cache", log=lambda _: None))
+        cache, test_cutoff = _scaled_cache(dataset, customers, Path(tmp))
         cfg = FoundationConfig()
         last = test_cutoff - cfg.horizon_days * DAY
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -151,12 +157,8 @@ def arm_cost(dataset: str, customers: int, arms: tuple[str, str], log=print):
     import os
     import subprocess
 
-    from habitus.models.cache import Cache, build_cache
-
     with tempfile.TemporaryDirectory() as tmp:
-        spec, test_cutoff, _ = (demo_spec(customers, Path(tmp), products=20_000) if dataset == "demo"
-                                else dataset_spec(dataset, customers, Path(tmp)))
-        cache = Cache(build_cache(spec, Path(tmp) / "cache", log=lambda _: None))
+        cache, test_cutoff = _scaled_cache(dataset, customers, Path(tmp))
         got = []
         for arm in arms:
             proc = subprocess.Popen([sys.executable, __file__, "--child-cost", str(cache.path), arm, str(test_cutoff)],

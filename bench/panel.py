@@ -362,7 +362,7 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true", help="only aggregate what --state holds")
     parser.add_argument("--json", help="write {'rows': [...]} to this path")
     parser.add_argument("--foundation", default="default", help="the foundation setting judged: default, or one "
-                        "FoundationConfig field as name=value (bench/foundation_seeds.py); a --state folder holds one")
+                        "FoundationConfig field as name=value (bench/foundation_settings.py); a --state folder holds one")
     args = parser.parse_args()
     settings(args.foundation)  # (an unknown field fails here, before any seed runs)
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
