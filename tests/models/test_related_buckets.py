@@ -12,24 +12,6 @@ from habitus.models.train.config import FoundationConfig
 from habitus.models.train.foundation import train_foundation
 
 BUCKETS = 8  # ids 1..5 a bucket of their own (0: unknown), 2 shared tail buckets
-STAPLES = 5  # bought in every basket: the frequent ids 1..5
-
-
-def _two_worlds(sources, customers: int = 80, days: int = 90):
-    """Customers loyal to group a or group b (10 rare products each, 2-4 a basket), plus the staples
-    in every basket: the tail (ids 6..25) is two groups of products bought together."""
-    rng = np.random.default_rng(5)
-    customer, ts, product = [], [], []
-    for i in range(customers):
-        group = "ab"[i % 2]
-        for d in np.sort(rng.choice(days, 10, replace=False)):
-            rare = [f"{group}{p}" for p in rng.choice(10, rng.integers(2, 5), replace=False)]
-            items = [f"s{k}" for k in range(STAPLES)] * 3 + rare  # staples thrice: the most frequent ids
-            customer += [f"c{i:03d}"] * len(items)
-            ts += [sources.at(float(d), 9)] * len(items)
-            product += items
-    return sources.build(sources.events(sources.write_events("purchases", customer, ts, product, [1.0] * len(ts))),
-                         shard_events=2000)
 
 
 def _tail_groups(cache) -> tuple[np.ndarray, np.ndarray]:
@@ -40,7 +22,7 @@ def _tail_groups(cache) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_products_bought_together_share_a_tail_bucket(sources):
-    cache = _two_worlds(sources)
+    cache = sources.loyal_groups()
     ids, group = _tail_groups(cache)
     assert len(ids) == 20 and set(group) == {0, 1}  # the staples took ids 1..5
     tails = related_tails(cache, sources.at(90), BUCKETS)
@@ -56,7 +38,7 @@ def test_products_bought_together_share_a_tail_bucket(sources):
 
 
 def test_the_map_reads_only_the_past(sources, past):
-    cache = _two_worlds(sources)
+    cache = sources.loyal_groups()
     cutoff = sources.at(45)
     a = related_tails(cache, cutoff, BUCKETS)["product_id"]
     np.testing.assert_array_equal(a, related_tails(past(cache, cutoff), cutoff, BUCKETS)["product_id"])
@@ -78,7 +60,7 @@ def test_spec_round_trip_and_fallbacks():
 
 
 def test_the_foundation_reads_and_forecasts_related_buckets(sources, one_thread):
-    cache = _two_worlds(sources)
+    cache = sources.loyal_groups()
     cfg = FoundationConfig(buckets=BUCKETS, epochs=1, hidden=16, ple_bins=0, min_history_days=14)
     result = train_foundation(cache, cfg, sources.at(70), log=lambda _: None)
     spec = FeatureSpec.from_dict(result.info["feature_spec"])
@@ -108,7 +90,7 @@ def test_explanations_name_a_related_bucket_by_its_most_frequent_member():
 def test_the_fit_reads_whole_shards_up_to_its_cap(sources):
     from habitus.models.data.affinity import baskets
 
-    cache = _two_worlds(sources)
+    cache = sources.loyal_groups()
     assert cache.shard_count > 2
     cutoff = sources.at(90)
     first = int((cache.shard(0).ts <= cutoff).sum())
