@@ -10,7 +10,6 @@ import numpy as np
 
 from habitus.models.data.features import DAY, Chunk, FeatureSpec, bucket_count
 from habitus.models.data.items import SparseRows
-from habitus.models.data.sketch import Sketch
 from habitus.models.data.target_functions import function_target
 
 
@@ -93,11 +92,10 @@ def compute_target(chunk: Chunk, spec: TargetSpec, vocab_size: int | None = None
     raise ValueError(f"unknown target kind {spec.kind!r}")
 
 
-def foundation_target(chunk: Chunk, window_days: int, spec: FeatureSpec, sketch: Sketch | None = None) -> np.ndarray:
+def foundation_target(chunk: Chunk, window_days: int, spec: FeatureSpec) -> np.ndarray:
     """The self-supervised target: [any event, log(1 + events)] then, per categorical column,
     which buckets the entity touches in the next window (multi-hot; `spec.bucket`: a long tail's
-    buckets are groups of related values where the spec has a tail map), then with `sketch` which
-    of its co-occurrence codes the window touches (models/data/sketch.py)."""
+    buckets are groups of related values where the spec has a tail map)."""
     local, rows = future_rows(chunk, window_days)
     n = chunk.n
     count = np.bincount(local, minlength=n).astype(np.float32)
@@ -106,6 +104,4 @@ def foundation_target(chunk: Chunk, window_days: int, spec: FeatureSpec, sketch:
         hot = np.zeros((n, bucket_count(vocab, spec.buckets)), np.float32)
         hot[local, spec.bucket(c, chunk.shard.columns[c][rows])] = 1.0
         parts.append(hot[:, 1:])  # bucket 0 is "unknown": not worth predicting
-    if sketch is not None:
-        parts.append(sketch.target(chunk.shard.columns, local, rows, n))
     return np.concatenate(parts, axis=1)

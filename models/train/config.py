@@ -61,9 +61,6 @@ class FoundationConfig:
     # foundation takes 1.7x as long (docs/journal/quality.md, "Telling entities apart")
     contrastive_weight: float = 0.1
     contrastive_keep: float = 0.5
-    # the next window's co-occurrence sketch as a second forecast (models/data/sketch.py), at this
-    # weight per column beside each column's bucket forecast (0: off)
-    sketch_weight: float = 0.0
 
 
 @dataclass

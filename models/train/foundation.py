@@ -14,7 +14,6 @@ from habitus.models.cache import Cache
 from habitus.models.train.distributed import Dist, Lockstep, from_rank0, shard, sum_over_ranks, wrap
 from habitus.models.data.features import DAY, FeatureSpec, chunk_at, encode_tail, featurize
 from habitus.models.data.related import related_tails
-from habitus.models.data.sketch import Sketch, fit_sketch
 from habitus.models.train.loop import (Log, TrainResult, batches, by_shard, chunk_plan, cutoff_grid, days, epoch_loss, iso, processes,
                          processes_info, seeded, step)
 from habitus.models.nn.network import Model, NetConfig
@@ -28,16 +27,11 @@ from habitus.models.data.targets import foundation_target
 PROBE_CHUNKS = 4  # (a quarter of the plan: 2 chunks at 1M events, 11 at 10M, 107 at 100M)
 
 
-def foundation_loss(out: torch.Tensor, y: torch.Tensor, n_columns: int, sketch: Sketch | None = None) -> torch.Tensor:
-    """Whether and how much the entity acts, then each column's buckets (their mean loss per column),
-    then with `sketch` its codes (the last `sketch.width` outputs, at `sketch.weight` per column)."""
+def foundation_loss(out: torch.Tensor, y: torch.Tensor, n_columns: int) -> torch.Tensor:
     bce = nn.functional.binary_cross_entropy_with_logits
     loss = bce(out[:, 0], y[:, 0]) + nn.functional.mse_loss(out[:, 1], y[:, 1])
-    end = out.shape[1] - (sketch.width if sketch else 0)
-    if end > 2:
-        loss = loss + n_columns * bce(out[:, 2:end], y[:, 2:end])
-    if sketch:
-        loss = loss + sketch.weight * len(sketch.codes) * bce(out[:, end:], y[:, end:])
+    if out.shape[1] > 2:
+        loss = loss + n_columns * bce(out[:, 2:], y[:, 2:])
     return loss
 
 
@@ -81,8 +75,6 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     if cfg.related_buckets:  # from events at or before the last cut-off (the latest features' past)
         spec.tails = from_rank0(lambda: {c: encode_tail(t) for c, t in
                                          related_tails(cache, last_cutoff, cfg.buckets, cfg.seed).items()}, dist)
-    sketch = from_rank0(lambda: fit_sketch(cache, last_cutoff, cfg.sketch_weight, seed=cfg.seed), dist) \
-        if cfg.sketch_weight else None
     cutoffs = cutoff_grid(cache.time_range[0], last_cutoff, cfg.cutoff_every_days, cfg.min_history_days)
     if not cutoffs:
         raise ValueError(f"no foundation cut-off fits: the data spans {days(cache.time_range)} days, which leaves no "
@@ -93,7 +85,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     def data(s, lo, hi, cutoff):
         chunk = chunk_at(cache.shard(s), lo, hi, cutoff)  # (the cache keeps the last shard read)
         x = featurize(chunk, spec, entity_table)
-        y = foundation_target(chunk, cfg.horizon_days, spec, sketch)
+        y = foundation_target(chunk, cfg.horizon_days, spec)
         return chunk, x, y
 
     # hold out a tenth of the entities (by id) to watch generalization, at the latest cut-off: the
@@ -128,7 +120,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
 
     def loss_of(x, y, view=None):
         out, extra = net(x, view)
-        return foundation_loss(out, y, n_cols, sketch) + extra
+        return foundation_loss(out, y, n_cols) + extra
 
     for epoch in range(at["epoch"] if at else 0, cfg.epochs):
         net.train()
@@ -168,7 +160,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
                 sched.step()
             steps += 1
         curves["train_loss"].append(epoch_loss(losses, dist))
-        curves["val_loss"].append(_foundation_val(model, probe, val_rows, n_cols, sketch, dev))
+        curves["val_loss"].append(_foundation_val(model, probe, val_rows, n_cols, dev))
         log(f"foundation epoch {epoch + 1}/{cfg.epochs}: train loss {curves['train_loss'][-1]:.4f}, "
             f"validation loss {curves['val_loss'][-1]:.4f} ({time.time() - started:.0f}s)")
     model.eval()
@@ -195,11 +187,11 @@ def _profile(model, probe, plan_chunks: int, scalar_width: int, dev) -> Profile:
 
 
 @torch.no_grad()
-def _foundation_val(model, probe, val_rows, n_cols, sketch, dev) -> float:
+def _foundation_val(model, probe, val_rows, n_cols, dev) -> float:
     model.eval()
     xs = np.concatenate([x[r] for (_, x, _), r in zip(probe, val_rows)])
     ys = np.concatenate([y[r] for (_, _, y), r in zip(probe, val_rows)])
     if len(xs) == 0:
         return float("nan")
-    return float(foundation_loss(model(torch.from_numpy(xs).to(dev)), torch.from_numpy(ys).to(dev), n_cols, sketch))
+    return float(foundation_loss(model(torch.from_numpy(xs).to(dev)), torch.from_numpy(ys).to(dev), n_cols))
 
