@@ -36,6 +36,14 @@ def tail_start(buckets: int) -> int:
     return buckets - buckets // 4
 
 
+def exact_buckets(ids: np.ndarray, vocab: int, buckets: int) -> np.ndarray:
+    """Whether each vocabulary id has a bucket of its own (bucketize: the frequent ids; the long tail
+    shares buckets, and ids the model never saw land in "unknown" or the tail)."""
+    if vocab + 1 <= buckets:
+        return (ids >= 1) & (ids <= vocab)
+    return (ids >= 1) & (ids < tail_start(buckets))
+
+
 def bucketize(ids: np.ndarray, vocab_size: int, buckets: int, tail: np.ndarray | None = None) -> np.ndarray:
     """Vocabulary id -> bucket. Ids are sorted by frequency, so the frequent ones keep a bucket each
     and only the long tail shares the last quarter of the buckets: by `tail` (the tail bucket of each

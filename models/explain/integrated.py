@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from habitus.models.explain.inputs import Groups, with_tokens
-from habitus.models.data.features import FeatureSpec, bucket_count, tail_start
+from habitus.models.data.features import FeatureSpec, exact_buckets
 from habitus.models.data.items import SparseRows, batch_history
 from habitus.models.nn.network import ItemHead, Model
 from habitus.models.serve.defaults import DEFAULT_STEPS
@@ -88,10 +88,10 @@ class Explainer:
         col = task.target.column
         self.label_group = np.full(len(labels), -1, np.int64)  # -1: no bucket of its own (an `extra`)
         if labels and col in spec.categorical:
-            size = spec.categorical[col]
-            b = spec.bucket(col, np.asarray(labels, np.int64))
-            exact = bucket_count(size, spec.buckets) if size + 1 <= spec.buckets else tail_start(spec.buckets)
-            self.label_group = np.where(b < exact, [groups.bucket_group.get((col, int(v)), -1) for v in b], -1)
+            ids = np.asarray(labels, np.int64)
+            own = exact_buckets(ids, spec.categorical[col], spec.buckets)
+            self.label_group = np.where(own, [groups.bucket_group.get((col, int(v)), -1)
+                                              for v in spec.bucket(col, ids)], -1)
 
     def _ple_hook(self, module, args):
         if self._swap is not None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from habitus.models.data.features import FeatureSpec, bucket_count, tail_start
+from habitus.models.data.features import FeatureSpec, bucket_count, exact_buckets
 from habitus.models.data.targets import TargetSpec
 
 CALIBRATION_ROWS = 8_192  # training rows the slope and offset are fitted on
@@ -42,14 +42,6 @@ def column_offsets(spec: FeatureSpec) -> dict[str, int]:
         offsets[column] = at
         at += bucket_count(vocab, spec.buckets) - 1
     return offsets
-
-
-def exact_buckets(ids: np.ndarray, vocab: int, buckets: int) -> np.ndarray:
-    """Whether each vocabulary id has a bucket of its own (habitus.models.data.features.bucketize: the frequent ids;
-    the long tail shares buckets, whose forecast is not that id's)."""
-    if vocab + 1 <= buckets:
-        return (ids >= 1) & (ids <= vocab)
-    return (ids >= 1) & (ids < tail_start(buckets))
 
 
 def foundation_forecast(state: dict[str, torch.Tensor], spec: FeatureSpec, target: TargetSpec,
