@@ -177,6 +177,11 @@ def probe_arms(foundation, cache, fspec, target, plan) -> tuple[np.ndarray, dict
     return sets["test"][0], out
 
 
+def applicable(dataset: str) -> tuple[str, ...]:
+    """The rows a dataset has (the wide row only where WIDE names its labels)."""
+    return tuple(r for r in ROWS if r != "propensity_500" or dataset in WIDE)
+
+
 def seed_run(dataset: str, customers: int, seed: int, rows: tuple[str, ...], draws: int, log, save=None,
              done: dict | None = None, setting: str = "default") -> dict:
     """One seed of one dataset: {row: {comparison: {diff, var, a, b}, "oracle": figure}} and timings;
@@ -384,8 +389,8 @@ def main() -> None:
             if done and done.get("foundation", "default") != args.foundation:
                 parser.error(f"{path} holds the foundation setting {done.get('foundation', 'default')!r}, not "
                              f"{args.foundation!r}: give each setting its own --state folder")
-            if done and done.get("complete"):
-                continue
+            if done and done.get("complete") and all(r in done["rows"] for r in rows if r in applicable(dataset)):
+                continue  # (a finished seed runs again only for rows it lacks: they are added to it)
             write(path, seed_run(dataset, args.customers, seed, rows, args.draws, log, done=done,
                                  save=lambda r, p=path: write(p, r), setting=args.foundation))
     runs = {d: {s: r for s, r in v.items() if s in seeds} for d, v in load_state(state).items() if d in datasets}
