@@ -109,18 +109,15 @@ class Sources:
         """Customers loyal to group a or group b (10 rare products each, 2-4 a basket), plus `staples`
         products in every basket (thrice: the most frequent ids 1..staples): the rarer products are two
         groups bought together."""
-        rng = np.random.default_rng(5)
-        customer, ts, product = [], [], []
-        for i in range(customers):
-            group = "ab"[i % 2]
+        def draw(rng, i):
+            visits = []
             for d in np.sort(rng.choice(days, 10, replace=False)):
-                rare = [f"{group}{p}" for p in rng.choice(10, rng.integers(2, 5), replace=False)]
-                items = [f"s{k}" for k in range(staples)] * 3 + rare
-                customer += [f"c{i:03d}"] * len(items)
-                ts += [self.at(float(d), 9)] * len(items)
-                product += items
-        return self.build(self.events(self.write_events("purchases", customer, ts, product, [1.0] * len(ts))),
-                          shard_events=2000)
+                rare = [f"{'ab'[i % 2]}{p}" for p in rng.choice(10, rng.integers(2, 5), replace=False)]
+                visits += [(d + 9 / 24, item) for item in [f"s{k}" for k in range(staples)] * 3 + rare]
+            at, products = zip(*visits)
+            return at, products, [1.0] * len(at)
+
+        return self.build(self.customer_events(customers, draw, 5, ids="c{:03d}"), shard_events=2000)
 
     def random_purchases(self, events: int, customers: int, span_days: float, seed: int = 0) -> Cache:
         """`events` purchases of 20 products by `customers` customers at uniform times over `span_days`,
