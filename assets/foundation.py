@@ -6,7 +6,7 @@ import calendar
 import dagster as dg
 
 from habitus.assets.cache import CACHE_KEY, current_cache
-from habitus.assets.foundation_versions import keep_foundation_version
+from habitus.assets.foundation_versions import foundation_versions, keep_foundation_version
 from habitus.assets.plots import loss_curves
 from habitus.assets.tracking import check_installed, track_foundation
 from habitus.models.nn.checkpoint import save_checkpoint
@@ -51,6 +51,9 @@ def build_foundation_asset(project, op_tags: dict | None = None, node_group=None
             why = (f"foundation_model: not trained again: checkpoint {read_json(in_use)['weights_sha256'][:16]} was "
                    f"trained on the same cache version ({cache.fingerprint[:16]}), settings and cut-off")
             context.log.info(why)
+            if read_json(in_use)["weights_sha256"][:16] not in foundation_versions(workspace).fingerprints():
+                # a run killed after saving the checkpoint, before keeping it as a version: keep it now
+                keep_foundation_version(workspace, project.versions.keep, project.versions.keep_served)
             return dg.MaterializeResult(metadata={"trained": dg.MetadataValue.bool(False), "skipped": why,
                                                   "fingerprint": read_json(in_use)["weights_sha256"][:16],
                                                   "cache_fingerprint": cache.fingerprint[:16]})
@@ -61,6 +64,8 @@ def build_foundation_asset(project, op_tags: dict | None = None, node_group=None
         result = executor.train(foundation_job(cache, cfg, last_cutoff, device), device, log=context.log.info,
                                 resume=(folder, project.foundation.save_every_steps), group=group)
         info = result.info
+        # drawn before the checkpoint is saved: a saved checkpoint is not trained again, so its picture must exist
+        plot = loss_curves(result.curves, workspace.foundation.parent / "foundation_loss.png", "foundation model")
         digest = save_checkpoint(workspace.foundation, result.model, {
             "kind": "foundation", "config": config_dict(cfg), "cache_fingerprint": cache.fingerprint,
             "trained_on": trained_on,  # what a later run compares: the same is not trained again
@@ -76,7 +81,6 @@ def build_foundation_asset(project, op_tags: dict | None = None, node_group=None
         # kept as a version and served (no gate: a foundation has no baseline); `habitus rollback foundation`
         version = keep_foundation_version(workspace, project.versions.keep, project.versions.keep_served)
         track_foundation(project.mlflow, digest, read_json(workspace.foundation / "config.json"), context.log.warning)
-        plot = loss_curves(result.curves, workspace.foundation.parent / "foundation_loss.png", "foundation model")
         return dg.MaterializeResult(metadata={
             "fingerprint": digest[:16], "trained": dg.MetadataValue.bool(True),
             "version": f"checkpoints/foundation_versions/{version} (serving)",

@@ -13,7 +13,8 @@ import dagster as dg
 from habitus.assets.cache import current_cache
 from habitus.assets.foundation import FOUNDATION_KEY, test_cutoff
 from habitus.assets.plots import calibration_and_lift, loss_curves
-from habitus.assets.serving import keep_version, needs_baseline, serve_baseline, serving_note, unchanged
+from habitus.assets.serving import (keep_version, needs_baseline, serve_baseline, serving_note, unchanged,
+                                    versions)
 from habitus.assets.tracking import check_installed, track_scenario
 from habitus.models.evaluate.baselines import baseline_predictions, save_lightgbm
 from habitus.models.evaluate.holdout import headline, protocol
@@ -68,8 +69,19 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         spill.mkdir(parents=True, exist_ok=True)
         cfg = scenario_config(name, scenario, cache, test_cutoff(project, cache), str(spill))
         trained_on = training_fingerprints(cfg, cache, foundation, executor.precision)
+        path = workspace.scenario(name)
+        fit = lambda folder: save_lightgbm(cache, spec_of(foundation), cfg.task, cfg.train_cutoffs,  # noqa: E731
+                                           cfg.val_cutoff, cfg.test_cutoff, folder)
+        probe = lambda config, folder: next(baseline_predictions(config, folder, cache, cfg.test_cutoff, k=1),  # noqa: E731
+                                             None)
+        baseline = lambda checkpoint: serve_best_baseline(  # noqa: E731
+            context, workspace, name, read_json(checkpoint / "config.json"), fit, probe, trained_on, project.versions)
         same = unchanged(workspace, name, trained_on)
-        if same is not None and (workspace.scenario(name) / "config.json").exists():
+        if same is not None and (path / "config.json").exists():
+            kept = versions(workspace, name).path(same)
+            if (same != versions(workspace, name).serving() and needs_baseline(workspace, name)
+                    and not read_json(kept / "config.json")["beats_baselines"]):
+                baseline(kept)  # a run killed after keeping its version, before its best baseline served
             return not_trained(context, workspace, name, same)
         # the measured run and the refit, each in this process or under torchrun, resumable in spill/<mode>
         # several nodes: an indexed Job of pods on the workspace claim, from the wiring
@@ -77,25 +89,10 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         launch = lambda t: executor.train(  # noqa: E731
             scenario_job(cache, workspace.foundation, foundation["weights_sha256"], t, device), device,
             log=context.log.info, resume=(spill / t.mode, cfg.save_every_steps), group=group and group(t))
-        path = workspace.scenario(name)
         run = train_scenario(cache, state, foundation, cfg, path=path, device=device, log=context.log.info,
                              resume_dir=spill, launch=launch)
         report, key, better = run.report, headline(cfg.task), run.checkpoint["beats_baselines"]
-        fp, _ = keep_version(workspace, name, run.served_scores, project.versions.keep, project.versions.keep_served,
-                             trained_on)
-        track_scenario(project.mlflow, workspace, name, scenario.model_dump(mode="json"), fp, context.log.warning)
-        if not better and needs_baseline(workspace, name):  # never beaten: its best baseline serves
-            fit = lambda folder: save_lightgbm(cache, spec_of(foundation), cfg.task, cfg.train_cutoffs,  # noqa: E731
-                                               cfg.val_cutoff, cfg.test_cutoff, folder)
-            probe = lambda config, folder: next(baseline_predictions(config, folder, cache, cfg.test_cutoff, k=1),  # noqa: E731
-                                                 None)
-            if serve_baseline(workspace, name, read_json(path / "config.json"), fit, project.versions.keep,
-                              project.versions.keep_served, trained_on, probe) is None:
-                context.log.warning(f"{name}: its best baseline cannot be served (no saved model, or no rule "
-                                    f"of the task by that name); predictions use the {serving_note(workspace, name)}")
-        if not better:  # kept as a version; what serves is the last version that beat them, else the baseline
-            context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions use "
-                                f"the {serving_note(workspace, name)}")
+        # drawn before the version is kept: a kept version is not trained again, so its pictures must exist
         charts = {"loss_curves": dg.MetadataValue.md(loss_curves(run.trained.curves, path.parent / f"{name}_loss.png",
                                                                  f"scenario {name}"))}
         if task_of(cfg.task).one_probability:  # a picture of the hold-out; never a reason for the asset to fail
@@ -105,6 +102,14 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
                     f"scenario {name}: hold-out ({len(run.holdout.y):,} entities)"))
             except Exception as e:  # noqa: BLE001
                 context.log.warning(f"{name}: no calibration/lift chart ({type(e).__name__}: {e})")
+        fp, _ = keep_version(workspace, name, run.served_scores, project.versions.keep, project.versions.keep_served,
+                             trained_on)
+        track_scenario(project.mlflow, workspace, name, scenario.model_dump(mode="json"), fp, context.log.warning)
+        if not better and needs_baseline(workspace, name):  # never beaten: its best baseline serves
+            baseline(path)
+        if not better:  # kept as a version; what serves is the last version that beat them, else the baseline
+            context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions use "
+                                f"the {serving_note(workspace, name)}")
         info = run.trained.info  # (head_start: the task's own head, or the foundation's forecast: train/prior.py)
         return dg.MaterializeResult(metadata={
             **charts, **metric_metadata(key, report), **head_metadata(key, report),
@@ -130,6 +135,14 @@ def training_fingerprints(cfg: ScenarioConfig, cache, foundation: dict, precisio
     settings = combine(fingerprint(foundation["weights_sha256"], Training(same), precision, 1), cfg.test_cutoff,
                        cfg.head, cfg.refit)
     return {"cache": cache.fingerprint[:16], "foundation": foundation["weights_sha256"][:16], "settings": settings[:16]}
+
+
+def serve_best_baseline(context, workspace, name: str, checkpoint: dict, fit, probe, trained_on: dict, kept) -> None:
+    """Serve the best baseline of the hold-out of `checkpoint` (a config.json; assets/serving.py's
+    serve_baseline); `kept`: the project's versions settings."""
+    if serve_baseline(workspace, name, checkpoint, fit, kept.keep, kept.keep_served, trained_on, probe) is None:
+        context.log.warning(f"{name}: its best baseline cannot be served (no saved model, or no rule "
+                            f"of the task by that name); predictions use the {serving_note(workspace, name)}")
 
 
 def not_trained(context, workspace, name: str, version: str) -> dg.MaterializeResult:

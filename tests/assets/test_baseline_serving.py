@@ -220,3 +220,28 @@ def test_a_model_per_label_is_saved_and_scores_what_the_hold_out_measured(traine
               for labels, scores in zip(b.column("labels").to_pylist(), b.column("scores").to_pylist())]
     assert len(served) == len(measured) > 0
     np.testing.assert_array_equal(np.array([[row[str(n)] for n in names] for row in served], np.float32), measured)
+
+
+def test_a_run_killed_after_keeping_its_checkpoints_is_completed_by_the_next(trained):
+    """A run killed after the foundation's checkpoint was saved but before it was kept as a version, and
+    after the scenario's version was kept but before its best baseline served: the next run trains
+    nothing and completes both (the outputs of a clean run, tests/faults/test_kill.py)."""
+    import shutil
+
+    _, _, project, instance, _ = trained
+    ws = build_resources(project)["workspace"]
+    store, foundations = versions(ws, "churn"), ws.foundation.parent / "foundation_versions"
+    foundation = json.loads((ws.foundation / "config.json").read_text())["weights_sha256"][:16]
+    shutil.rmtree(store.path(store.serving()))
+    (store.folder / "serving.json").unlink()
+    shutil.rmtree(foundations / foundation)
+    (foundations / "serving.json").unlink()
+
+    again = _run(project, [dg.AssetKey("foundation_model"), dg.AssetKey(["scenario", "churn"])], instance)
+    assert again.success
+    assert again.asset_materializations_for_node("foundation_model")[0].metadata["trained"].value is False
+    assert again.asset_materializations_for_node("scenario__churn")[0].metadata["trained"].value is False
+    assert json.loads((foundations / "serving.json").read_text())["serving"] == foundation
+    assert (foundations / foundation / "version.json").exists()
+    assert store.serving() is not None and store.info(store.serving())["kind"] == "baseline"
+    assert (ws.foundation.parent / "foundation_loss.png").exists() and (ws.scenario("churn").parent / "churn_loss.png").exists()
