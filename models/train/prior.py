@@ -16,10 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from habitus.models.data.features import FeatureSpec, bucket_count, exact_buckets
+from habitus.models.data.features import FeatureSpec, bucket_count, exact_buckets, tail_start
 from habitus.models.data.targets import TargetSpec
 
 CALIBRATION_ROWS = 8_192  # training rows the slope and offset are fitted on
+# the first labels of a head (the most frequent, where chosen by frequency) that start at their group's
+# forecast: each costs a Newton fit over CALIBRATION_ROWS rows (about 40 ms on one core), and further
+# down a 16,000-label head a label has too few positives in those rows for the fit to say much
+GROUP_START_LABELS = 1_024
+LABEL_BLOCK = 128  # labels calibrated at once (memory: rows x labels x inputs, in float64: ~40 MB)
 PRIOR_ROWS = 50  # the pull of the fitted weights towards the forecast as it is, in rows (calibrate)
 
 
@@ -48,8 +53,9 @@ def foundation_forecast(state: dict[str, torch.Tensor], spec: FeatureSpec, targe
                         outputs: int) -> Forecast | None:
     """The foundation head's forecast of a target, where it has one: churn (`no_event`: minus the
     "acts in the window" logit) and propensity or the next class over a categorical column's values
-    (`any_event`: the bucket of each label that has one of its own; a class's output is calibrated
-    against "the next class is this one", Task.forecast_targets). None for every other target: recommendation
+    (`any_event`: the bucket of each label, its own or, in a long tail grouped by relatedness, its
+    group's: FeatureSpec.tails; a class's output is calibrated against "the next class is this one",
+    Task.forecast_targets). None for every other target: recommendation
     (`items`) too, where adding the forecast of the items that have a bucket to the start made the
     demo's validation NDCG@10 worse at every weight tried (docs/journal/quality.md)."""
     weight, bias = state.get("head.linear.weight"), state.get("head.linear.bias")
@@ -60,9 +66,13 @@ def foundation_forecast(state: dict[str, torch.Tensor], spec: FeatureSpec, targe
     if target.kind == "any_event" and target.column in spec.categorical and len(target.labels) == outputs:
         ids = np.asarray(target.labels, np.int64)
         own = exact_buckets(ids, spec.categorical[target.column], spec.buckets)
+        if spec.tail(target.column) is not None:  # a rarer label starts at its group of related values
+            vocab = spec.categorical[target.column]
+            grouped = (spec.bucket(target.column, ids) >= tail_start(spec.buckets)) & (ids <= vocab)
+            own |= grouped & (np.arange(len(ids)) < GROUP_START_LABELS)
         if not own.any():
             return None
-        rows = column_offsets(spec)[target.column] + ids[own] - 1
+        rows = column_offsets(spec)[target.column] + spec.bucket(target.column, ids[own]) - 1
         if rows.max() >= len(weight):  # (a head of another layout)
             return None
         index = torch.from_numpy(rows)
@@ -103,17 +113,15 @@ def start_at_forecast(model, forecast: Forecast, arrays, dev, history_channel_co
     their history weights to the fitted ones (`calibrate`). `arrays`: training chunks (features, label
     history, targets), read until CALIBRATION_ROWS rows; `targets(y, positions)`: the task's 0/1 of
     each row at each forecast output (Task.forecast_targets: a class index is not a 0/1 label).
+    Labels are calibrated LABEL_BLOCK at a time: a 16,000-label head never holds rows x labels at once.
     Returns the rows it read."""
     xs, hs, ys, n = [], [], [], 0
-    positions = forecast.positions
     for x, h, y, *_ in arrays:
         take = min(len(x), CALIBRATION_ROWS - n)
         rows = np.arange(take)
         xs.append(x[:take])
-        if history_channel_count:  # [take, k, channels] of the labels with a forecast
-            hs.append(np.stack([h[rows].dense(c, positions) for c in range(history_channel_count)], -1)
-                      if hasattr(h, "dense") else h[:take][:, positions])
-        ys.append(targets(y[rows], positions))
+        hs.append(h[rows] if hasattr(h, "dense") else h[:take] if history_channel_count else None)
+        ys.append(y[rows])
         n += take
         if n >= CALIBRATION_ROWS:
             break
@@ -121,17 +129,22 @@ def start_at_forecast(model, forecast: Forecast, arrays, dev, history_channel_co
         return 0
     model.eval()
     trunk = torch.cat([model.trunk(torch.from_numpy(x).to(dev)) for x in xs]).cpu()
-    weight, bias = forecast.weight.to(trunk.dtype), forecast.bias.to(trunk.dtype)
-    inputs = (trunk @ weight.T + bias)[..., None]  # [n, k, 1]
-    if history_channel_count:
-        inputs = torch.cat([inputs, torch.from_numpy(np.concatenate(hs).astype(np.float32))], -1)
-    beta = calibrate(inputs, torch.from_numpy(np.concatenate(ys).astype(np.float32)))
     head = model.head
-    at = torch.from_numpy(positions).to(head.linear.weight.device)
-    a = beta[:, 0]
-    head.linear.weight[at] = (a[:, None] * weight).to(head.linear.weight)
-    head.linear.bias[at] = (a * bias + beta[:, -1]).to(head.linear.bias)
-    if history_channel_count and getattr(head, "label_skip", None) is not None:
-        head.label_skip[at] = (beta[:, 1:-1] - head.skip.weight[0]).to(head.label_skip)  # (shared + own = fitted)
+    for lo in range(0, len(forecast.positions), LABEL_BLOCK):
+        positions = forecast.positions[lo:lo + LABEL_BLOCK]
+        weight = forecast.weight[lo:lo + LABEL_BLOCK].to(trunk.dtype)
+        bias = forecast.bias[lo:lo + LABEL_BLOCK].to(trunk.dtype)
+        inputs = (trunk @ weight.T + bias)[..., None]  # [n, k, 1]
+        if history_channel_count:  # [n, k, channels] of the labels with a forecast
+            own = [np.stack([h.dense(c, positions) for c in range(history_channel_count)], -1)
+                   if hasattr(h, "dense") else h[:, positions] for h in hs]
+            inputs = torch.cat([inputs, torch.from_numpy(np.concatenate(own).astype(np.float32))], -1)
+        y = np.concatenate([targets(y, positions) for y in ys]).astype(np.float32)
+        beta = calibrate(inputs, torch.from_numpy(y))
+        at = torch.from_numpy(positions).to(head.linear.weight.device)
+        a = beta[:, 0]
+        head.linear.weight[at] = (a[:, None] * weight).to(head.linear.weight)
+        head.linear.bias[at] = (a * bias + beta[:, -1]).to(head.linear.bias)
+        if history_channel_count and getattr(head, "label_skip", None) is not None:
+            head.label_skip[at] = (beta[:, 1:-1] - head.skip.weight[0]).to(head.label_skip)  # (shared + own = fitted)
     return n
-

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from habitus.models.data.features import FeatureSpec, chunk_at
+from habitus.models.data.features import FeatureSpec, chunk_at, encode_tail
 from habitus.models.train.finetune import finetune
 from habitus.models.data.items import SparseRows
 from habitus.models.train.loop import chunk_plan
 from habitus.models.nn.network import Model, NetConfig
+from habitus.models.train import prior
 from habitus.models.train.prior import Forecast, calibrate, foundation_forecast, start_at_forecast
 from habitus.models.train.config import FinetuneConfig
 from habitus.models.tasks import task as task_of
@@ -43,15 +44,23 @@ def test_each_label_reads_the_foundation_column_of_its_own_value(segment_labels)
     assert foundation_forecast(state, spec, TargetSpec("any_event", 14, "store", (1, 2)), 2) is None
 
 
-def test_long_tail_values_that_share_a_bucket_get_no_forecast(segment_labels):
+def test_long_tail_values_start_at_their_group_of_related_values_not_at_a_hashed_mix(segment_labels, monkeypatch):
     cache, _, foundation, task = segment_labels("multilabel")
     spec = FeatureSpec.from_dict(foundation.info["feature_spec"])
     spec.categorical = {"product_id": 1000}  # 1,000 values in 32 buckets: ids from 24 on share 8 buckets
-    target = TargetSpec("any_event", 14, "product_id", (1, 5, 23, 24, 500))
+    target = TargetSpec("any_event", 14, "product_id", (1, 5, 23, 24, 500, 1200))
     state = {"head.linear.weight": torch.zeros(2 + 31, 4), "head.linear.bias": torch.zeros(2 + 31)}
-    forecast = foundation_forecast(state, spec, target, 5)
+    forecast = foundation_forecast(state, spec, target, 6)  # the tail hashed by id: a mix, no forecast
     np.testing.assert_array_equal(forecast.positions, [0, 1, 2])
     np.testing.assert_array_equal(forecast.columns, [2, 6, 24])
+    tail = np.arange(1000 - 24 + 1) % 8  # grouped by relatedness (models/data/related.py): 24 -> 0, 500 -> 4
+    spec.tails = {"product_id": encode_tail(tail)}
+    spec.__dict__.pop("_decoded", None)
+    forecast = foundation_forecast(state, spec, target, 6)
+    np.testing.assert_array_equal(forecast.positions, [0, 1, 2, 3, 4])  # 1,200: never seen by the foundation
+    np.testing.assert_array_equal(forecast.columns, [2, 6, 24, 25, 29])  # buckets 24 + group, less "unknown"
+    monkeypatch.setattr(prior, "GROUP_START_LABELS", 4)  # only a head's first labels start at their group
+    np.testing.assert_array_equal(foundation_forecast(state, spec, target, 6).positions, [0, 1, 2, 3])
 
 
 def test_calibration_recovers_slope_and_offset_and_stays_bounded_on_few_rows():
@@ -66,11 +75,12 @@ def test_calibration_recovers_slope_and_offset_and_stays_bounded_on_few_rows():
     assert torch.isfinite(few).all() and few[0, 1] >= -8.0 and abs(float(few[0, 0]) - 1.0) < 0.5
 
 
-def test_the_start_is_the_calibrated_forecast_plus_each_labels_own_history():
+def test_the_start_is_the_calibrated_forecast_plus_each_labels_own_history(monkeypatch):
     torch.manual_seed(0)
     model = Model(NetConfig(6, 8, 1, 0.0), 5, 3).eval()
     with torch.no_grad():
         model.head.skip.weight.fill_(5.0)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
     rng = np.random.default_rng(1)
     x = rng.normal(size=(400, 6)).astype(np.float32)
     h = SparseRows.from_pairs(np.arange(400), rng.integers(0, 5, 400), rng.random((400, 3)), 400, 5)
@@ -86,6 +96,16 @@ def test_the_start_is_the_calibrated_forecast_plus_each_labels_own_history():
     total = model.head.skip.weight[0] + model.head.label_skip  # the history weight each label ends with
     assert torch.all(total[[0, 2, 4]] == 5.0)  # outputs without a forecast keep the task's own start
     assert not torch.allclose(total[[1, 3]], torch.full((2, 3), 5.0))
+
+    # a wide head is calibrated a block of labels at a time, each label on its own: the same start
+    blocked = Model(NetConfig(6, 8, 1, 0.0), 5, 3).eval()
+    blocked.load_state_dict(start)
+    monkeypatch.setattr(prior, "LABEL_BLOCK", 1)
+    start_at_forecast(blocked, forecast, [(x[:150], h[np.arange(150)], y[np.arange(150)]),
+                                          (x[150:], h[np.arange(150, 400)], y[np.arange(150, 400)])],
+                      "cpu", 3, task_of("multilabel").forecast_targets)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(blocked.state_dict()[name], value, msg=name)
 
 
 def test_a_class_index_is_calibrated_as_one_of_the_classes():
