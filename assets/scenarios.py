@@ -13,8 +13,8 @@ import dagster as dg
 from habitus.assets.cache import current_cache
 from habitus.assets.foundation import FOUNDATION_KEY, test_cutoff
 from habitus.assets.plots import calibration_and_lift, loss_curves
-from habitus.assets.serving import (keep_version, needs_baseline, serve_baseline, serving_note, unchanged,
-                                    versions)
+from habitus.assets.serving import (keep_version, kept_since_the_pointer_moved, needs_baseline, serve_baseline,
+                                    serving_note, unchanged, versions)
 from habitus.assets.tracking import check_installed, track_scenario
 from habitus.models.evaluate.baselines import baseline_predictions, save_lightgbm
 from habitus.models.evaluate.holdout import headline, protocol
@@ -79,7 +79,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         same = unchanged(workspace, name, trained_on)
         if same is not None and (path / "config.json").exists():
             kept = versions(workspace, name).path(same)
-            if (same != versions(workspace, name).serving() and needs_baseline(workspace, name)
+            if (kept_since_the_pointer_moved(workspace, name, same) and needs_baseline(workspace, name)
                     and not read_json(kept / "config.json")["beats_baselines"]):
                 baseline(kept)  # a run killed after keeping its version, before its best baseline served
             return not_trained(context, workspace, name, same)

@@ -182,6 +182,15 @@ def needs_baseline(workspace, name: str) -> bool:
     return fp is None or store.info(fp).get("kind") == BASELINE
 
 
+def kept_since_the_pointer_moved(workspace, name: str, fingerprint: str) -> bool:
+    """Whether version `fingerprint` was kept after the pointer last moved (or none has served): what a
+    run killed between keeping a version that lost and serving its best baseline leaves. A rollback
+    since then moved the pointer later, and stays where it is."""
+    store = versions(workspace, name)
+    history = store.pointer()["history"]
+    return not history or store.info(fingerprint).get("added", "") > history[-1]["from"]
+
+
 def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int = 5, keep_served: bool = True,
                    trained_on: dict | None = None, probe=None) -> str | None:
     """Keep the best baseline of the checkpoint's hold-out (`checkpoint_config`: the config.json of the

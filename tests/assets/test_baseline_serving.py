@@ -244,4 +244,8 @@ def test_a_run_killed_after_keeping_its_checkpoints_is_completed_by_the_next(tra
     assert json.loads((foundations / "serving.json").read_text())["serving"] == foundation
     assert (foundations / foundation / "version.json").exists()
     assert store.serving() is not None and store.info(store.serving())["kind"] == "baseline"
+    # completed: the next run changes nothing (the pointer moved after the version was kept)
+    history = store.pointer()["history"]
+    assert _run(project, [dg.AssetKey(["scenario", "churn"])], instance).success
+    assert store.pointer()["history"] == history
     assert (ws.foundation.parent / "foundation_loss.png").exists() and (ws.scenario("churn").parent / "churn_loss.png").exists()
