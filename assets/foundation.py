@@ -47,16 +47,17 @@ def build_foundation_asset(project, op_tags: dict | None = None, node_group=None
         last_cutoff = cutoff - cfg.horizon_days * DAY  # its targets end where the hold-out begins
         trained_on = combine(cache.fingerprint, config_dict(cfg), last_cutoff)
         in_use = workspace.foundation / "config.json"
-        if in_use.exists() and read_json(in_use).get("trained_on") == trained_on:
-            why = (f"foundation_model: not trained again: checkpoint {read_json(in_use)['weights_sha256'][:16]} was "
-                   f"trained on the same cache version ({cache.fingerprint[:16]}), settings and cut-off")
+        saved = read_json(in_use) if in_use.exists() else {}
+        if saved.get("trained_on") == trained_on:
+            fp = saved["weights_sha256"][:16]
+            why = (f"foundation_model: not trained again: checkpoint {fp} was trained on the same cache version "
+                   f"({cache.fingerprint[:16]}), settings and cut-off")
             context.log.info(why)
-            if read_json(in_use)["weights_sha256"][:16] not in foundation_versions(workspace).fingerprints():
+            if fp not in foundation_versions(workspace).fingerprints():
                 # a run killed after saving the checkpoint, before keeping it as a version: keep it now
                 keep_foundation_version(workspace, project.versions.keep, project.versions.keep_served)
             return dg.MaterializeResult(metadata={"trained": dg.MetadataValue.bool(False), "skipped": why,
-                                                  "fingerprint": read_json(in_use)["weights_sha256"][:16],
-                                                  "cache_fingerprint": cache.fingerprint[:16]})
+                                                  "fingerprint": fp, "cache_fingerprint": cache.fingerprint[:16]})
         # in this process or under torchrun (rank 0's result comes back); a killed run continues from its
         # last saved state (same cache, config, cut-off and processes only)
         folder = workspace.resume("foundation")

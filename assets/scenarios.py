@@ -13,7 +13,7 @@ import dagster as dg
 from habitus.assets.cache import current_cache
 from habitus.assets.foundation import FOUNDATION_KEY, test_cutoff
 from habitus.assets.plots import calibration_and_lift, loss_curves
-from habitus.assets.serving import (keep_version, kept_since_the_pointer_moved, needs_baseline, serve_baseline,
+from habitus.assets.serving import (baseline_left_unserved, keep_version, needs_baseline, serve_baseline,
                                     serving_note, unchanged, versions)
 from habitus.assets.tracking import check_installed, track_scenario
 from habitus.models.evaluate.baselines import baseline_predictions, save_lightgbm
@@ -70,18 +70,22 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         cfg = scenario_config(name, scenario, cache, test_cutoff(project, cache), str(spill))
         trained_on = training_fingerprints(cfg, cache, foundation, executor.precision)
         path = workspace.scenario(name)
-        fit = lambda folder: save_lightgbm(cache, spec_of(foundation), cfg.task, cfg.train_cutoffs,  # noqa: E731
-                                           cfg.val_cutoff, cfg.test_cutoff, folder)
-        probe = lambda config, folder: next(baseline_predictions(config, folder, cache, cfg.test_cutoff, k=1),  # noqa: E731
-                                             None)
-        baseline = lambda checkpoint: serve_best_baseline(  # noqa: E731
-            context, workspace, name, read_json(checkpoint / "config.json"), fit, probe, trained_on, project.versions)
+
+        def serve_best_baseline(checkpoint) -> None:
+            """Serve the best baseline of the hold-out of `checkpoint` (a folder; serving.serve_baseline)."""
+            fit = lambda folder: save_lightgbm(cache, spec_of(foundation), cfg.task, cfg.train_cutoffs,  # noqa: E731
+                                               cfg.val_cutoff, cfg.test_cutoff, folder)
+            probe = lambda config, folder: next(baseline_predictions(config, folder, cache, cfg.test_cutoff, k=1),  # noqa: E731
+                                                 None)
+            if serve_baseline(workspace, name, read_json(checkpoint / "config.json"), fit, project.versions.keep,
+                              project.versions.keep_served, trained_on, probe) is None:
+                context.log.warning(f"{name}: its best baseline cannot be served (no saved model, or no rule "
+                                    f"of the task by that name); predictions use the {serving_note(workspace, name)}")
+
         same = unchanged(workspace, name, trained_on)
         if same is not None and (path / "config.json").exists():
-            kept = versions(workspace, name).path(same)
-            if (kept_since_the_pointer_moved(workspace, name, same) and needs_baseline(workspace, name)
-                    and not read_json(kept / "config.json")["beats_baselines"]):
-                baseline(kept)  # a run killed after keeping its version, before its best baseline served
+            if baseline_left_unserved(workspace, name, same):  # a run killed before its best baseline served
+                serve_best_baseline(versions(workspace, name).path(same))
             return not_trained(context, workspace, name, same)
         # the measured run and the refit, each in this process or under torchrun, resumable in spill/<mode>
         # several nodes: an indexed Job of pods on the workspace claim, from the wiring
@@ -106,7 +110,7 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
                              trained_on)
         track_scenario(project.mlflow, workspace, name, scenario.model_dump(mode="json"), fp, context.log.warning)
         if not better and needs_baseline(workspace, name):  # never beaten: its best baseline serves
-            baseline(path)
+            serve_best_baseline(path)
         if not better:  # kept as a version; what serves is the last version that beat them, else the baseline
             context.log.warning(f"{name}: the model does not beat its baselines on the hold-out; predictions use "
                                 f"the {serving_note(workspace, name)}")
@@ -135,14 +139,6 @@ def training_fingerprints(cfg: ScenarioConfig, cache, foundation: dict, precisio
     settings = combine(fingerprint(foundation["weights_sha256"], Training(same), precision, 1), cfg.test_cutoff,
                        cfg.head, cfg.refit)
     return {"cache": cache.fingerprint[:16], "foundation": foundation["weights_sha256"][:16], "settings": settings[:16]}
-
-
-def serve_best_baseline(context, workspace, name: str, checkpoint: dict, fit, probe, trained_on: dict, kept) -> None:
-    """Serve the best baseline of the hold-out of `checkpoint` (a config.json; assets/serving.py's
-    serve_baseline); `kept`: the project's versions settings."""
-    if serve_baseline(workspace, name, checkpoint, fit, kept.keep, kept.keep_served, trained_on, probe) is None:
-        context.log.warning(f"{name}: its best baseline cannot be served (no saved model, or no rule "
-                            f"of the task by that name); predictions use the {serving_note(workspace, name)}")
 
 
 def not_trained(context, workspace, name: str, version: str) -> dg.MaterializeResult:

@@ -182,13 +182,14 @@ def needs_baseline(workspace, name: str) -> bool:
     return fp is None or store.info(fp).get("kind") == BASELINE
 
 
-def kept_since_the_pointer_moved(workspace, name: str, fingerprint: str) -> bool:
-    """Whether version `fingerprint` was kept after the pointer last moved (or none has served): what a
-    run killed between keeping a version that lost and serving its best baseline leaves. A rollback
-    since then moved the pointer later, and stays where it is."""
+def baseline_left_unserved(workspace, name: str, fingerprint: str) -> bool:
+    """Whether kept version `fingerprint` lost to its baselines, no beaten version serves, and it was kept
+    after the pointer last moved (or none has served): what a run killed between keeping that version
+    and serving its best baseline leaves. A rollback since then moved the pointer later, and stays."""
     store = versions(workspace, name)
-    history = store.pointer()["history"]
-    return not history or store.info(fingerprint).get("added", "") > history[-1]["from"]
+    info, history = store.info(fingerprint), store.pointer()["history"]
+    kept_since = not history or info.get("added", "") > history[-1]["from"]
+    return kept_since and not info.get("beats_baselines") and needs_baseline(workspace, name)
 
 
 def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int = 5, keep_served: bool = True,

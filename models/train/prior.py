@@ -65,14 +65,13 @@ def foundation_forecast(state: dict[str, torch.Tensor], spec: FeatureSpec, targe
         return Forecast(np.zeros(1, np.int64), np.zeros(1, np.int64), -weight[:1].clone(), -bias[:1].clone())
     if target.kind == "any_event" and target.column in spec.categorical and len(target.labels) == outputs:
         ids = np.asarray(target.labels, np.int64)
-        own = exact_buckets(ids, spec.categorical[target.column], spec.buckets)
+        vocab, buckets = spec.categorical[target.column], spec.bucket(target.column, ids)
+        own = exact_buckets(ids, vocab, spec.buckets)
         if spec.tail(target.column) is not None:  # a rarer label starts at its group of related values
-            vocab = spec.categorical[target.column]
-            grouped = (spec.bucket(target.column, ids) >= tail_start(spec.buckets)) & (ids <= vocab)
-            own |= grouped & (np.arange(len(ids)) < GROUP_START_LABELS)
+            own |= (buckets >= tail_start(spec.buckets)) & (ids <= vocab) & (np.arange(len(ids)) < GROUP_START_LABELS)
         if not own.any():
             return None
-        rows = column_offsets(spec)[target.column] + spec.bucket(target.column, ids[own]) - 1
+        rows = column_offsets(spec)[target.column] + buckets[own] - 1
         if rows.max() >= len(weight):  # (a head of another layout)
             return None
         index = torch.from_numpy(rows)
@@ -120,7 +119,8 @@ def start_at_forecast(model, forecast: Forecast, arrays, dev, history_channel_co
         take = min(len(x), CALIBRATION_ROWS - n)
         rows = np.arange(take)
         xs.append(x[:take])
-        hs.append(h[rows] if hasattr(h, "dense") else h[:take] if history_channel_count else None)
+        if history_channel_count:
+            hs.append(h[rows] if hasattr(h, "dense") else h[:take])
         ys.append(y[rows])
         n += take
         if n >= CALIBRATION_ROWS:
@@ -139,8 +139,8 @@ def start_at_forecast(model, forecast: Forecast, arrays, dev, history_channel_co
             own = [np.stack([h.dense(c, positions) for c in range(history_channel_count)], -1)
                    if hasattr(h, "dense") else h[:, positions] for h in hs]
             inputs = torch.cat([inputs, torch.from_numpy(np.concatenate(own).astype(np.float32))], -1)
-        y = np.concatenate([targets(y, positions) for y in ys]).astype(np.float32)
-        beta = calibrate(inputs, torch.from_numpy(y))
+        labels = np.concatenate([targets(y, positions) for y in ys]).astype(np.float32)
+        beta = calibrate(inputs, torch.from_numpy(labels))
         at = torch.from_numpy(positions).to(head.linear.weight.device)
         a = beta[:, 0]
         head.linear.weight[at] = (a[:, None] * weight).to(head.linear.weight)
