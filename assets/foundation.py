@@ -8,7 +8,7 @@ import dagster as dg
 from habitus.assets.cache import CACHE_KEY, current_cache
 from habitus.assets.foundation_versions import foundation_versions, keep_foundation_version
 from habitus.assets.plots import loss_curves
-from habitus.assets.tracking import check_installed, track_foundation
+from habitus.assets.tracking import check_installed, complete_foundation_record, track_foundation
 from habitus.models.nn.checkpoint import save_checkpoint
 from habitus.models.train.recipe import foundation_job
 from habitus.models.train.resume import Resumer
@@ -56,6 +56,7 @@ def build_foundation_asset(project, op_tags: dict | None = None, node_group=None
             if fp not in foundation_versions(workspace).fingerprints():
                 # a run killed after saving the checkpoint, before keeping it as a version: keep it now
                 keep_foundation_version(workspace, project.versions.keep, project.versions.keep_served)
+            complete_foundation_record(project.mlflow, saved["weights_sha256"], saved, context.log.warning)
             return dg.MaterializeResult(metadata={"trained": dg.MetadataValue.bool(False), "skipped": why,
                                                   "fingerprint": fp, "cache_fingerprint": cache.fingerprint[:16]})
         # in this process or under torchrun (rank 0's result comes back); a killed run continues from its

@@ -1,6 +1,7 @@
 """The hooks of the `mlflow:` block (resources/training/mlflow_tracking.py) in the assets and the rollback: each a no-op
 when the block is not set. Training checks the client is installed before it starts, logs after the checkpoint
-and its version are written; the alias follows the serving pointer after each training and rollback."""
+and its version are written (a run that finds nothing to train logs what the server lacks); the alias follows the
+serving pointer after each training and rollback."""
 
 import dagster as dg
 
@@ -27,6 +28,13 @@ def track_foundation(settings, digest: str, checkpoint: dict, warn) -> None:
     Tracker(settings, warn).log_foundation(checkpoint.get("config", {}), checkpoint.get("curves", {}), tags)
 
 
+def complete_foundation_record(settings, digest: str, checkpoint: dict, warn) -> None:
+    """A foundation not trained again: its run logged when the server has none (the server unreachable when it was
+    trained, or a run killed between saving the checkpoint and logging it)."""
+    if settings is not None and Tracker(settings, warn).foundation_logged(digest[:16]) is False:
+        track_foundation(settings, digest, checkpoint, warn)
+
+
 def track_scenario(settings, workspace, name: str, scenario_settings: dict, fingerprint: str, warn) -> None:
     """A run of scenario `name`'s training, its kept version registered, and the alias on the serving one."""
     if settings is None:
@@ -35,6 +43,14 @@ def track_scenario(settings, workspace, name: str, scenario_settings: dict, fing
     tracker = Tracker(settings, warn)
     tracker.log_scenario(name, scenario_settings, store.path(fingerprint), fingerprint)
     tracker.follow_pointer(name, store.serving())
+
+
+def complete_scenario_record(settings, workspace, name: str, scenario_settings: dict, fingerprint: str,
+                             warn) -> None:
+    """A scenario not trained again: its version `fingerprint` logged and registered, and the alias moved, when
+    the server lacks it (as complete_foundation_record)."""
+    if settings is not None and Tracker(settings, warn).registered(name, fingerprint) is False:
+        track_scenario(settings, workspace, name, scenario_settings, fingerprint, warn)
 
 
 def tracked_rollback(settings, workspace, name: str, to: str | None, keep: int, keep_served: bool, warn) -> str:

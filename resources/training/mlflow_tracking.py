@@ -13,7 +13,9 @@ Nothing here imports mlflow unless the block is set (`require` checks that the c
 training starts). MLflow is a record, not the store: the checkpoint and its version are written to the
 workspace first, and a tracking server that fails (down, refusing, timing out) is a warning naming its URI,
 never a failed training or rollback. A version trained while the server was down has no registered version,
-and the alias stays where it was until a version the server knows serves again.
+and the alias stays where it was until a version the server knows serves again; the next run of the asset
+that finds nothing to train (the same cache, settings and cut-off) logs and registers what the server lacks
+(the training the server missed, or one killed between keeping its checkpoint and logging it).
 """
 
 import importlib.util
@@ -168,7 +170,27 @@ class Tracker:
         return self._guard(f"logging scenario {name}'s training", f"version {fingerprint} is kept in the workspace",
                            register)
 
+    def foundation_logged(self, fingerprint: str) -> bool | None:
+        """Whether the experiment holds a finished foundation run of `fingerprint` (its tag); None when the server
+        does not answer (a warning)."""
+        def find():
+            c = self.client()
+            exp = c.get_experiment_by_name(self.settings.experiment)
+            return exp is not None and bool(c.search_runs(
+                [exp.experiment_id], max_results=1,
+                filter_string=f"tags.`{FINGERPRINT_TAG}` = '{fingerprint}' and attributes.run_name = 'foundation_model' "
+                              "and attributes.status = 'FINISHED'"))
+
+        return self._guard("looking up the foundation's run", "it is looked up again on the next run", find)
+
     # ------------------------------------------------------------------ registry
+
+    def registered(self, scenario: str, fingerprint: str) -> bool | None:
+        """Whether version `fingerprint` of `scenario` is a registered model version; None when the server does not
+        answer (a warning)."""
+        return self._guard(f"looking up version {fingerprint} of {self.model_name(scenario)}",
+                           "it is looked up again on the next run", lambda: fingerprint in self._versions(scenario))
+
 
     def _versions(self, scenario: str) -> dict[str, str]:
         """{fingerprint: registered version number} of the scenario's registered model."""

@@ -2,7 +2,8 @@
 a small demo project with an `mlflow:` block trains its foundation model once and its churn scenario twice;
 each training is one run with its metrics, each scenario training one registered version tagged with its
 fingerprint, the `serving` alias on the version the pointer names, following a rollback from the CLI and
-from the `rollback` job. Then the server stops answering: training and rollback go on, with a warning."""
+from the `rollback` job. Then the server stops answering: training and rollback go on, with a warning, and
+the next runs, with nothing to train, record what the server missed."""
 
 import dataclasses
 
@@ -112,3 +113,20 @@ def test_runs_versions_and_the_serving_alias_follow_training_and_rollback(mlflow
     assert main(["rollback", "churn", "--config", config]) == 0
     assert store.serving() == a and alias() == b  # the registry keeps the alias where it was
     assert "MLflow at http://127.0.0.1:9" in capsys.readouterr().err
+
+    # a training while the server does not answer, then a foundation run lost (as if killed between saving the
+    # checkpoint and logging it): the next runs train nothing and record both
+    c = _train_churn(build_assets(down), build_resources(down), instance, monkeypatch, 2)
+    assert store.serving() == c and c not in registered and alias() == b
+    client.delete_run(foundation_run.info.run_id)
+    kept = store.fingerprints()
+    assert dg.materialize(assets, selection=[dg.AssetKey("foundation_model"), CHURN], resources=resources,
+                          instance=instance).success
+    assert store.fingerprints() == kept  # nothing trained again
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    assert [r.info.run_name for r in runs] == ["scenario/churn", "scenario/churn", "foundation_model", "scenario/churn"]
+    assert runs[2].data.tags["habitus.fingerprint"] == foundation_run.data.tags["habitus.fingerprint"]
+    assert runs[3].data.tags["habitus.fingerprint"] == c and alias() == c
+    assert dg.materialize(assets, selection=[dg.AssetKey("foundation_model"), CHURN], resources=resources,
+                          instance=instance).success
+    assert len(client.search_runs([experiment.experiment_id])) == 4  # once recorded, not again

@@ -9,7 +9,8 @@ import time
 import dagster as dg
 import pytest
 
-from habitus.assets.tracking import check_installed, track_scenario, tracked_rollback
+from habitus.assets.tracking import (check_installed, complete_foundation_record, complete_scenario_record,
+                                     track_scenario, tracked_rollback)
 from habitus.pipelines.config.project import load_project
 from habitus.resources.store.redaction import redact_url
 from habitus.resources.training.mlflow_tracking import MlflowMissing, Tracker, numbers, require
@@ -60,6 +61,8 @@ def test_a_missing_client_names_the_extra_before_anything_moves(tmp_path, monkey
     require(None)  # no block: nothing is checked, nothing imported
     check_installed(None)
     track_scenario(None, ws, "churn", {}, "0" * 16, print)
+    complete_scenario_record(None, ws, "churn", {}, "0" * 16, print)
+    complete_foundation_record(None, "0" * 64, {}, print)
 
 
 def test_a_server_that_does_not_answer_is_a_warning_naming_it(tmp_path, small_project, monkeypatch):
@@ -76,7 +79,11 @@ def test_a_server_that_does_not_answer_is_a_warning_naming_it(tmp_path, small_pr
     assert tracker.log_scenario("churn", {"task": "binary"}, version, "a" * 16) is None
     assert tracker.follow_pointer("churn", "a" * 16) is None
     assert tracker.log_foundation({"hidden": 16}, {"train_loss": [1.0]}, {}) is None
+    # a run with nothing to train asks what the server lacks: unanswered, it logs nothing and says so
+    assert tracker.foundation_logged("a" * 16) is None and tracker.registered("churn", "a" * 16) is None
+    complete_foundation_record(project.mlflow, "a" * 64, {"config": {"hidden": 16}}, warnings.append)
     assert time.monotonic() - start < 60
-    assert len(warnings) == 3 and all(w.startswith("MLflow at http://***@127.0.0.1:9: ") for w in warnings)
+    assert len(warnings) == 6 and all(w.startswith("MLflow at http://***@127.0.0.1:9: ") for w in warnings)
     assert "version aaaaaaaaaaaaaaaa is kept in the workspace" in warnings[0]
     assert "serves all the same" in warnings[1]
+    assert all("looked up again on the next run" in w for w in warnings[3:])
