@@ -14,7 +14,7 @@ from habitus.assets.cache import current_cache
 from habitus.assets.foundation import FOUNDATION_KEY, test_cutoff
 from habitus.assets.plots import calibration_and_lift, loss_curves
 from habitus.assets.serving import (baseline_left_unserved, keep_version, needs_baseline, serve_baseline,
-                                    serving_note, unchanged, versions)
+                                    serving_note, trained_with, unchanged, versions)
 from habitus.assets.tracking import check_installed, complete_scenario_record, track_scenario
 from habitus.models.evaluate.baselines import baseline_predictions, save_lightgbm
 from habitus.models.evaluate.holdout import headline, protocol
@@ -86,8 +86,10 @@ def build_scenario_asset(project, name: str, scenario, op_tags: dict | None = No
         if same is not None and (path / "config.json").exists():
             if baseline_left_unserved(workspace, name, same):  # a run killed before its best baseline served
                 serve_best_baseline(versions(workspace, name).path(same))
-            complete_scenario_record(project.mlflow, workspace, name, scenario.model_dump(mode="json"), same,
-                                     context.log.warning)
+            trained = trained_with(workspace, name, trained_on)  # (what serves may be its baseline: never registered)
+            if trained is not None:
+                complete_scenario_record(project.mlflow, workspace, name, scenario.model_dump(mode="json"), trained,
+                                         context.log.warning)
             return not_trained(context, workspace, name, same)
         # the measured run and the refit, each in this process or under torchrun, resumable in spill/<mode>
         # several nodes: an indexed Job of pods on the workspace claim, from the wiring

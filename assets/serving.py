@@ -243,6 +243,14 @@ def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int
     return fp
 
 
+def trained_with(workspace, name: str, trained_on: dict) -> str | None:
+    """The newest trained version (not a baseline) whose cache, foundation and settings fingerprints are
+    `trained_on`, or None."""
+    store = versions(workspace, name)
+    return next((fp for fp in reversed(store.fingerprints()) if store.info(fp).get("kind") != BASELINE
+                 and store.info(fp).get("trained_on") == trained_on), None)
+
+
 def unchanged(workspace, name: str, trained_on: dict) -> str | None:
     """The version (the serving one, else the newest trained) whose cache, foundation and settings
     fingerprints are `trained_on`: training again would make the same model. None: train."""

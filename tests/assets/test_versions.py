@@ -7,15 +7,16 @@ import json
 import numpy as np
 import pytest
 
-from habitus.assets.serving import (keep_version, passed_path, rollback, serving_checkpoint, serving_note, versions,
-                                    versions_table)
+from habitus.assets.serving import (keep_version, passed_path, rollback, serve_baseline, serving_checkpoint, serving_note,
+                                    trained_with, unchanged, versions, versions_table)
 from habitus.models.storage.versions import INFO, VersionError
 from habitus.pipelines.cli import main
 from habitus.pipelines.config.project import load_project
 from habitus.resources.store.workspace import Workspace
 
 
-def train(ws: Workspace, n: int, *, beats: bool = True, auroc: float = 0.8, scores=None, keep: int = 5) -> str:
+def train(ws: Workspace, n: int, *, beats: bool = True, auroc: float = 0.8, scores=None, keep: int = 5,
+          trained_on: dict | None = None) -> str:
     """A checkpoint of scenario churn written as training writes it, then kept as a version."""
     folder = ws.scenario("churn")
     folder.mkdir(parents=True, exist_ok=True)
@@ -27,7 +28,7 @@ def train(ws: Workspace, n: int, *, beats: bool = True, auroc: float = 0.8, scor
         "protocol": {"train_cutoffs": ["2026-05-01T00:00:00Z"], "val_cutoff": "2026-06-01T00:00:00Z",
                      "test_cutoff": "2026-07-01T00:00:00Z"},
         "foundation_sha256": "f" * 64, "cache_fingerprint": "c" * 64}))
-    fp, _ = keep_version(ws, "churn", scores, keep=keep)
+    fp, _ = keep_version(ws, "churn", scores, keep=keep, trained_on=trained_on)
     return fp
 
 
@@ -57,6 +58,21 @@ def test_each_checkpoint_is_a_version_and_the_pointer_follows_promotion(ws):
     table = versions_table(store)
     assert len(table.splitlines()) == 4 and table.splitlines()[3].startswith(f"* {third}")
     assert "0.8000" in table and "recency: 0.7500" in table and "never" in table.splitlines()[2]
+
+
+def test_behind_a_served_baseline_the_trained_version_of_the_same_settings_is_found(ws):
+    """A run with nothing to train records the trained version in MLflow, never a baseline version."""
+    before, now = {"settings": "a"}, {"settings": "b"}
+    train(ws, 1, trained_on=before)
+    lost = train(ws, 2, beats=False, auroc=0.7, trained_on=now)
+    baseline = serve_baseline(ws, "churn", json.loads((ws.scenario("churn") / "config.json").read_text()),
+                              fit=None, trained_on=now)
+    store = versions(ws, "churn")
+    assert store.serving() == baseline and store.info(baseline)["kind"] == "baseline"
+    assert unchanged(ws, "churn", now) == baseline  # what serves was made with these settings: nothing to train
+    assert trained_with(ws, "churn", now) == lost
+    assert trained_with(ws, "churn", before) == store.fingerprints()[0]
+    assert trained_with(ws, "churn", {"settings": "c"}) is None
 
 
 def test_rollback_to_a_version_or_to_the_one_before(ws):
