@@ -78,6 +78,7 @@ COMPARISONS = [
 ] + [(f"{t}_10pct", c, a, b, None, None) for t in ("churn", "propensity") for c, a, b in (
     ("habitus - lightgbm (same 10%)", "habitus", "lightgbm"),
     ("habitus - lightgbm on all labels", "habitus", "lightgbm all labels"),
+    ("served - no foundation", "habitus", "bare"),
     ("pretrained - scratch (network)", "network", "scratch"))]
 
 
