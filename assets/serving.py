@@ -247,8 +247,11 @@ def trained_with(workspace, name: str, trained_on: dict) -> str | None:
     """The newest trained version (not a baseline) whose cache, foundation and settings fingerprints are
     `trained_on`, or None."""
     store = versions(workspace, name)
-    return next((fp for fp in reversed(store.fingerprints()) if store.info(fp).get("kind") != BASELINE
-                 and store.info(fp).get("trained_on") == trained_on), None)
+    for fp in reversed(store.fingerprints()):
+        info = store.info(fp)  # (one read of the version's record)
+        if info.get("kind") != BASELINE and info.get("trained_on") == trained_on:
+            return fp
+    return None
 
 
 def unchanged(workspace, name: str, trained_on: dict) -> str | None:
