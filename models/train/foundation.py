@@ -72,9 +72,13 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
     dist, dev, log = processes(dist, device, log, resume)
     order, rng = seeded(cfg.seed, dist)
     spec = FeatureSpec.from_cache(cache, cfg.buckets, cfg.half_lives, cfg.sequence_events)
-    if cfg.related_buckets:  # from events at or before the last cut-off (the latest features' past)
-        spec.tails = from_rank0(lambda: {c: encode_tail(t) for c, t in
-                                         related_tails(cache, last_cutoff, cfg.buckets, cfg.seed).items()}, dist)
+    if cfg.related_buckets:  # from events at or before the last cut-off (the latest features' past); a resumed
+        # run reads the groups it trained on: a fit again may group otherwise (its float sums vary by machine)
+        def fit() -> dict[str, str]:
+            saved = resume.saved("tails") if resume is not None else None
+            return saved if saved is not None else {
+                c: encode_tail(t) for c, t in related_tails(cache, last_cutoff, cfg.buckets, cfg.seed).items()}
+        spec.tails = from_rank0(fit, dist)
     cutoffs = cutoff_grid(cache.time_range[0], last_cutoff, cfg.cutoff_every_days, cfg.min_history_days)
     if not cutoffs:
         raise ValueError(f"no foundation cut-off fits: the data spans {days(cache.time_range)} days, which leaves no "
@@ -152,7 +156,7 @@ def train_foundation(cache: Cache, cfg: FoundationConfig, last_cutoff: int, *, d
             if resume is not None:  # resume hook: save between chunks every N steps
                 resume.after_chunk(math.ceil(len(train) / cfg.batch_size), modules, rng, lambda: {
                     "epoch": epoch, "next": i + 1, "work": work, "losses": losses, "curves": curves,
-                    "counters": [events_seen, entities_seen, steps]})
+                    "counters": [events_seen, entities_seen, steps], "tails": spec.tails})
         for _ in lock.padding():  # several processes: this rank's share is spent, the others' is not
             loss = loss_of(*pad) * 0.0
             step(model, opt, loss)

@@ -141,6 +141,15 @@ class Resumer:
         self.log(f"resuming from the state saved at step {body['step']} in {self.latest}")
         return {**_join(body["loop"], tensors), **mine["loop"]}
 
+    def saved(self, key: str):
+        """What the saved loop holds under `key`, read before the loop builds what depends on it (the
+        foundation's rare-value groups); None where `restore` would start afresh. Under torchrun only the
+        rank that decides calls it (distributed.from_rank0)."""
+        body = self._read(quiet=True)  # (restore says why a state is not used)
+        if body is None or len(body["ranks"]) != self.dist.world:
+            return None
+        return body["loop"].get(key)
+
     def _agree(self, step: int) -> None:
         """Under torchrun: every rank found the state of the same step (or none)."""
         if not self.dist.enabled:
@@ -152,21 +161,22 @@ class Resumer:
                                f"{int(t[0])}): every node must read the same resume folder (a shared filesystem), or "
                                f"each keep its own (`habitus train` on every node)")
 
-    def _read(self) -> dict | None:
+    def _read(self, quiet: bool = False) -> dict | None:
+        log = (lambda _: None) if quiet else self.log
         state_json, state_st = self.latest / "state.json", self.latest / "state.safetensors"
         if not state_json.exists() or not state_st.exists():
             return None
         try:
             body = json.loads(state_json.read_text())
         except ValueError:
-            self.log(f"{state_json} is not valid JSON; ignoring the saved state and starting afresh")
+            log(f"{state_json} is not valid JSON; ignoring the saved state and starting afresh")
             return None
         if body.get("format") != _FORMAT or body.get("fingerprint") != self.fingerprint:
-            self.log(f"the state saved in {self.latest} belongs to a run with other inputs; starting afresh")
+            log(f"the state saved in {self.latest} belongs to a run with other inputs; starting afresh")
             return None
         if body.get("tensors_sha256") != file_sha256(state_st):
-            self.log(f"{state_st} does not match the SHA-256 recorded in state.json (changed after it was "
-                     f"written); ignoring it and starting afresh")
+            log(f"{state_st} does not match the SHA-256 recorded in state.json (changed after it was "
+                f"written); ignoring it and starting afresh")
             return None
         return body
 

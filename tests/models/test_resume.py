@@ -92,6 +92,32 @@ def test_foundation_resumed_after_each_kill_ends_with_the_same_weights(world, tm
     assert final.info["events_seen"] == clean.info["events_seen"]
 
 
+def test_a_resumed_foundation_reads_the_rare_value_groups_it_trained_on(sources, tmp_path, monkeypatch):
+    import habitus.models.train.foundation as foundation
+
+    cache = sources.loyal_groups()  # 20 rarer products in two groups bought together: 2 shared tail buckets
+    cfg = FoundationConfig(buckets=8, epochs=2, hidden=8, layers=1, ple_bins=0, min_history_days=14, batch_size=16,
+                           chunk_entities=32, seed=3)
+
+    def run(resume):
+        return train_foundation(cache, cfg, sources.at(70), device="cpu", log=lambda _: None, resume=resume)
+
+    clean = run(None)
+    assert clean.info["feature_spec"]["tails"]
+    folder = tmp_path / "state"
+    with pytest.raises(Killed):
+        run(DiesAfter(folder, "fp", every_steps=4, saves=1, log=lambda _: None))
+    # the fit on another machine may group otherwise (its float sums differ): here, the groups swapped
+    fit = foundation.related_tails
+    monkeypatch.setattr(foundation, "related_tails", lambda *a, **k: {c: 1 - t for c, t in fit(*a, **k).items()})
+    resumed = run(Resumer(folder, "fp", every_steps=4, log=lambda _: None))
+    assert resumed.info["feature_spec"]["tails"] == clean.info["feature_spec"]["tails"]
+    _same(clean.model.state_dict(), resumed.model.state_dict())
+    # a run that does not resume (another fingerprint) fits its groups afresh
+    afresh = run(Resumer(tmp_path / "other", "fp", every_steps=4, log=lambda _: None))
+    assert afresh.info["feature_spec"]["tails"] != clean.info["feature_spec"]["tails"]
+
+
 def test_finetune_resumed_ends_with_the_same_weights_and_best_epoch(world, tmp_path):
     cache, test_cutoff = world
     base = _foundation(world)
