@@ -5,6 +5,7 @@
                                                             version.json (models/storage/versions.py), and
                                                             the baseline versions (kind "baseline")
     <workspace>/checkpoints/versions/<name>/serving.json    the pointer: the serving version and who served when
+    <workspace>/checkpoints/versions/<name>/unservable-baselines.json    versions whose best baseline cannot serve
 
 Each trained checkpoint becomes a version (`keep_version`) with its hold-out metric, best baseline, data
 range, the foundation it was built on, the fingerprints of what trained it (cache, foundation, settings:
@@ -189,7 +190,8 @@ def baseline_left_unserved(workspace, name: str, fingerprint: str) -> bool:
     store = versions(workspace, name)
     info, history = store.info(fingerprint), store.pointer()["history"]
     kept_since = not history or info.get("added", "") > history[-1]["from"]
-    return kept_since and not info.get("beats_baselines") and needs_baseline(workspace, name)
+    return (kept_since and not info.get("beats_baselines") and needs_baseline(workspace, name)
+            and store.unservable_baseline(fingerprint) is None)  # (found unservable: not fitted again each run)
 
 
 def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int = 5, keep_served: bool = True,
@@ -199,7 +201,8 @@ def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int
     LightGBM baseline into `folder` (models/evaluate/baselines.save_lightgbm) and returns what the config
     records of it, None where no model can be saved. `probe(config, folder)`: scores a little with
     the version before it serves, raising KeyError where the task has no such rule to serve. Returns the
-    version's fingerprint, or None when the best baseline cannot be served (then nothing changes)."""
+    version's fingerprint, or None when the best baseline cannot be served: nothing serves differently,
+    and the checkpoint's version records why, so a run that trains nothing does not fit it again."""
     import tempfile
 
     from habitus.assets.check_measures import baseline_margin
@@ -218,10 +221,16 @@ def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int
                          "model": report["baselines"][best], "trained_model": report["model"]}
     store, staging = versions(workspace, name), workspace.scenario(name).parent
     staging.mkdir(parents=True, exist_ok=True)
+
+    def unservable(why: str) -> None:
+        with workspace.lock(f"scenario/{name}"):
+            store.mark_unservable_baseline(checkpoint_config["weights_sha256"][:16], why)
+
     with tempfile.TemporaryDirectory(dir=staging, prefix=f".baseline-{name}-") as tmp:
         if best == "lightgbm":
             saved = fit(Path(tmp))
             if saved is None:
+                unservable("lightgbm: no model could be saved")
                 return None
             config["lightgbm"] = saved
             config["weights_sha256"] = saved["sha256"]
@@ -233,6 +242,7 @@ def serve_baseline(workspace, name: str, checkpoint_config: dict, fit, keep: int
             if probe is not None:
                 probe(config, Path(tmp))
         except KeyError:  # a baseline of the hold-out that is no servable rule (LightGBM on some labels only)
+            unservable(f"{best}: no rule of the task serves it")
             return None
         fp = config["weights_sha256"][:16]
         info = version_info(config, None, trained_on)

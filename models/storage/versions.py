@@ -21,6 +21,8 @@ from habitus.models.storage.files import atomic_path, fsync, read_json, recover,
 
 POINTER = "serving.json"
 INFO = "version.json"
+# versions whose best baseline was found unservable (no saved model, no rule of that name): not fitted again
+UNSERVABLE = "unservable-baselines.json"
 _TRASH = ".pruned-"  # a version being deleted: out of the listing already
 # a version's name: the first 16 hex digits of its weights' SHA-256 (config.json weights_sha256), the same form
 # as a cache folder's (resources/store/manifests.py); nothing else read from a file becomes a version's path
@@ -110,6 +112,18 @@ class VersionStore:
         pointer = {"serving": fingerprint, "history": history}
         write_json(self.folder / POINTER, pointer)
         return pointer
+
+    def unservable_baseline(self, fingerprint: str) -> str | None:
+        """Why version `fingerprint`'s best baseline cannot serve, when that was found; None otherwise."""
+        file = self.folder / UNSERVABLE
+        return read_json(file).get(fingerprint) if file.exists() else None
+
+    def mark_unservable_baseline(self, fingerprint: str, why: str) -> None:
+        """Record that kept version `fingerprint`'s best baseline cannot serve (versions pruned since are dropped)."""
+        file = self.folder / UNSERVABLE
+        marks = {**(read_json(file) if file.exists() else {}), fingerprint: why}
+        write_json(file, {fp: w for fp, w in marks.items()
+                          if FINGERPRINT.fullmatch(fp) and (self.path(fp) / INFO).exists()})
 
     def served(self) -> set[str]:
         return {h["fingerprint"] for h in self.pointer()["history"]}

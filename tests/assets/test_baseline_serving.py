@@ -5,6 +5,7 @@ baseline (LightGBM's model fitted on the same cut-offs, or the rule), recorded a
 trained again."""
 
 import json
+import shutil
 
 import dagster as dg
 import numpy as np
@@ -179,6 +180,10 @@ def test_a_rule_baseline_serves_its_rule(trained):
         **model["metrics"]["baselines"], "lightgbm (top 200 labels)": {"auroc": 0.99}}}}
     assert serve_baseline(ws, "churn", other, fit=lambda folder: pytest.fail("no model"), probe=probe) is None
     assert versions(ws, "churn").serving() == serving
+    mark = versions(ws, "churn").folder / "unservable-baselines.json"  # (recorded: not tried again by each run)
+    assert json.loads(mark.read_text()) == {
+        model["weights_sha256"][:16]: "lightgbm (top 200 labels): no rule of the task serves it"}
+    mark.unlink()  # (this hold-out was made up: the version's own best baseline can serve)
 
     model["metrics"]["baselines"]["lightgbm"]["auroc"] = 0.5  # frequency is now the best baseline
     fp = serve_baseline(ws, "churn", model, fit=lambda folder: pytest.fail("a rule fits no model"), probe=probe)
@@ -226,8 +231,6 @@ def test_a_run_killed_after_keeping_its_checkpoints_is_completed_by_the_next(tra
     """A run killed after the foundation's checkpoint was saved but before it was kept as a version, and
     after the scenario's version was kept but before its best baseline served: the next run trains
     nothing and completes both (the outputs of a clean run, tests/faults/test_kill.py)."""
-    import shutil
-
     _, _, project, instance, _ = trained
     ws = build_resources(project)["workspace"]
     store, foundations = versions(ws, "churn"), ws.foundation.parent / "foundation_versions"
@@ -249,3 +252,28 @@ def test_a_run_killed_after_keeping_its_checkpoints_is_completed_by_the_next(tra
     assert _run(project, [dg.AssetKey(["scenario", "churn"])], instance).success
     assert store.pointer()["history"] == history
     assert (ws.foundation.parent / "foundation_loss.png").exists() and (ws.scenario("churn").parent / "churn_loss.png").exists()
+
+
+def test_a_best_baseline_that_cannot_serve_is_not_fitted_again_by_each_run(trained, monkeypatch):
+    """A version whose best baseline cannot serve (no model could be saved, no rule of that name) is
+    recorded once: the runs that train nothing after it do not fit LightGBM again every time."""
+    import habitus.assets.scenarios as scenarios
+
+    _, _, project, instance, _ = trained
+    ws = build_resources(project)["workspace"]
+    store = versions(ws, "churn")
+    trained_fp = json.loads((ws.scenario("churn") / "config.json").read_text())["weights_sha256"][:16]
+    baseline = store.serving()
+    shutil.rmtree(store.path(baseline))  # as if killed before its best baseline served
+    (store.folder / "serving.json").unlink()
+    fits = []
+    monkeypatch.setattr(scenarios, "save_lightgbm", lambda *a, **k: fits.append(a) and None)
+    for _ in range(2):
+        assert _run(project, [dg.AssetKey(["scenario", "churn"])], instance).success
+    assert len(fits) == 1 and store.serving() is None
+    assert store.unservable_baseline(trained_fp) == "lightgbm: no model could be saved"
+    # a baseline that can be saved serves once the mark is gone (here removed by hand)
+    monkeypatch.undo()
+    (store.folder / "unservable-baselines.json").unlink()
+    assert _run(project, [dg.AssetKey(["scenario", "churn"])], instance).success
+    assert store.info(store.serving())["kind"] == "baseline"
