@@ -143,9 +143,10 @@ class Resumer:
 
     def saved(self, key: str):
         """What the saved loop holds under `key`, read before the loop builds what depends on it (the
-        foundation's rare-value groups); None where `restore` would start afresh. Under torchrun only the
-        rank that decides calls it (distributed.from_rank0)."""
-        body = self._read(quiet=True)  # (restore says why a state is not used)
+        foundation's rare-value groups); None where no state of this run's inputs and processes is saved.
+        Reads state.json only: the tensors' hash is restore's to check (a value of the same inputs serves a
+        run that starts afresh as well). Under torchrun only the rank that decides calls it (from_rank0)."""
+        body = self._read(quiet=True, tensors=False)  # (restore says why a state is not used)
         if body is None or len(body["ranks"]) != self.dist.world:
             return None
         return body["loop"].get(key)
@@ -161,7 +162,8 @@ class Resumer:
                                f"{int(t[0])}): every node must read the same resume folder (a shared filesystem), or "
                                f"each keep its own (`habitus train` on every node)")
 
-    def _read(self, quiet: bool = False) -> dict | None:
+    def _read(self, quiet: bool = False, tensors: bool = True) -> dict | None:
+        """state.json when it belongs to this run (and, with `tensors`, state.safetensors matches its hash)."""
         log = (lambda _: None) if quiet else self.log
         state_json, state_st = self.latest / "state.json", self.latest / "state.safetensors"
         if not state_json.exists() or not state_st.exists():
@@ -174,7 +176,7 @@ class Resumer:
         if body.get("format") != _FORMAT or body.get("fingerprint") != self.fingerprint:
             log(f"the state saved in {self.latest} belongs to a run with other inputs; starting afresh")
             return None
-        if body.get("tensors_sha256") != file_sha256(state_st):
+        if tensors and body.get("tensors_sha256") != file_sha256(state_st):
             log(f"{state_st} does not match the SHA-256 recorded in state.json (changed after it was "
                 f"written); ignoring it and starting afresh")
             return None
