@@ -116,7 +116,7 @@ clean:
 # Not the UI test: libfaketime 0.9.10 shifts the monotonic clock but not sem_clockwait, so a lock or
 # event waited on with a timeout waits the whole offset (dagster dev's daemon hangs), and leaving the
 # monotonic clock alone makes Python's time.sleep fail with EINVAL.
-CLOCK ?= 2027-06-15 12:00:00
+CLOCK ?= 2028-01-01 06:00:00
 .PHONY: test-clock
 test-clock: $(VENV)/.installed-dev
 	@command -v faketime >/dev/null || { echo "test-clock needs Debian's faketime (apt-get install faketime)" >&2; exit 1; }
