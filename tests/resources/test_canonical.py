@@ -108,3 +108,19 @@ def test_an_empty_partition_is_a_file_with_the_schema(tmp_path):
     assert write_canonical_parquet(iter([]), tmp_path / "e.parquet", schema, first=["customer_id"]) == 0
     out = pq.read_table(tmp_path / "e.parquet")
     assert out.num_rows == 0 and out.schema == canonical_schema(schema)
+
+
+def test_an_empty_partition_skips_the_sort_and_writes_the_file_the_sort_would(tmp_path, monkeypatch):
+    import habitus.resources.warehouses.canonical as canonical
+
+    schema, _ = _as(DUCKDB_LIKE)
+    canon = canonical_schema(schema)
+    pq.write_table(canon.empty_table(), tmp_path / "unsorted.parquet")
+    with pq.ParquetWriter(tmp_path / "sorted.parquet", canon, **canonical.PARQUET_OPTIONS) as w:  # through the sort
+        for group in canonical._row_groups(canonical._sorted(tmp_path / "unsorted.parquet", canon, ["customer_id"]), canon):
+            w.write_table(group)
+    empty = [pa.RecordBatch.from_pylist([], schema=schema)]  # a quiet day: the driver's one batch has no row
+    monkeypatch.setattr(canonical, "_sorted", lambda *a: pytest.fail("an empty partition was sorted"))
+    assert write_canonical_parquet(iter(empty), tmp_path / "empty.parquet", schema, first=["customer_id"]) == 0
+    assert (tmp_path / "empty.parquet").read_bytes() == (tmp_path / "sorted.parquet").read_bytes()
+    assert pq.read_table(tmp_path / "empty.parquet").schema == canon
