@@ -5,9 +5,6 @@ tiny habitus scenario."""
 
 import calendar
 import datetime as dt
-import importlib.util
-import sys
-from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -22,28 +19,16 @@ from habitus.models.train.foundation import train_foundation
 from habitus.models.train.scenario import train_scenario
 from habitus.pipelines.demo.data import generate_demo_warehouse
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 SEED = 7
 
 
-def _bench(name: str):
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCH / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
-
-
 @pytest.fixture(scope="module")
-def warehouse(tmp_path_factory):
+def warehouse(tmp_path_factory, bench):
     """A demo of 3,000 customers (seed 7) and its purchases read back: (oracle module, folder, connection)."""
     folder = tmp_path_factory.mktemp("oracle")
     generate_demo_warehouse(folder / "demo.duckdb", customers=3000, products=400, stores=12, seed=SEED)
     con = duckdb.connect(str(folder / "demo.duckdb"), read_only=True)
-    yield _bench("oracle"), folder, con
+    yield bench("oracle"), folder, con
     con.close()
 
 
@@ -130,13 +115,13 @@ def test_the_oracle_reads_the_warehouse_it_was_drawn_for(warehouse, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_oracle_ranks_above_every_model_of_a_small_demo(tmp_path):
+def test_the_oracle_ranks_above_every_model_of_a_small_demo(tmp_path, bench):
     """bench/quality.py's demo (2,000 customers) at its test cut-off: the oracle's churn AUROC and propensity
     macro AUROC on the hold-out's own labels and entities beat the scenario (a tiny foundation, two
     epochs of fine-tuning, the head chosen on validation), LightGBM and the history baselines."""
     import torch
 
-    quality, oracle = _bench("quality"), _bench("oracle")
+    quality, oracle = bench("quality"), bench("oracle")
     spec, test_cutoff, params = quality.demo_spec(2000, tmp_path)
     cache = Cache(build_cache(spec, tmp_path / "cache", log=lambda _: None))
     threads = torch.get_num_threads()
