@@ -10,7 +10,7 @@ then LightGBM on the practitioner's hand features with and without that fit, at 
 demo, as far as the fit approaches the posterior mean of the latent probabilities; "fit corr" is its
 correlation with the oracle at the test cut-off (median over the labels for propensity).
 
-History inputs (log1p counts of what happened before the cut-off):
+The fit's inputs: the hand features and the history (log1p counts of what happened before the cut-off):
 - churn: visit days per week over the last WEEKS weeks and before them, all visit days, days since
   the first and the last visit;
 - propensity: purchases per product, category and price tier (all-time and decayed at a 60-day
@@ -187,6 +187,7 @@ def identified(name: str, folder: Path, cache, task, plan, labels, seed: int = 0
         order = np.concatenate([np.flatnonzero(cuts == c) for c in np.unique(cuts)])
         h = np.empty((len(y), history[0].shape[1]), np.float32)
         h[order] = np.concatenate(history)
+        h = np.concatenate([h, np.nan_to_num(x.astype(np.float32))], axis=1)  # what the trees see, and more
         sets.append(dict(x=x, y=y, oracle=oracle, h=h))
     train, val, test = sets
     predict = fit_to_oracle(train["h"], train["oracle"], val["h"], val["oracle"], seed)
