@@ -31,12 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle import demo_oracle, label_values, paired_interval  # noqa: E402
 
 from habitus.models.data.features import DAY  # noqa: E402
+from habitus.models.evaluate.baselines import LIGHTGBM_PARAMS, MULTILABEL_ROWS  # noqa: E402
 
 WEEKS = 20  # the churn history's weekly bins; older visits share one bin (a training cut-off sees about 24 weeks)
 HALF_LIFE_DAYS = 60.0
-LIGHTGBM = dict(n_estimators=400, learning_rate=0.05, num_leaves=31, min_child_samples=50, subsample=0.8,
-                subsample_freq=1, colsample_bytree=0.8, max_bin=63, verbose=-1)  # the product's baseline
-LABEL_ROWS = 30_000  # training rows of each label's LightGBM, as the product's baseline
 
 
 def _positions(ids: np.ndarray, event_ids: np.ndarray) -> np.ndarray:
@@ -124,7 +122,8 @@ def fit_to_oracle(x_train, target_train, x_val, target_val, seed: int = 0, epoch
 
 
 def _rows(cache, task, cutoffs):
-    """Hand features, labels, customer ids and cut-offs of the hold-out's rows at `cutoffs`."""
+    """Hand features, labels, customer ids and cut-offs of the hold-out's rows at `cutoffs`, one cut-off
+    after the other in the order given."""
     from habitus.models.data.chunks import SCORING_CHUNK_ENTITIES, chunk_plan
     from habitus.models.data.features import FeatureSpec, chunk_at
     from habitus.models.evaluate.baselines import hand_features
@@ -177,37 +176,37 @@ def identified(name: str, folder: Path, cache, task, plan, labels, seed: int = 0
     window = task.target.window_days
     sets = []
     for cutoffs in (plan.train_cutoffs, [plan.val_cutoff], [plan.test_cutoff]):
-        x, y, ids, cuts = _rows(cache, task, cutoffs)
-        oracle, history = np.zeros(y.shape, np.float32), []
-        for cutoff in np.unique(cuts):
-            at = cuts == cutoff
-            oracle[at] = demo_oracle(folder, ids[at], int(cutoff), window, name, labels)
-            history.append(visit_history(visits, ids[at], int(cutoff)) if name == "churn"
-                           else purchase_history(purchases, ids[at], int(cutoff), len(labels)))
-        order = np.concatenate([np.flatnonzero(cuts == c) for c in np.unique(cuts)])
-        h = np.empty((len(y), history[0].shape[1]), np.float32)
-        h[order] = np.concatenate(history)
-        h = np.concatenate([h, np.nan_to_num(x.astype(np.float32))], axis=1)  # what the trees see, and more
+        x, y, ids, cuts = _rows(cache, task, cutoffs)  # the rows of each cut-off in turn, in `cutoffs`' order
+        at = [(ids[cuts == c], int(c)) for c in cutoffs]
+        oracle = np.concatenate([demo_oracle(folder, i, c, window, name, labels) for i, c in at]).astype(np.float32)
+        history = np.concatenate([visit_history(visits, i, c) if name == "churn"
+                                  else purchase_history(purchases, i, c, len(labels)) for i, c in at])
+        h = np.concatenate([history, np.nan_to_num(x.astype(np.float32))], axis=1)  # what the trees see, and more
         sets.append(dict(x=x, y=y, oracle=oracle, h=h))
     train, val, test = sets
     predict = fit_to_oracle(train["h"], train["oracle"], val["h"], val["oracle"], seed)
     for s in sets:
         s["fit"] = predict(s["h"])
 
-    def trees(s_train, s_val, s_test, column, with_fit):
-        x = lambda s, rows=slice(None): (np.column_stack([s["x"][rows], s["fit"][rows] if column is None else  # noqa: E731
-                                                          s["fit"][rows, column]]) if with_fit else s["x"][rows])
-        y = lambda s: s["y"] if column is None else s["y"][:, column]  # noqa: E731
-        rows = np.random.default_rng(seed).permutation(len(s_train["y"]))[:LABEL_ROWS] if column is not None \
-            else slice(None)
-        model = lgb.LGBMClassifier(**LIGHTGBM, random_state=seed)
-        model.fit(x(s_train, rows), y(s_train)[rows], eval_set=[(x(s_val), y(s_val))],
+    def trees(column, with_fit):
+        """LightGBM's test scores for the task (column None) or one label, with or without the fit."""
+        def x(s):
+            fit = s["fit"] if column is None else s["fit"][:, column]
+            return np.column_stack([s["x"], fit]) if with_fit else s["x"]
+
+        def y(s):
+            return s["y"] if column is None else s["y"][:, column]
+
+        # as the product's baseline: every row for one model, MULTILABEL_ROWS for each label's
+        rows = (slice(None) if column is None
+                else np.random.default_rng(seed).permutation(len(train["y"]))[:MULTILABEL_ROWS])
+        model = lgb.LGBMClassifier(**dict(LIGHTGBM_PARAMS, random_state=seed))
+        model.fit(x(train)[rows], y(train)[rows], eval_set=[(x(val), y(val))],
                   callbacks=[lgb.early_stopping(30, verbose=False)])
-        return model.predict_proba(x(s_test))[:, 1]
+        return model.predict_proba(x(test))[:, 1]
 
     columns = [None] if name == "churn" else range(test["y"].shape[1])
-    scores = {arm: np.column_stack([trees(train, val, test, c, arm == "hand + fit") for c in columns])
-              for arm in ("hand", "hand + fit")}
+    scores = {arm: np.column_stack([trees(c, arm == "hand + fit") for c in columns]) for arm in ("hand", "hand + fit")}
     if name == "churn":
         scores = {k: v[:, 0] for k, v in scores.items()}
     key = headline(task)

@@ -37,6 +37,8 @@ MAX_VOCAB = 5_000  # columns with more values (product ids) are left to the per-
 MULTILABEL_ROWS = 30_000
 # one model per label: a wider head (16,000 products) would take hours, so LightGBM learns its most frequent labels only
 MULTILABEL_MAX_LABELS = 200
+LIGHTGBM_PARAMS = dict(n_estimators=400, learning_rate=0.05, num_leaves=31, min_child_samples=50, subsample=0.8,
+                       subsample_freq=1, colsample_bytree=0.8, max_bin=63, verbose=-1, n_jobs=0)
 
 
 def hand_features(chunk, spec: FeatureSpec, task: TaskSpec, entity_table, vocab_sizes: dict[str, int],
@@ -119,9 +121,7 @@ def _fit(lgb, cache: Cache, spec: FeatureSpec, task: TaskSpec, train_cutoffs, va
     warnings.filterwarnings("ignore", message=".*'eval_set' is deprecated")  # the spelling 4.0-4.6 know
     data = Datasets(cache, spec, task, {"train": list(train_cutoffs), "val": [val_cutoff], "test": [test_cutoff]},
                     max_labels)
-    params = dict(n_estimators=400, learning_rate=0.05, num_leaves=31, min_child_samples=50, subsample=0.8,
-                  subsample_freq=1, colsample_bytree=0.8, max_bin=63, random_state=seed, verbose=-1, n_jobs=0)
-    return task_of(task).lightgbm(lgb, params, task, data, seed)
+    return task_of(task).lightgbm(lgb, dict(LIGHTGBM_PARAMS, random_state=seed), task, data, seed)
 
 
 class _Keeping:
